@@ -1,0 +1,156 @@
+//! vmscope's pure data model: no I/O lives here.
+//!
+//! This crate owns the vocabulary of DESIGN §2 ([`Domain`], [`Role`],
+//! [`Context`], [`EventSpec`]), the normalized record stream every collector
+//! produces ([`Record`]), the per-process address-space state machine that turns
+//! sample IPs into (image, file offset) pairs ([`ProcessTable`]), the attribution
+//! rules of DESIGN §4 ([`attribute`]) and the aggregated profile ([`Profile`]).
+//! Collectors (live rings, perf.data import, guest agents) produce [`Record`]s;
+//! symbolizers, stores and printers consume the types here and nothing else.
+
+pub mod attribution;
+pub mod event;
+pub mod process;
+pub mod profile;
+pub mod record;
+
+pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
+pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent};
+pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
+pub use profile::{AggKey, BinKey, Counts, Profile, ProfileRow};
+pub use record::{split_callchain, CpuMode, Record, SampleRecord};
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the host domain (DESIGN §2).
+pub const HOST_DOMAIN: &str = "host";
+
+/// Image name used for host kernel samples, as perf names it.
+pub const KERNEL_IMAGE: &str = "[kernel.kallsyms]";
+/// Image name for guest kernel samples seen from the host (passive VMs).
+pub const GUEST_KERNEL_IMAGE: &str = "[guest.kernel]";
+/// Image name for anonymous executable memory (JIT, TCG translated code).
+pub const ANON_IMAGE: &str = "[anon]";
+/// Image name for addresses no mapping covers.
+pub const UNKNOWN_IMAGE: &str = "[unknown]";
+
+/// Execution context of a sample (DESIGN §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Context {
+    /// User code inside a VM.
+    GuestUser,
+    /// Kernel code inside a VM.
+    GuestKernel,
+    /// Guest code whose mode the host cannot see: TCG translated code in
+    /// QEMU's anonymous executable memory. An active agent splits it.
+    GuestTranslated,
+    /// Host kernel on behalf of a VM (KVM exits in vCPU threads, vhost workers).
+    VmmKernel,
+    /// VMM userspace (QEMU) on behalf of a VM.
+    VmmUser,
+    /// Host kernel, not on behalf of any VM.
+    HostKernel,
+    /// Host userspace, not on behalf of any VM.
+    HostUser,
+    /// The idle task.
+    Idle,
+}
+
+impl Context {
+    pub const ALL: [Context; 8] = [
+        Context::GuestUser,
+        Context::GuestKernel,
+        Context::GuestTranslated,
+        Context::VmmKernel,
+        Context::VmmUser,
+        Context::HostKernel,
+        Context::HostUser,
+        Context::Idle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Context::GuestUser => "guest-user",
+            Context::GuestKernel => "guest-kernel",
+            Context::GuestTranslated => "guest",
+            Context::VmmKernel => "vmm-kernel",
+            Context::VmmUser => "vmm-user",
+            Context::HostKernel => "host-kernel",
+            Context::HostUser => "host-user",
+            Context::Idle => "idle",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Context> {
+        Context::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// True for code that ran inside a VM.
+    pub fn is_guest(self) -> bool {
+        matches!(
+            self,
+            Context::GuestUser | Context::GuestKernel | Context::GuestTranslated
+        )
+    }
+}
+
+impl std::fmt::Display for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Role of a domain in a profiling session (DESIGN §2, Xenoprof's roles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// The host, which starts and stops every session.
+    Initiator,
+    /// An agent inside the VM samples and symbolizes its own code.
+    Active,
+    /// The host samples guest-mode code; guest kernel symbols from kallsyms.
+    Passive,
+    /// Counted as one line, not resolved.
+    Unmonitored,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Initiator => "initiator",
+            Role::Active => "active",
+            Role::Passive => "passive",
+            Role::Unmonitored => "unmonitored",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "initiator" => Some(Role::Initiator),
+            "active" => Some(Role::Active),
+            "passive" => Some(Role::Passive),
+            "unmonitored" => Some(Role::Unmonitored),
+            _ => None,
+        }
+    }
+}
+
+/// A domain: the host or one VM (DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Domain {
+    /// `host` or the VM's name.
+    pub name: String,
+    pub role: Role,
+    /// QEMU pid for a VM; `None` for the host.
+    pub pid: Option<u32>,
+}
+
+impl Domain {
+    pub fn host() -> Domain {
+        Domain {
+            name: HOST_DOMAIN.to_string(),
+            role: Role::Initiator,
+            pid: None,
+        }
+    }
+}
