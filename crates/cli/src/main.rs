@@ -1,1 +1,51 @@
-fn main() {}
+//! The `vmscope` binary. Thin: each subcommand module turns its clap
+//! arguments into a library options struct and calls one library function.
+//! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
+
+mod cmd_lab;
+mod cmd_vms;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Where the CPU goes on a virtualization host: host, KVM/QEMU and every VM.
+#[derive(Parser)]
+#[command(name = "vmscope", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot, use and tear down VM setups described by a spec file.
+    Lab(cmd_lab::LabArgs),
+    /// List every QEMU VM on this host: threads, disks, taps, QMP.
+    Vms(cmd_vms::VmsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Lab(a) => cmd_lab::run(a),
+        Command::Vms(a) => cmd_vms::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("vmscope: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `vmscope ... | head` must exit quietly.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
