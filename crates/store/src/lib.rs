@@ -1,1 +1,626 @@
-//! placeholder
+//! The session store (DESIGN §7): one SQLite file (WAL) per session.
+//!
+//! This crate owns the schema and its version, the [`SessionWriter`] that
+//! recorders and importers use (deltas added up in one transaction per flush,
+//! at least once a second), and the [`Session`] reader that reports use. It
+//! knows nothing of perf, /proc or printing. The `sqlite3` CLI reads the files:
+//! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
+
+mod schema;
+
+pub use schema::SCHEMA_VERSION;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use vmscope_model::{AggKey, Context, Domain, Profile, ProfileRow, Role, SessionEvent};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: cannot write the session file: {source}")]
+    NotWritable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no such session file")]
+    Missing { path: PathBuf },
+    #[error("{path}: not a vmscope session file ({reason})")]
+    NotASession { path: PathBuf, reason: String },
+    #[error("{path}: session schema version {found} is newer than this vmscope understands ({supported}); upgrade vmscope")]
+    NewerSchema {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("{path}: session file is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("{path}: {source}")]
+    Sql {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// A domain as stored, with its end state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DomainRecord {
+    pub domain: Domain,
+    /// `running`, `ended`, `lost` or `dropped`.
+    pub status: String,
+    /// Seconds since session start when the domain ended or was lost.
+    pub ended_at: Option<f64>,
+    /// Free text: why it ended, the accelerator it ran under, …
+    pub detail: String,
+}
+
+/// Columns a report can group by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Field {
+    Domain,
+    Context,
+    Process,
+    Image,
+    Symbol,
+}
+
+impl Field {
+    pub fn parse(s: &str) -> Option<Field> {
+        match s.trim() {
+            "domain" | "vm" => Some(Field::Domain),
+            "context" | "ctx" => Some(Field::Context),
+            "process" | "comm" => Some(Field::Process),
+            "image" | "dso" => Some(Field::Image),
+            "symbol" | "sym" => Some(Field::Symbol),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Domain => "domain",
+            Field::Context => "context",
+            Field::Process => "process",
+            Field::Image => "image",
+            Field::Symbol => "symbol",
+        }
+    }
+    fn column(self) -> &'static str {
+        self.name()
+    }
+}
+
+/// One grouped row: values in the order of the requested fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRow {
+    pub values: Vec<String>,
+    pub samples: u64,
+    pub period: u64,
+}
+
+fn sql_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    move |source| StoreError::Sql {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes one session. Create it, add events and domains, then `flush`
+/// deltas at least once a second; `finish` marks a clean stop.
+pub struct SessionWriter {
+    conn: Connection,
+    path: PathBuf,
+    stack_ids: HashMap<Arc<str>, i64>,
+}
+
+impl SessionWriter {
+    /// Create (or replace) the session file at `path`.
+    pub fn create(path: &Path) -> Result<SessionWriter> {
+        // Probe writability first so the error names the path, not SQLite.
+        let probe = path.with_extension("vmscope-probe");
+        if let Err(source) = std::fs::write(&probe, b"") {
+            return Err(StoreError::NotWritable {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+        let _ = std::fs::remove_file(&probe);
+        for suffix in ["", "-wal", "-shm"] {
+            let p = PathBuf::from(format!("{}{}", path.display(), suffix));
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::NotWritable {
+                        path: p.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        let conn = Connection::open(path).map_err(sql_err(path))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql_err(path))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql_err(path))?;
+        schema::create(&conn).map_err(sql_err(path))?;
+        let w = SessionWriter {
+            conn,
+            path: path.to_path_buf(),
+            stack_ids: HashMap::new(),
+        };
+        w.set_meta("clean_stop", "0")?;
+        w.set_meta("vmscope_version", env!("CARGO_PKG_VERSION"))?;
+        Ok(w)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    /// Store the session's events; their order gives the indexes samples use.
+    pub fn set_events(&self, events: &[SessionEvent]) -> Result<()> {
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(sql_err(&self.path))?;
+        tx.execute("DELETE FROM events", [])
+            .map_err(sql_err(&self.path))?;
+        for (i, e) in events.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO events(id, name, period, frequency) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    i as i64,
+                    e.name,
+                    e.period.map(|v| v as i64),
+                    e.frequency.map(|v| v as i64)
+                ],
+            )
+            .map_err(sql_err(&self.path))?;
+        }
+        tx.commit().map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    pub fn upsert_domain(&self, d: &DomainRecord) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO domains(name, role, pid, status, ended_at, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(name) DO UPDATE SET role = excluded.role, pid = excluded.pid,
+                   status = excluded.status, ended_at = excluded.ended_at, detail = excluded.detail",
+                params![
+                    d.domain.name,
+                    d.domain.role.as_str(),
+                    d.domain.pid,
+                    d.status,
+                    d.ended_at,
+                    d.detail
+                ],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    fn stack_id(&mut self, stack: &Arc<str>) -> Result<i64> {
+        if stack.is_empty() {
+            return Ok(0);
+        }
+        if let Some(id) = self.stack_ids.get(stack) {
+            return Ok(*id);
+        }
+        self.conn
+            .execute(
+                "INSERT OR IGNORE INTO stacks(frames) VALUES (?1)",
+                params![&**stack],
+            )
+            .map_err(sql_err(&self.path))?;
+        let id: i64 = self
+            .conn
+            .query_row(
+                "SELECT id FROM stacks WHERE frames = ?1",
+                params![&**stack],
+                |r| r.get(0),
+            )
+            .map_err(sql_err(&self.path))?;
+        self.stack_ids.insert(stack.clone(), id);
+        Ok(id)
+    }
+
+    /// Add a delta profile to the session, in one transaction.
+    pub fn flush(&mut self, delta: &Profile) -> Result<()> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(sql_err(&path))?;
+        let r = self.flush_inner(delta);
+        match r {
+            Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn flush_inner(&mut self, delta: &Profile) -> Result<()> {
+        let path = self.path.clone();
+        let mut stacks = Vec::with_capacity(delta.rows.len());
+        for key in delta.rows.keys() {
+            stacks.push(self.stack_id(&key.stack)?);
+        }
+        {
+            let mut st = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO samples(event, domain, context, process, image, symbol, stack, samples, period)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT(event, domain, context, process, image, symbol, stack)
+                     DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period",
+                )
+                .map_err(sql_err(&path))?;
+            for ((k, c), stack) in delta.rows.iter().zip(stacks) {
+                st.execute(params![
+                    k.event,
+                    &*k.domain,
+                    k.context.as_str(),
+                    &*k.process,
+                    &*k.image,
+                    &*k.symbol,
+                    stack,
+                    c.samples as i64,
+                    c.period as i64
+                ])
+                .map_err(sql_err(&path))?;
+            }
+        }
+        {
+            let mut st = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO bins(second, event, domain, context, samples) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT(second, event, domain, context) DO UPDATE SET samples = samples + excluded.samples",
+                )
+                .map_err(sql_err(&path))?;
+            for ((sec, ev, dom, ctx), n) in &delta.bins {
+                st.execute(params![sec, ev, &**dom, ctx.as_str(), *n as i64])
+                    .map_err(sql_err(&path))?;
+            }
+        }
+        {
+            let mut st = self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO lost(event, count) VALUES (?1, ?2)
+                     ON CONFLICT(event) DO UPDATE SET count = count + excluded.count",
+                )
+                .map_err(sql_err(&path))?;
+            for (ev, n) in &delta.lost {
+                st.execute(params![*ev as i64, *n as i64])
+                    .map_err(sql_err(&path))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mark the session complete and checkpoint the WAL into the main file.
+    pub fn finish(self, clean: bool) -> Result<()> {
+        self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        Ok(())
+    }
+}
+
+/// A session opened for reading.
+pub struct Session {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl Session {
+    pub fn open(path: &Path) -> Result<Session> {
+        if !path.exists() {
+            return Err(StoreError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        // Check the header ourselves: SQLite's "file is not a database" is vague.
+        let mut head = [0u8; 16];
+        match std::fs::File::open(path).and_then(|mut f| {
+            use std::io::Read;
+            f.read_exact(&mut head)
+        }) {
+            Ok(()) if &head == b"SQLite format 3\0" => {}
+            Ok(()) => {
+                return Err(StoreError::NotASession {
+                    path: path.to_path_buf(),
+                    reason: "not an SQLite database".into(),
+                })
+            }
+            Err(_) => {
+                return Err(StoreError::NotASession {
+                    path: path.to_path_buf(),
+                    reason: "file too short to be an SQLite database".into(),
+                })
+            }
+        }
+        // Read-write open so a session left with a WAL by a killed recorder is
+        // recovered; fall back to read-only for files we may not write.
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .or_else(|_| {
+            Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+        })
+        .map_err(|source| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|source| StoreError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let has_meta: Option<String> = conn
+            .query_row(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|source| StoreError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if has_meta.is_none() || version == 0 {
+            return Err(StoreError::NotASession {
+                path: path.to_path_buf(),
+                reason: "an SQLite database without vmscope's tables".into(),
+            });
+        }
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                path: path.to_path_buf(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if version < SCHEMA_VERSION {
+            schema::migrate(&conn, version).map_err(sql_err(path))?;
+        }
+        // Integrity of what we read: a damaged page shows up here, not later.
+        let ok: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|source| StoreError::Corrupt {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if ok != "ok" {
+            return Err(StoreError::NotASession {
+                path: path.to_path_buf(),
+                reason: format!("integrity check failed: {ok}"),
+            });
+        }
+        Ok(Session {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn meta(&self) -> Result<BTreeMap<String, String>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT key, value FROM meta")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    pub fn events(&self) -> Result<Vec<SessionEvent>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT name, period, frequency FROM events ORDER BY id")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(SessionEvent {
+                    name: r.get(0)?,
+                    period: r.get::<_, Option<i64>>(1)?.map(|v| v as u64),
+                    frequency: r.get::<_, Option<i64>>(2)?.map(|v| v as u64),
+                })
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    pub fn domains(&self) -> Result<Vec<DomainRecord>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT name, role, pid, status, ended_at, detail FROM domains ORDER BY name = 'host' DESC, name")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                let role: String = r.get(1)?;
+                Ok(DomainRecord {
+                    domain: Domain {
+                        name: r.get(0)?,
+                        role: Role::parse(&role).unwrap_or(Role::Passive),
+                        pid: r.get(2)?,
+                    },
+                    status: r.get(3)?,
+                    ended_at: r.get(4)?,
+                    detail: r.get(5)?,
+                })
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Lost records per event index.
+    pub fn lost(&self) -> Result<BTreeMap<u32, u64>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT event, count FROM lost")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((r.get::<_, i64>(0)? as u32, r.get::<_, i64>(1)? as u64))
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// (samples, period) totals per event index.
+    pub fn totals(&self) -> Result<BTreeMap<u32, (u64, u64)>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT event, SUM(samples), SUM(period) FROM samples GROUP BY event")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u32,
+                    (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64),
+                ))
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Sample counts grouped by `fields` for one event, largest first.
+    /// `filter` restricts to rows whose field equals the value.
+    pub fn grouped(
+        &self,
+        event: u32,
+        fields: &[Field],
+        filter: &[(Field, String)],
+    ) -> Result<Vec<GroupRow>> {
+        let cols: Vec<&str> = fields.iter().map(|f| f.column()).collect();
+        let select = if cols.is_empty() {
+            String::from("''")
+        } else {
+            cols.join(", ")
+        };
+        let group = if cols.is_empty() {
+            String::new()
+        } else {
+            format!("GROUP BY {}", cols.join(", "))
+        };
+        let mut where_sql = String::from("WHERE event = ?1");
+        for (i, (f, _)) in filter.iter().enumerate() {
+            where_sql.push_str(&format!(" AND {} = ?{}", f.column(), i + 2));
+        }
+        let sql = format!(
+            "SELECT {select}, SUM(samples) AS s, SUM(period) FROM samples {where_sql} {group} ORDER BY s DESC, {select}"
+        );
+        let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
+        let mut args: Vec<rusqlite::types::Value> = vec![(event as i64).into()];
+        args.extend(filter.iter().map(|(_, v)| v.clone().into()));
+        let n = fields.len().max(1);
+        let rows = st
+            .query_map(rusqlite::params_from_iter(args), |r| {
+                let mut values = Vec::with_capacity(fields.len());
+                for i in 0..fields.len() {
+                    values.push(r.get::<_, String>(i)?);
+                }
+                Ok(GroupRow {
+                    values,
+                    samples: r.get::<_, i64>(n)? as u64,
+                    period: r.get::<_, i64>(n + 1)? as u64,
+                })
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Every stored row of one event (or all events), stacks as text.
+    pub fn rows(&self, event: Option<u32>) -> Result<Vec<ProfileRow>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''), s.samples, s.period
+                 FROM samples s LEFT JOIN stacks k ON k.id = s.stack
+                 WHERE ?1 IS NULL OR s.event = ?1 ORDER BY s.samples DESC",
+            )
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map(params![event.map(|e| e as i64)], |r| {
+                let ctx: String = r.get(2)?;
+                Ok(ProfileRow {
+                    key: AggKey {
+                        event: r.get::<_, i64>(0)? as u32,
+                        domain: r.get::<_, String>(1)?.into(),
+                        context: Context::parse(&ctx).unwrap_or(Context::HostUser),
+                        process: r.get::<_, String>(3)?.into(),
+                        image: r.get::<_, String>(4)?.into(),
+                        symbol: r.get::<_, String>(5)?.into(),
+                        stack: r.get::<_, String>(6)?.into(),
+                    },
+                    samples: r.get::<_, i64>(7)? as u64,
+                    period: r.get::<_, i64>(8)? as u64,
+                })
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Per-second sample counts: (second, domain, context, samples).
+    pub fn bins(&self, event: u32) -> Result<Vec<(u32, String, String, u64)>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT second, domain, context, samples FROM bins WHERE event = ?1 ORDER BY second, domain, context")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map(params![event as i64], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u32,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get::<_, i64>(3)? as u64,
+                ))
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+}
+
+#[cfg(test)]
+mod tests;

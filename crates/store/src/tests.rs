@@ -1,0 +1,139 @@
+use super::*;
+use vmscope_model::Context;
+
+fn key(sym: &str, stack: &str) -> AggKey {
+    AggKey {
+        event: 0,
+        domain: "host".into(),
+        context: Context::HostUser,
+        process: "demo".into(),
+        image: "/bin/demo".into(),
+        symbol: sym.into(),
+        stack: stack.into(),
+    }
+}
+
+fn write_session(path: &Path, clean: bool) {
+    let mut w = SessionWriter::create(path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(999),
+    }])
+    .unwrap();
+    w.upsert_domain(&DomainRecord {
+        domain: Domain::host(),
+        status: "running".into(),
+        ended_at: None,
+        detail: String::new(),
+    })
+    .unwrap();
+    let mut p = Profile::new();
+    p.add(key("alpha", "main;alpha"), 5, 50);
+    p.add(key("beta", "main;beta"), 3, 30);
+    p.add_bin(0, 0, "host".into(), Context::HostUser, 8);
+    p.add_lost(0, 2);
+    w.flush(&p).unwrap();
+    w.flush(&p).unwrap();
+    w.finish(clean).unwrap();
+}
+
+#[test]
+fn write_then_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, true);
+    let s = Session::open(&path).unwrap();
+    assert_eq!(s.meta().unwrap()["clean_stop"], "1");
+    assert_eq!(s.events().unwrap()[0].frequency, Some(999));
+    let g = s.grouped(0, &[Field::Symbol], &[]).unwrap();
+    assert_eq!(g[0].values, vec!["alpha".to_string()]);
+    assert_eq!(g[0].samples, 10);
+    assert_eq!(g[1].samples, 6);
+    assert_eq!(s.lost().unwrap()[&0], 4);
+    assert_eq!(s.totals().unwrap()[&0], (16, 160));
+    let rows = s.rows(Some(0)).unwrap();
+    assert!(rows.iter().any(|r| &*r.key.stack == "main;alpha"));
+    assert_eq!(s.bins(0).unwrap()[0].3, 16);
+    let filtered = s
+        .grouped(0, &[Field::Symbol], &[(Field::Symbol, "beta".into())])
+        .unwrap();
+    assert_eq!(filtered.len(), 1);
+}
+
+#[test]
+fn unclean_stop_is_visible() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, false);
+    assert_eq!(
+        Session::open(&path).unwrap().meta().unwrap()["clean_stop"],
+        "0"
+    );
+}
+
+#[test]
+fn bad_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.db");
+    std::fs::write(&text, "hello, this is not a database at all").unwrap();
+    let e = Session::open(&text).err().unwrap().to_string();
+    assert!(
+        e.contains("t.db") && e.contains("not a vmscope session"),
+        "{e}"
+    );
+    let e = Session::open(&dir.path().join("none.db"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no such session file"), "{e}");
+    // An SQLite file of someone else.
+    let other = dir.path().join("o.db");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE t(x)")
+        .unwrap();
+    let e = Session::open(&other).err().unwrap().to_string();
+    assert!(e.contains("without vmscope's tables"), "{e}");
+}
+
+#[test]
+fn newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, true);
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    let e = Session::open(&path).err().unwrap().to_string();
+    assert!(e.contains("newer than this vmscope"), "{e}");
+}
+
+#[test]
+fn corrupt_pages_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, true);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    // Keep the header, smash everything after the first page.
+    for b in bytes.iter_mut().take(n).skip(4096) {
+        *b = 0xa5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let e = Session::open(&path).err().unwrap().to_string();
+    assert!(e.contains("s.db"), "{e}");
+}
+
+#[test]
+fn unwritable_output_is_named() {
+    let e = SessionWriter::create(Path::new("/proc/vmscope-nope/x.db"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("/proc/vmscope-nope/x.db") && e.contains("cannot write"),
+        "{e}"
+    );
+}
