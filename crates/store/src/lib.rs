@@ -89,6 +89,19 @@ impl Field {
             Field::Symbol => "symbol",
         }
     }
+    /// SQL expression a report groups by. The context view splits kernel
+    /// modules from the core kernel (menon2005 Table 1: kernel / driver).
+    fn select_expr(self) -> &'static str {
+        match self {
+            Field::Context => {
+                "(context || CASE WHEN context IN ('host-kernel','vmm-kernel','guest-kernel') \
+                 AND image LIKE '[%]' AND image NOT IN ('[kernel.kallsyms]','[guest.kernel]') \
+                 THEN ' (modules)' ELSE '' END)"
+            }
+            _ => self.name(),
+        }
+    }
+    /// Column a filter compares with.
     fn column(self) -> &'static str {
         self.name()
     }
@@ -530,7 +543,7 @@ impl Session {
         fields: &[Field],
         filter: &[(Field, String)],
     ) -> Result<Vec<GroupRow>> {
-        let cols: Vec<&str> = fields.iter().map(|f| f.column()).collect();
+        let cols: Vec<&str> = fields.iter().map(|f| f.select_expr()).collect();
         let select = if cols.is_empty() {
             String::from("''")
         } else {

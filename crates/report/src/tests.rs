@@ -1,0 +1,210 @@
+use super::*;
+use std::path::Path;
+use vmscope_model::{AggKey, Context, Domain, Profile, SessionEvent};
+use vmscope_store::{DomainRecord, SessionWriter};
+
+fn key(event: u32, domain: &str, ctx: Context, image: &str, sym: &str) -> AggKey {
+    AggKey {
+        event,
+        domain: domain.into(),
+        context: ctx,
+        process: "p".into(),
+        image: image.into(),
+        symbol: sym.into(),
+        stack: format!("main;{sym}").into(),
+    }
+}
+
+fn session(path: &Path) -> Session {
+    let mut w = SessionWriter::create(path).unwrap();
+    w.set_events(&[
+        SessionEvent {
+            name: "cpu-clock".into(),
+            period: None,
+            frequency: Some(1000),
+        },
+        SessionEvent {
+            name: "page-faults".into(),
+            period: Some(1),
+            frequency: None,
+        },
+    ])
+    .unwrap();
+    for (name, role) in [
+        ("host", vmscope_model::Role::Initiator),
+        ("vm1", vmscope_model::Role::Active),
+    ] {
+        w.upsert_domain(&DomainRecord {
+            domain: Domain {
+                name: name.into(),
+                role,
+                pid: None,
+            },
+            status: "running".into(),
+            ended_at: None,
+            detail: String::new(),
+        })
+        .unwrap();
+    }
+    let mut p = Profile::new();
+    p.add(
+        key(0, "host", Context::HostUser, "/usr/bin/demo", "alpha"),
+        50,
+        50_000_000,
+    );
+    p.add(
+        key(
+            0,
+            "host",
+            Context::HostKernel,
+            "[kernel.kallsyms]",
+            "schedule",
+        ),
+        20,
+        20_000_000,
+    );
+    p.add(
+        key(0, "host", Context::HostKernel, "[virtio_net]", "start_xmit"),
+        10,
+        10_000_000,
+    );
+    p.add(
+        key(0, "vm1", Context::GuestKernel, "[guest.kernel]", "do_idle"),
+        20,
+        20_000_000,
+    );
+    p.add(
+        key(1, "host", Context::HostUser, "/usr/bin/demo", "alpha"),
+        7,
+        7,
+    );
+    w.flush(&p).unwrap();
+    w.set_meta("source", "record").unwrap();
+    w.finish(true).unwrap();
+    Session::open(path).unwrap()
+}
+
+#[test]
+fn table_has_header_and_rows_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    let r = build(
+        &s,
+        &ReportOptions {
+            event: Some("cpu-clock".into()),
+            ..Default::default()
+        },
+        false,
+    )
+    .unwrap();
+    assert_eq!(r.fields, vec!["domain", "image", "symbol"]);
+    let mut out = Vec::new();
+    render(&r, Format::Table, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("# event     cpu-clock (1000 Hz): 100 samples"),
+        "{text}"
+    );
+    let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(body[0].starts_with("samples"), "{text}");
+    assert!(
+        body[1].contains("50.00%") && body[1].contains("demo") && body[1].ends_with("alpha"),
+        "{text}"
+    );
+    // Basename by default.
+    assert!(!body[1].contains("/usr/bin"), "{text}");
+}
+
+#[test]
+fn context_view_splits_kernel_and_modules() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    let opts = ReportOptions {
+        by: parse_fields("context").unwrap(),
+        event: Some("cpu-clock".into()),
+        ..Default::default()
+    };
+    let r = build(&s, &opts, false).unwrap();
+    let labels: Vec<&str> = r.rows.iter().map(|r| r.values[0].as_str()).collect();
+    assert_eq!(
+        labels,
+        vec![
+            "host-user",
+            "guest-kernel",
+            "host-kernel",
+            "host-kernel (modules)"
+        ]
+    );
+    let sum: f64 = r.rows.iter().map(|r| r.percent[0]).sum();
+    assert!((sum - 100.0).abs() < 1e-9);
+}
+
+#[test]
+fn events_side_by_side_json_csv_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    let opts = ReportOptions {
+        by: parse_fields("symbol").unwrap(),
+        limit: Some(2),
+        ..Default::default()
+    };
+    let r = build(&s, &opts, true).unwrap();
+    assert_eq!(r.events.len(), 2);
+    assert_eq!(r.rows.len(), 2);
+    assert_eq!(r.omitted_rows, 2);
+    assert_eq!(r.rows[0].samples, vec![50, 7]);
+    assert_eq!(r.rows[0].percent[1], 100.0);
+    let mut out = Vec::new();
+    render(&r, Format::Json, &mut out).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["rows"][0]["values"][0], "alpha");
+    let mut out = Vec::new();
+    render(&r, Format::Csv, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.starts_with("symbol,cpu-clock samples,cpu-clock percent,page-faults samples"),
+        "{text}"
+    );
+    let mut out = Vec::new();
+    render(&r, Format::Collapsed, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("host;p;main;alpha 50"), "{text}");
+}
+
+#[test]
+fn min_percent_filter_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    let opts = ReportOptions {
+        min_percent: 15.0,
+        event: Some("cpu-clock".into()),
+        ..Default::default()
+    };
+    let r = build(&s, &opts, false).unwrap();
+    assert!(r.rows.iter().all(|r| r.percent[0] >= 15.0));
+    assert_eq!(r.rows.len(), 3);
+    let e = build(
+        &s,
+        &ReportOptions {
+            event: Some("cycles".into()),
+            ..Default::default()
+        },
+        false,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("'cycles' is not in this session") && e.contains("cpu-clock, page-faults"),
+        "{e}"
+    );
+    assert!(parse_fields("domain,bogus").is_err());
+    let filt = ReportOptions {
+        filter: vec![(vmscope_store::Field::Domain, "vm1".into())],
+        event: Some("cpu-clock".into()),
+        ..Default::default()
+    };
+    let r = build(&s, &filt, false).unwrap();
+    assert_eq!(r.rows.len(), 1);
+    assert_eq!(r.rows[0].percent[0], 20.0);
+}
