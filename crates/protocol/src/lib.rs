@@ -1,1 +1,30 @@
-//! placeholder
+//! The vmscope host <-> guest agent protocol.
+//!
+//! Frames (`frame`) carry JSON messages (`message`) between the host, which
+//! always initiates, and the agent inside a VM, which only answers. The crate
+//! does no OS I/O of its own: the host-side [`AgentClient`] runs over any
+//! [`Transport`] (a Unix socket to QEMU's virtio-serial chardev in the lab, a
+//! vsock stream elsewhere). The full specification is docs/protocol.md.
+//!
+//! Every byte a guest sends is hostile input: frames are bounded by
+//! [`MAX_FRAME`], every field by the limits in [`message`], and the decoder
+//! neither panics nor reserves memory from a declared length ([`fuzz_decode`]
+//! exercises it on arbitrary input).
+
+pub mod b64;
+mod client;
+mod error;
+pub mod frame;
+mod fuzz;
+pub mod message;
+
+pub use client::{random_u64, AgentClient, ExecOutput, Transport, EXEC_GRACE, HELLO_RETRY};
+pub use error::ProtocolError;
+pub use frame::{crc32, encode_frame, FrameDecoder, RawFrame, HEADER_LEN, MAGIC, MAX_FRAME};
+pub use fuzz::fuzz_decode;
+pub use message::{
+    capability, encode_request, encode_response, AgentHello, Decoder, Envelope, ErrorKind, Message,
+    Request, Response, MAX_ARGV, MAX_ARGV_BYTES, MAX_CAPABILITIES, MAX_ERROR_MESSAGE,
+    MAX_EXEC_OUTPUT, MAX_EXEC_STDIN, MAX_EXEC_TIMEOUT_MS, MAX_PUT_CHUNK, MAX_STRING, MAX_TYPE_NAME,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, PUT_CHUNK,
+};

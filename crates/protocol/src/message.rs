@@ -1,0 +1,531 @@
+//! Messages: the request and response types, their JSON envelope
+//! (`{"v":1,"id":N,"type":"...",...}`), the limits every field is checked
+//! against, and the typed decoder on top of the frame cutter.
+//!
+//! Forward compatibility: a message whose `type` is not known decodes to the
+//! `Unknown` variant (the agent answers it with an `unsupported` error);
+//! unknown fields are ignored; fields added later carry serde defaults.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::b64;
+use crate::error::ProtocolError;
+use crate::frame::{encode_frame, FrameDecoder, ENCODING_JSON};
+
+/// Version of the message set this crate speaks. Raised when messages or
+/// fields are added; older peers keep working (see docs/protocol.md).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Oldest peer version this crate can talk to.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// Longest short string (host/agent version, kernel, hostname, path, capability), in bytes.
+pub const MAX_STRING: usize = 4096;
+/// Longest `type` name kept from an unknown message, in bytes (longer names are cut).
+pub const MAX_TYPE_NAME: usize = 64;
+/// Longest error message, in bytes.
+pub const MAX_ERROR_MESSAGE: usize = 64 * 1024;
+/// Most arguments in an exec argv.
+pub const MAX_ARGV: usize = 1024;
+/// Most bytes in all exec arguments together.
+pub const MAX_ARGV_BYTES: usize = 256 * 1024;
+/// Most bytes of stdin an exec request may carry.
+pub const MAX_EXEC_STDIN: usize = 4 << 20;
+/// Most bytes of stdout, and separately of stderr, an exec result carries.
+pub const MAX_EXEC_OUTPUT: usize = 4 << 20;
+/// Longest exec timeout, in milliseconds (one day).
+pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// Largest PutFile chunk, in bytes.
+pub const MAX_PUT_CHUNK: usize = 1 << 20;
+/// Chunk size the host client uses for PutFile.
+pub const PUT_CHUNK: usize = 256 * 1024;
+/// Most capability strings in a hello.
+pub const MAX_CAPABILITIES: usize = 64;
+
+/// Capability names an agent may list in its hello.
+pub mod capability {
+    /// Answers `ping`.
+    pub const PING: &str = "ping";
+    /// Runs `exec` (only with `--allow-exec`).
+    pub const EXEC: &str = "exec";
+    /// Accepts `put_file` (with `--allow-exec` or `--allow-write`).
+    pub const PUT_FILE: &str = "put_file";
+}
+
+/// A message with its envelope fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope<T> {
+    /// Protocol version of the sender.
+    pub v: u32,
+    /// Request id, echoed by the response.
+    pub id: u64,
+    /// The message.
+    pub msg: T,
+}
+
+/// Host → agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    /// First request of a connection; the nonce comes back in the agent's hello.
+    Hello {
+        /// Random per connection: tells this connection's answer from stale ones.
+        nonce: u64,
+        /// Version string of the host tool.
+        host_version: String,
+    },
+    /// Liveness and round-trip check.
+    Ping {
+        /// Echoed in the pong.
+        seq: u64,
+    },
+    /// Run a program (no shell) and return its output; needs `--allow-exec`.
+    Exec {
+        /// Program and arguments; `argv[0]` is looked up in `PATH`.
+        argv: Vec<String>,
+        /// Bytes fed to the program's stdin (else stdin is empty).
+        #[serde(
+            default,
+            with = "b64::opt_bytes",
+            skip_serializing_if = "Option::is_none"
+        )]
+        stdin: Option<Vec<u8>>,
+        /// The agent kills the program (and its process group) after this long.
+        timeout_ms: u64,
+    },
+    /// One chunk of a file copied into the guest; needs `--allow-write` or `--allow-exec`.
+    PutFile {
+        /// Absolute destination path in the guest.
+        path: String,
+        /// Permission bits (`0o7777` at most) applied when the last chunk lands.
+        mode: u32,
+        /// Byte offset of this chunk; 0 starts a new transfer, then strictly sequential.
+        offset: u64,
+        /// Chunk bytes (base64 on the wire).
+        #[serde(with = "b64::bytes")]
+        data: Vec<u8>,
+        /// The final chunk: the file is moved into place and gets its mode.
+        last: bool,
+    },
+    /// A request type this build does not know (decoded only, or sent by tests).
+    #[serde(skip)]
+    Unknown {
+        /// The `type` field as received (cut to [`MAX_TYPE_NAME`]).
+        type_name: String,
+    },
+}
+
+/// What the agent says about itself in answer to a hello.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHello {
+    /// The agent's [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The agent's build version.
+    pub agent_version: String,
+    /// Guest kernel release (`uname -r`).
+    pub kernel: String,
+    /// Guest hostname.
+    pub hostname: String,
+    /// Online CPUs in the guest.
+    pub cpus: u32,
+    /// MemTotal of the guest, in bytes.
+    pub mem_bytes: u64,
+    /// Request types this agent will perform (see [`capability`]).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    /// The nonce of the hello being answered.
+    #[serde(default)]
+    pub nonce: u64,
+}
+
+/// Agent → host; each response carries the id of the request it answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    /// Answer to [`Request::Hello`].
+    Hello(AgentHello),
+    /// Answer to [`Request::Ping`].
+    Pong {
+        /// The ping's sequence number.
+        seq: u64,
+    },
+    /// Answer to [`Request::Exec`].
+    ExecResult {
+        /// Exit status; `128 + signal` when the program was killed by a signal.
+        exit_code: i32,
+        /// Captured stdout (at most [`MAX_EXEC_OUTPUT`] bytes).
+        #[serde(with = "b64::bytes")]
+        stdout: Vec<u8>,
+        /// Captured stderr (at most [`MAX_EXEC_OUTPUT`] bytes).
+        #[serde(with = "b64::bytes")]
+        stderr: Vec<u8>,
+        /// Output beyond the limit was discarded.
+        truncated: bool,
+        /// The program ran past its timeout and was killed.
+        #[serde(default)]
+        timed_out: bool,
+    },
+    /// Answer to each [`Request::PutFile`] chunk.
+    PutFileDone {
+        /// Bytes of the file written so far (offset + chunk length).
+        bytes: u64,
+    },
+    /// The request failed or is not allowed or not known.
+    Error {
+        /// Category.
+        kind: ErrorKind,
+        /// Explanation for a human.
+        message: String,
+    },
+    /// A response type this build does not know (decoded only).
+    #[serde(skip)]
+    Unknown {
+        /// The `type` field as received (cut to [`MAX_TYPE_NAME`]).
+        type_name: String,
+    },
+}
+
+/// Category of an error response. Unknown categories decode as `Other`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request type is not known to this agent.
+    Unsupported,
+    /// The request is known but disabled (e.g. exec without `--allow-exec`).
+    Denied,
+    /// Fields missing, malformed or out of limits.
+    BadRequest,
+    /// The request or its answer would exceed a limit.
+    TooLarge,
+    /// An operating-system error in the guest (spawn, open, write).
+    Io,
+    /// Too many requests of this kind are in flight.
+    Busy,
+    /// Anything else, including categories added by newer versions.
+    #[serde(other)]
+    Other,
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Denied => "denied",
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Io => "io",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Other => "other",
+        })
+    }
+}
+
+/// Shared by [`Request`] and [`Response`] for the generic envelope code.
+pub trait Message: Sized + Serialize + for<'de> Deserialize<'de> {
+    /// `type` names this build decodes.
+    const KNOWN_TYPES: &'static [&'static str];
+    /// The value for a type name not in [`Message::KNOWN_TYPES`].
+    fn unknown(type_name: String) -> Self;
+    /// `Some(name)` when this is the unknown variant.
+    fn unknown_name(&self) -> Option<&str>;
+    /// Checks every field against the protocol's limits.
+    fn validate(&self) -> Result<(), String>;
+}
+
+fn check_str(field: &str, s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max {
+        return Err(format!("{field} is {} bytes, limit {max}", s.len()));
+    }
+    Ok(())
+}
+
+fn check_no_nul(field: &str, s: &str) -> Result<(), String> {
+    if s.contains('\0') {
+        return Err(format!("{field} contains a NUL byte"));
+    }
+    Ok(())
+}
+
+impl Message for Request {
+    const KNOWN_TYPES: &'static [&'static str] = &["hello", "ping", "exec", "put_file"];
+
+    fn unknown(type_name: String) -> Self {
+        Request::Unknown { type_name }
+    }
+
+    fn unknown_name(&self) -> Option<&str> {
+        match self {
+            Request::Unknown { type_name } => Some(type_name),
+            _ => None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            Request::Hello { host_version, .. } => {
+                check_str("host_version", host_version, MAX_STRING)
+            }
+            Request::Ping { .. } | Request::Unknown { .. } => Ok(()),
+            Request::Exec {
+                argv,
+                stdin,
+                timeout_ms,
+            } => {
+                if argv.is_empty() {
+                    return Err("argv is empty".into());
+                }
+                if argv.len() > MAX_ARGV {
+                    return Err(format!("argv has {} entries, limit {MAX_ARGV}", argv.len()));
+                }
+                let total: usize = argv.iter().map(|a| a.len()).sum();
+                if total > MAX_ARGV_BYTES {
+                    return Err(format!("argv is {total} bytes, limit {MAX_ARGV_BYTES}"));
+                }
+                for a in argv {
+                    check_no_nul("argv", a)?;
+                }
+                if argv[0].is_empty() {
+                    return Err("argv[0] is empty".into());
+                }
+                if let Some(input) = stdin {
+                    if input.len() > MAX_EXEC_STDIN {
+                        return Err(format!(
+                            "stdin is {} bytes, limit {MAX_EXEC_STDIN}",
+                            input.len()
+                        ));
+                    }
+                }
+                if *timeout_ms == 0 || *timeout_ms > MAX_EXEC_TIMEOUT_MS {
+                    return Err(format!(
+                        "timeout_ms {timeout_ms} outside 1..={MAX_EXEC_TIMEOUT_MS}"
+                    ));
+                }
+                Ok(())
+            }
+            Request::PutFile {
+                path,
+                mode,
+                offset,
+                data,
+                ..
+            } => {
+                check_str("path", path, MAX_STRING)?;
+                check_no_nul("path", path)?;
+                if !path.starts_with('/') {
+                    return Err("path must be absolute".into());
+                }
+                if path.ends_with('/') {
+                    return Err("path names a directory".into());
+                }
+                if *mode > 0o7777 {
+                    return Err(format!("mode {mode:o} has bits beyond 0o7777"));
+                }
+                if data.len() > MAX_PUT_CHUNK {
+                    return Err(format!(
+                        "chunk is {} bytes, limit {MAX_PUT_CHUNK}",
+                        data.len()
+                    ));
+                }
+                if offset.checked_add(data.len() as u64).is_none() {
+                    return Err("offset + length overflows".into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Message for Response {
+    const KNOWN_TYPES: &'static [&'static str] =
+        &["hello", "pong", "exec_result", "put_file_done", "error"];
+
+    fn unknown(type_name: String) -> Self {
+        Response::Unknown { type_name }
+    }
+
+    fn unknown_name(&self) -> Option<&str> {
+        match self {
+            Response::Unknown { type_name } => Some(type_name),
+            _ => None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            Response::Hello(h) => {
+                check_str("agent_version", &h.agent_version, MAX_STRING)?;
+                check_str("kernel", &h.kernel, MAX_STRING)?;
+                check_str("hostname", &h.hostname, MAX_STRING)?;
+                if h.capabilities.len() > MAX_CAPABILITIES {
+                    return Err(format!(
+                        "{} capabilities, limit {MAX_CAPABILITIES}",
+                        h.capabilities.len()
+                    ));
+                }
+                for c in &h.capabilities {
+                    check_str("capability", c, MAX_TYPE_NAME)?;
+                }
+                Ok(())
+            }
+            Response::Pong { .. } | Response::PutFileDone { .. } | Response::Unknown { .. } => {
+                Ok(())
+            }
+            Response::ExecResult { stdout, stderr, .. } => {
+                for (name, b) in [("stdout", stdout), ("stderr", stderr)] {
+                    if b.len() > MAX_EXEC_OUTPUT {
+                        return Err(format!(
+                            "{name} is {} bytes, limit {MAX_EXEC_OUTPUT}",
+                            b.len()
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Response::Error { message, .. } => check_str("message", message, MAX_ERROR_MESSAGE),
+        }
+    }
+}
+
+fn cut_type_name(s: &str) -> String {
+    let mut end = s.len().min(MAX_TYPE_NAME);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn encode_message<T: Message>(id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError> {
+    if let Err(reason) = msg.validate() {
+        return Err(ProtocolError::malformed(format!(
+            "refusing to encode an invalid message: {reason}"
+        )));
+    }
+    let mut obj = Map::new();
+    obj.insert("v".into(), Value::from(PROTOCOL_VERSION));
+    obj.insert("id".into(), Value::from(id));
+    match msg.unknown_name() {
+        Some(name) => {
+            obj.insert("type".into(), Value::from(name));
+        }
+        None => {
+            let body = serde_json::to_value(msg)
+                .map_err(|e| ProtocolError::malformed(format!("cannot encode: {e}")))?;
+            if let Value::Object(fields) = body {
+                for (k, v) in fields {
+                    obj.insert(k, v);
+                }
+            }
+        }
+    }
+    let body = serde_json::to_vec(&Value::Object(obj))
+        .map_err(|e| ProtocolError::malformed(format!("cannot encode: {e}")))?;
+    encode_frame(ENCODING_JSON, &body)
+}
+
+/// One complete frame carrying `req` with envelope id `id`.
+pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, ProtocolError> {
+    encode_message(id, req)
+}
+
+/// One complete frame carrying `resp`, answering request `id`.
+pub fn encode_response(id: u64, resp: &Response) -> Result<Vec<u8>, ProtocolError> {
+    encode_message(id, resp)
+}
+
+fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, ProtocolError> {
+    if encoding != ENCODING_JSON {
+        return Err(ProtocolError::malformed(format!(
+            "body encoding {encoding} is not supported"
+        )));
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ProtocolError::malformed(format!("body is not JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| ProtocolError::malformed("body is not a JSON object"))?;
+    let id = obj
+        .get("id")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| ProtocolError::malformed("missing or invalid `id`"))?;
+    let v = obj
+        .get("v")
+        .and_then(Value::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| ProtocolError::malformed("missing or invalid `v`"))?;
+    let type_name = obj
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ProtocolError::malformed("missing or invalid `type`"))?;
+    if !T::KNOWN_TYPES.contains(&type_name) {
+        return Ok(Envelope {
+            v,
+            id,
+            msg: T::unknown(cut_type_name(type_name)),
+        });
+    }
+    let type_name = type_name.to_string();
+    let msg: T = serde_json::from_value(value).map_err(|e| ProtocolError::BadMessage {
+        id,
+        type_name: type_name.clone(),
+        reason: e.to_string(),
+    })?;
+    msg.validate().map_err(|reason| ProtocolError::BadMessage {
+        id,
+        type_name,
+        reason,
+    })?;
+    Ok(Envelope { v, id, msg })
+}
+
+/// Incremental message decoder: [`Decoder::push`] received bytes, then call
+/// [`Decoder::next_request`] (agent side) or [`Decoder::next_response`]
+/// (host side) until it returns `Ok(None)`. An `Err` describes one bad frame
+/// that has already been dropped; keep calling to get the following ones.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    frames: FrameDecoder,
+}
+
+impl Decoder {
+    /// An empty decoder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, data: &[u8]) {
+        self.frames.push(data);
+    }
+
+    /// Next request, if a complete frame is buffered.
+    pub fn next_request(&mut self) -> Result<Option<Envelope<Request>>, ProtocolError> {
+        self.next()
+    }
+
+    /// Next response, if a complete frame is buffered.
+    pub fn next_response(&mut self) -> Result<Option<Envelope<Response>>, ProtocolError> {
+        self.next()
+    }
+
+    fn next<T: Message>(&mut self) -> Result<Option<Envelope<T>>, ProtocolError> {
+        match self.frames.next_frame()? {
+            Some(frame) => decode_body(frame.encoding, &frame.body).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Bytes held that do not yet form a complete frame.
+    pub fn buffered(&self) -> usize {
+        self.frames.buffered()
+    }
+
+    /// Bytes discarded as garbage so far.
+    pub fn skipped_bytes(&self) -> u64 {
+        self.frames.skipped_bytes()
+    }
+
+    /// Drops a partially received frame (call when the peer reconnects).
+    pub fn discard_partial(&mut self) {
+        self.frames.discard_buffered();
+    }
+}
