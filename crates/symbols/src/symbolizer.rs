@@ -1,0 +1,626 @@
+//! The symbolizer: turns a [`NormalizedFrame`] of a domain into a
+//! [`Resolved`] (image, symbol) pair, following the rules of DESIGN §4:
+//! host kernel and modules from kallsyms, files from their ELF symbols (or a
+//! debug file found by build-id or debuglink), guest kernels from each
+//! domain's kallsyms, anonymous and guest user code as one bucket each.
+//!
+//! It is on the hot path of recording and importing, so every ELF file is
+//! parsed once per (path, build-id), every (image, address) is resolved once
+//! and answered from a map afterwards with `Arc<str>` clones only, and names
+//! are shared among all addresses of one symbol. Problems never fail a
+//! resolution: they become [`Symbolizer::warnings`] and hex addresses.
+
+use crate::elf::ElfSymbols;
+use crate::kallsyms::Kallsyms;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use vmscope_model::{
+    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, KERNEL_IMAGE, UNKNOWN_IMAGE,
+};
+
+/// Image and symbol name printed for guest user code seen from the host.
+pub const GUEST_USER: &str = "[guest.user]";
+
+/// Where the symbolizer looks for symbols.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SymbolizerOptions {
+    /// Host kallsyms file; `None` reads `/proc/kallsyms`.
+    pub kallsyms: Option<PathBuf>,
+    /// Prefix for every file path, debug directories included (like perf
+    /// `--symfs`); an empty directory resolves no file.
+    pub symfs: Option<PathBuf>,
+    /// Directories searched for separate debug files (`.build-id/xx/….debug`
+    /// and debuglink names).
+    pub debug_dirs: Vec<PathBuf>,
+}
+
+impl Default for SymbolizerOptions {
+    fn default() -> SymbolizerOptions {
+        SymbolizerOptions {
+            kallsyms: None,
+            symfs: None,
+            debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+        }
+    }
+}
+
+/// A resolved frame: the image (as reports name it) and the function.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resolved {
+    pub image: Arc<str>,
+    pub symbol: Arc<str>,
+}
+
+/// FxHash (as in rustc): a fast non-cryptographic hash for the caches, whose
+/// keys come from our own normalization, not from an adversary choosing
+/// collisions.
+#[derive(Default, Clone, Copy)]
+struct FxHasher {
+    hash: u64,
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i.into());
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i.into());
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// Past this many entries a cache is emptied rather than grown further.
+const CACHE_LIMIT: usize = 1 << 22;
+/// Warnings kept; later ones are only counted.
+const WARNING_LIMIT: usize = 64;
+
+fn hex(addr: u64) -> Arc<str> {
+    format!("0x{addr:x}").into()
+}
+
+/// One kernel's symbols with interned names and an address cache.
+struct KernelTable {
+    syms: Kallsyms,
+    /// Interned symbol names by table index.
+    names: FxMap<usize, Arc<str>>,
+    /// `[module]` image names by module index.
+    module_images: Vec<Arc<str>>,
+    cache: FxMap<u64, Resolved>,
+}
+
+impl KernelTable {
+    fn new(syms: Kallsyms) -> KernelTable {
+        let module_images = syms.modules().map(|m| format!("[{m}]").into()).collect();
+        KernelTable {
+            syms,
+            names: FxMap::default(),
+            module_images,
+            cache: FxMap::default(),
+        }
+    }
+
+    /// `module_image: false` names every symbol's image `image` (guests).
+    fn resolve(&mut self, addr: u64, image: &Arc<str>, module_image: bool) -> Resolved {
+        if let Some(r) = self.cache.get(&addr) {
+            return r.clone();
+        }
+        let r = match self.syms.lookup_indexed(addr) {
+            Some((idx, module, sym)) => {
+                let symbol = self
+                    .names
+                    .entry(idx)
+                    .or_insert_with(|| Arc::from(sym.name))
+                    .clone();
+                let image = match module.and_then(|m| self.module_images.get(m)) {
+                    Some(m) if module_image => m.clone(),
+                    _ => image.clone(),
+                };
+                Resolved { image, symbol }
+            }
+            None => Resolved {
+                image: image.clone(),
+                symbol: hex(addr),
+            },
+        };
+        if self.cache.len() >= CACHE_LIMIT {
+            self.cache.clear();
+        }
+        self.cache.insert(addr, r.clone());
+        r
+    }
+}
+
+type FileKey = (Arc<str>, Option<Arc<[u8]>>);
+
+/// Resolves frames to (image, symbol) with caches; see the module docs.
+pub struct Symbolizer {
+    opts: SymbolizerOptions,
+    kernel: KernelTable,
+    guests: HashMap<String, KernelTable>,
+    files: FxMap<FileKey, Option<Arc<ElfSymbols>>>,
+    cache: FxMap<NormalizedFrame, Resolved>,
+    warnings: Vec<String>,
+    warned: HashSet<String>,
+    suppressed: usize,
+    kernel_image: Arc<str>,
+    guest_kernel_image: Arc<str>,
+    anon: Resolved,
+    guest_user: Resolved,
+    unknown: Resolved,
+}
+
+impl Symbolizer {
+    /// Build a symbolizer and load the host kallsyms. Never fails: a
+    /// missing, unreadable, empty or restricted kallsyms becomes a warning
+    /// and kernel addresses stay hex.
+    pub fn new(opts: SymbolizerOptions) -> Symbolizer {
+        let anon_name: Arc<str> = ANON_IMAGE.into();
+        let guest_user: Arc<str> = GUEST_USER.into();
+        let unknown: Arc<str> = UNKNOWN_IMAGE.into();
+        let mut s = Symbolizer {
+            kernel: KernelTable::new(Kallsyms::default()),
+            guests: HashMap::new(),
+            files: FxMap::default(),
+            cache: FxMap::default(),
+            warnings: Vec::new(),
+            warned: HashSet::new(),
+            suppressed: 0,
+            kernel_image: KERNEL_IMAGE.into(),
+            guest_kernel_image: GUEST_KERNEL_IMAGE.into(),
+            anon: Resolved {
+                image: anon_name.clone(),
+                symbol: anon_name,
+            },
+            guest_user: Resolved {
+                image: guest_user.clone(),
+                symbol: guest_user,
+            },
+            unknown: Resolved {
+                image: unknown.clone(),
+                symbol: unknown,
+            },
+            opts,
+        };
+        let path = s
+            .opts
+            .kallsyms
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/kallsyms"));
+        match Kallsyms::from_path(&path) {
+            Ok(k) => {
+                if k.is_restricted() {
+                    s.warn(format!(
+                        "{}: all addresses are zero (kernel.kptr_restrict): kernel symbols stay \
+                         unresolved; run as root or set kernel.kptr_restrict=0",
+                        path.display()
+                    ));
+                } else if k.is_empty() {
+                    s.warn(format!(
+                        "{}: no kernel text symbols: kernel symbols stay unresolved",
+                        path.display()
+                    ));
+                }
+                s.kernel = KernelTable::new(k);
+            }
+            Err(e) => s.warn(format!("{e}: kernel symbols stay unresolved")),
+        }
+        s
+    }
+
+    /// Use `k` for [`ImageRef::GuestKernel`] frames of `domain`.
+    pub fn add_guest_kallsyms(&mut self, domain: &str, k: Kallsyms) {
+        if k.is_restricted() {
+            self.warn(format!(
+                "guest kallsyms of domain {domain}: all addresses are zero (kernel.kptr_restrict \
+                 in the guest): its kernel symbols stay unresolved"
+            ));
+        }
+        self.guests.insert(domain.to_string(), KernelTable::new(k));
+    }
+
+    /// The host kernel symbols in use.
+    pub fn kernel(&self) -> &Kallsyms {
+        &self.kernel.syms
+    }
+
+    /// Resolve one frame of `domain` (the domain matters only for guest
+    /// kernel frames).
+    pub fn resolve(&mut self, domain: &str, frame: &NormalizedFrame) -> Resolved {
+        match &frame.image {
+            ImageRef::Anon => self.anon.clone(),
+            ImageRef::GuestUser => self.guest_user.clone(),
+            ImageRef::Unknown => self.unknown.clone(),
+            ImageRef::Kernel => self.kernel.resolve(frame.addr, &self.kernel_image, true),
+            ImageRef::GuestKernel => {
+                if let Some(t) = self.guests.get_mut(domain) {
+                    return t.resolve(frame.addr, &self.guest_kernel_image, false);
+                }
+                self.warn(format!(
+                    "no guest kallsyms for domain {domain}: its kernel addresses stay hex \
+                     (give --guest-kallsyms {domain}=PATH or run the agent)"
+                ));
+                let mut t = KernelTable::new(Kallsyms::default());
+                let r = t.resolve(frame.addr, &self.guest_kernel_image, false);
+                self.guests.insert(domain.to_string(), t);
+                r
+            }
+            ImageRef::File { path, build_id } => {
+                if let Some(r) = self.cache.get(frame) {
+                    return r.clone();
+                }
+                let symbol = self
+                    .file(path, build_id)
+                    .and_then(|f| f.lookup_file_offset_shared(frame.addr).cloned())
+                    .unwrap_or_else(|| hex(frame.addr));
+                let r = Resolved {
+                    image: path.clone(),
+                    symbol,
+                };
+                if self.cache.len() >= CACHE_LIMIT {
+                    self.cache.clear();
+                }
+                self.cache.insert(frame.clone(), r.clone());
+                r
+            }
+        }
+    }
+
+    /// Problems met so far, each once, in order.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = self.warnings.clone();
+        if self.suppressed > 0 {
+            w.push(format!("... and {} more symbol warnings", self.suppressed));
+        }
+        w
+    }
+
+    /// Number of cached resolutions (files and kernels).
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+            + self.kernel.cache.len()
+            + self.guests.values().map(|g| g.cache.len()).sum::<usize>()
+    }
+
+    fn warn(&mut self, msg: String) {
+        if self.warned.contains(&msg) {
+            return;
+        }
+        if self.warnings.len() >= WARNING_LIMIT {
+            self.suppressed += 1;
+        } else {
+            self.warnings.push(msg.clone());
+        }
+        self.warned.insert(msg);
+    }
+
+    /// The symbols of a mapped file, loaded once per (path, build-id).
+    fn file(&mut self, path: &Arc<str>, build_id: &Option<Arc<[u8]>>) -> Option<Arc<ElfSymbols>> {
+        let key: FileKey = (path.clone(), build_id.clone());
+        if let Some(f) = self.files.get(&key) {
+            return f.clone();
+        }
+        let loaded = self.load_file(path, build_id.as_deref()).map(Arc::new);
+        self.files.insert(key, loaded.clone());
+        loaded
+    }
+
+    /// `path` under the symfs prefix, if one is set.
+    fn under_symfs(&self, path: &Path) -> PathBuf {
+        match &self.opts.symfs {
+            Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+            None => path.to_path_buf(),
+        }
+    }
+
+    fn load_file(&mut self, path: &str, want_id: Option<&[u8]>) -> Option<ElfSymbols> {
+        // Pseudo files ([vdso], [vsyscall]) have no file to read.
+        if path.starts_with('[') {
+            return None;
+        }
+        let on_disk = path.strip_suffix(" (deleted)").unwrap_or(path);
+        if !on_disk.starts_with('/') {
+            self.warn(format!(
+                "{path}: not an absolute path: its symbols stay unresolved"
+            ));
+            return None;
+        }
+        let real = self.under_symfs(Path::new(on_disk));
+        let runtime = match ElfSymbols::open(&real) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                self.warn(e.to_string());
+                None
+            }
+        };
+        let mismatch = match (&runtime, want_id) {
+            (Some(r), Some(want)) => r.build_id().is_some_and(|have| have != want),
+            _ => false,
+        };
+        if mismatch {
+            self.warn(format!(
+                "{}: build-id {} differs from the recorded {}: looking for a debug file",
+                real.display(),
+                hex_bytes(
+                    runtime
+                        .as_ref()
+                        .and_then(|r| r.build_id())
+                        .unwrap_or_default()
+                ),
+                hex_bytes(want_id.unwrap_or_default()),
+            ));
+        }
+        let runtime = runtime.filter(|_| !mismatch);
+        if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) {
+            return runtime;
+        }
+        let id = want_id.or_else(|| runtime.as_ref().and_then(ElfSymbols::build_id));
+        let link = runtime.as_ref().and_then(ElfSymbols::debuglink);
+        match self.find_debug_file(Path::new(on_disk), id, link) {
+            Some(debug) => Some(match &runtime {
+                Some(r) => debug.with_segments_of(r),
+                None => debug,
+            }),
+            None => {
+                if runtime.as_ref().is_some_and(ElfSymbols::is_empty) {
+                    self.warn(format!(
+                        "{}: no symbols and no debug file found: its addresses stay hex",
+                        real.display()
+                    ));
+                }
+                runtime
+            }
+        }
+    }
+
+    /// Candidate debug files, in order: `<debug>/.build-id/ab/cdef….debug`
+    /// for each debug dir, then the debuglink name in the file's directory,
+    /// its `.debug` subdirectory, and `<debug><dir>/` for each debug dir.
+    pub fn debug_file_candidates(
+        &self,
+        path: &Path,
+        build_id: Option<&[u8]>,
+        debuglink: Option<&str>,
+    ) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        if let Some(id) = build_id.filter(|id| id.len() >= 2) {
+            for d in &self.opts.debug_dirs {
+                out.push(
+                    self.under_symfs(
+                        &d.join(".build-id")
+                            .join(hex_bytes(&id[..1]))
+                            .join(format!("{}.debug", hex_bytes(&id[1..]))),
+                    ),
+                );
+            }
+        }
+        if let Some(link) = debuglink.filter(|l| !l.is_empty() && !l.contains('/')) {
+            let dir = path.parent().unwrap_or(Path::new("/"));
+            out.push(self.under_symfs(&dir.join(link)));
+            out.push(self.under_symfs(&dir.join(".debug").join(link)));
+            let rel = dir.strip_prefix("/").unwrap_or(dir);
+            for d in &self.opts.debug_dirs {
+                out.push(self.under_symfs(&d.join(rel).join(link)));
+            }
+        }
+        out
+    }
+
+    fn find_debug_file(
+        &mut self,
+        path: &Path,
+        build_id: Option<&[u8]>,
+        debuglink: Option<&str>,
+    ) -> Option<ElfSymbols> {
+        let own = self.under_symfs(path);
+        for cand in self.debug_file_candidates(path, build_id, debuglink) {
+            // `<dir>/<link>` can name the stripped file itself.
+            if cand == own || !cand.is_file() {
+                continue;
+            }
+            match ElfSymbols::open(&cand) {
+                Ok(d) if d.has_symtab() => {
+                    let id_ok = match (build_id, d.build_id()) {
+                        (Some(want), Some(have)) => want == have,
+                        _ => true,
+                    };
+                    if id_ok {
+                        return Some(d);
+                    }
+                    self.warn(format!(
+                        "{}: build-id does not match {}: ignored",
+                        cand.display(),
+                        path.display()
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => self.warn(e.to_string()),
+            }
+        }
+        None
+    }
+}
+
+fn hex_bytes(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts_with_kallsyms(text: &str, dir: &Path) -> SymbolizerOptions {
+        let p = dir.join("kallsyms");
+        std::fs::write(&p, text).unwrap();
+        SymbolizerOptions {
+            kallsyms: Some(p),
+            symfs: None,
+            debug_dirs: vec![],
+        }
+    }
+
+    fn frame(image: ImageRef, addr: u64) -> NormalizedFrame {
+        NormalizedFrame { image, addr }
+    }
+
+    #[test]
+    fn buckets_and_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Symbolizer::new(opts_with_kallsyms(
+            "ffffffff81000000 T _text\nffffffff81000100 T schedule\n\
+             ffffffffc0000000 t kvm_exit\t[kvm_intel]\n",
+            dir.path(),
+        ));
+        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000123));
+        assert_eq!((&*r.image, &*r.symbol), ("[kernel.kallsyms]", "schedule"));
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffffc0000010));
+        assert_eq!((&*r.image, &*r.symbol), ("[kvm_intel]", "kvm_exit"));
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0x10));
+        assert_eq!((&*r.image, &*r.symbol), ("[kernel.kallsyms]", "0x10"));
+        for (img, name) in [
+            (ImageRef::Anon, "[anon]"),
+            (ImageRef::GuestUser, "[guest.user]"),
+            (ImageRef::Unknown, "[unknown]"),
+        ] {
+            let r = s.resolve("vm1", &frame(img, 0x1234));
+            assert_eq!((&*r.image, &*r.symbol), (name, name));
+        }
+        // Repeated hits share the name allocation.
+        let a = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000123));
+        let b = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000124));
+        assert!(Arc::ptr_eq(&a.symbol, &b.symbol));
+    }
+
+    #[test]
+    fn guest_kernel_per_domain() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Symbolizer::new(opts_with_kallsyms("", dir.path()));
+        s.add_guest_kallsyms(
+            "vm1",
+            Kallsyms::parse("ffffffff81000000 T guest_fn\nffffffffc0000000 t m_fn [virtio_net]\n")
+                .unwrap(),
+        );
+        let r = s.resolve("vm1", &frame(ImageRef::GuestKernel, 0xffffffff81000010));
+        assert_eq!((&*r.image, &*r.symbol), ("[guest.kernel]", "guest_fn"));
+        let r = s.resolve("vm1", &frame(ImageRef::GuestKernel, 0xffffffffc0000010));
+        assert_eq!((&*r.image, &*r.symbol), ("[guest.kernel]", "m_fn"));
+        let r = s.resolve("vm2", &frame(ImageRef::GuestKernel, 0xffffffff81000010));
+        assert_eq!(
+            (&*r.image, &*r.symbol),
+            ("[guest.kernel]", "0xffffffff81000010")
+        );
+        let w = s.warnings();
+        assert!(w.iter().any(|w| w.contains("vm2")), "{w:?}");
+        assert!(
+            w.iter().any(|w| w.contains("no kernel text symbols")),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn missing_and_restricted_kallsyms_are_warnings() {
+        let s = Symbolizer::new(SymbolizerOptions {
+            kallsyms: Some("/nonexistent/kallsyms".into()),
+            ..SymbolizerOptions::default()
+        });
+        assert!(s.warnings()[0].contains("/nonexistent/kallsyms"));
+        let dir = tempfile::tempdir().unwrap();
+        let s = Symbolizer::new(opts_with_kallsyms(
+            "0000000000000000 T _text\n0000000000000000 T schedule\n",
+            dir.path(),
+        ));
+        assert!(
+            s.warnings()[0].contains("kptr_restrict"),
+            "{:?}",
+            s.warnings()
+        );
+    }
+
+    #[test]
+    fn unreadable_file_gives_hex_offset_and_one_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Symbolizer::new(opts_with_kallsyms("", dir.path()));
+        let img = ImageRef::File {
+            path: "/nonexistent/bin/x".into(),
+            build_id: None,
+        };
+        for addr in [0x1234, 0x1235] {
+            let r = s.resolve("host", &frame(img.clone(), addr));
+            assert_eq!(&*r.image, "/nonexistent/bin/x");
+            assert_eq!(&*r.symbol, format!("0x{addr:x}"));
+        }
+        let w = s.warnings();
+        assert_eq!(
+            w.iter()
+                .filter(|w| w.contains("/nonexistent/bin/x"))
+                .count(),
+            1
+        );
+        let r = s.resolve(
+            "host",
+            &frame(
+                ImageRef::File {
+                    path: "[vdso]".into(),
+                    build_id: None,
+                },
+                0x10,
+            ),
+        );
+        assert_eq!((&*r.image, &*r.symbol), ("[vdso]", "0x10"));
+    }
+
+    #[test]
+    fn fx_hasher_spreads() {
+        let mut seen = HashSet::new();
+        for i in 0..1000u64 {
+            let mut h = FxHasher::default();
+            h.write_u64(i);
+            seen.insert(h.finish());
+        }
+        assert_eq!(seen.len(), 1000);
+    }
+}
