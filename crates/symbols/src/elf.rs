@@ -38,6 +38,12 @@ pub struct ElfSymbols {
     build_id: Option<Vec<u8>>,
     debuglink: Option<String>,
     has_symtab: bool,
+    /// Synthesized PLT entries (`name@plt`), with their own names: they come
+    /// from the mapped binary even when symbols come from a debug file.
+    plt: Vec<RangeSym>,
+    plt_names: Vec<Arc<str>>,
+    /// Start of `.plt`: a symbol starting before it does not reach into it.
+    plt_start: Option<u64>,
 }
 
 const MEMORY: &str = "<memory>";
@@ -109,7 +115,13 @@ impl ElfSymbols {
     }
 
     pub(crate) fn lookup_vaddr_shared(&self, vaddr: u64) -> Option<&Arc<str>> {
+        if let Some(p) = table::find(&self.plt, vaddr) {
+            return self.plt_names.get(p.name as usize);
+        }
         let s = table::find(&self.syms, vaddr)?;
+        if self.plt_start.is_some_and(|p| s.start < p && vaddr >= p) {
+            return None;
+        }
         self.names.get(s.name as usize)
     }
 
@@ -172,6 +184,10 @@ impl ElfSymbols {
     pub(crate) fn with_segments_of(mut self, runtime: &ElfSymbols) -> ElfSymbols {
         self.segments = runtime.segments.clone();
         self.base = runtime.base;
+        // A debug file's PLT sections carry no data: use the binary's.
+        self.plt = runtime.plt.clone();
+        self.plt_names = runtime.plt_names.clone();
+        self.plt_start = runtime.plt_start;
         self
     }
 }
@@ -212,6 +228,7 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
     let mut interned: HashMap<&[u8], u32> = HashMap::new();
     let mut names: Vec<Arc<str>> = Vec::new();
     let mut syms = Vec::new();
+    let mut ifuncs: Vec<u64> = Vec::new();
     for table in [symtab, dynsym] {
         for (index, sym) in table.enumerate() {
             if sym.st_name(endian) == 0 {
@@ -273,6 +290,9 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
                     i
                 }
             };
+            if ty == elf::STT_GNU_IFUNC {
+                ifuncs.push(start);
+            }
             let binding = match sym.st_bind() {
                 elf::STB_GLOBAL => Binding::Global,
                 elf::STB_WEAK => Binding::Weak,
@@ -288,6 +308,7 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
         }
     }
     let syms = table::finish(syms, false, |i| names.get(i as usize).map_or("", |n| n));
+    let plt = synthesize_plt(&file, data, &syms, &names, &ifuncs);
 
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
     let debuglink = file
@@ -303,7 +324,268 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
         build_id,
         debuglink,
         has_symtab: !symtab.is_empty(),
+        plt_start: plt.start,
+        plt: plt.syms,
+        plt_names: plt.names,
     })
+}
+
+/// Synthesized PLT symbols.
+#[derive(Default)]
+struct Plt {
+    syms: Vec<RangeSym>,
+    names: Vec<Arc<str>>,
+    start: Option<u64>,
+}
+
+impl Plt {
+    fn add(&mut self, start: u64, size: u64, name: String) {
+        self.names.push(name.into());
+        self.syms.push(RangeSym {
+            start,
+            end: start.saturating_add(size),
+            binding: Binding::Global,
+            name: (self.names.len() - 1) as u32,
+            group: NO_GROUP,
+        });
+    }
+}
+
+/// perf's `get_plt_sizes`: (header size, entry size) of a PLT section.
+fn plt_sizes(machine: u16, entsize: u64, addralign: u64) -> Option<(u64, u64)> {
+    let (header, entry) = match machine {
+        elf::EM_ARM => (20, 12),
+        elf::EM_AARCH64 | elf::EM_LOONGARCH | elf::EM_RISCV => (32, 16),
+        elf::EM_SPARC => (48, 12),
+        elf::EM_SPARCV9 => (128, 32),
+        elf::EM_386 | elf::EM_X86_64 => {
+            let e = if entsize == 8 || entsize == 16 {
+                entsize
+            } else if addralign == 8 {
+                8
+            } else {
+                16
+            };
+            (e, e)
+        }
+        _ => (entsize, entsize),
+    };
+    (entry > 0).then_some((header, entry))
+}
+
+/// Displacement to the GOT slot of an x86-64 PLT entry (`endbr64`, `bnd`
+/// prefix, then `jmp *disp32(%rip)`), measured from the entry start.
+fn x86_64_plt_disp(p: &[u8]) -> Option<u64> {
+    let mut n = 0;
+    if p.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+        n += 4;
+    }
+    if p.get(n) == Some(&0xf2) {
+        n += 1;
+    }
+    if p.get(n..n + 2)? != [0xff, 0x25] {
+        return None;
+    }
+    let d = p.get(n + 2..n + 6)?;
+    let disp = i32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+    Some(((n + 6) as u64).wrapping_add(disp as i64 as u64))
+}
+
+/// Relocations of a REL or RELA section as (r_offset, r_sym, r_type, addend).
+fn relocations<Elf: FileHeader<Endian = Endianness>>(
+    sec: &Elf::SectionHeader,
+    endian: Endianness,
+    data: &[u8],
+) -> Vec<(u64, u32, u32, i64)> {
+    use object::read::elf::{Rel, Rela};
+    match sec.sh_type(endian) {
+        elf::SHT_RELA => sec
+            .data_as_array::<Elf::Rela, _>(endian, data)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                (
+                    r.r_offset(endian).into(),
+                    r.r_sym(endian, false),
+                    r.r_type(endian, false),
+                    r.r_addend(endian).into(),
+                )
+            })
+            .collect(),
+        elf::SHT_REL => sec
+            .data_as_array::<Elf::Rel, _>(endian, data)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                (
+                    r.r_offset(endian).into(),
+                    r.r_sym(endian),
+                    r.r_type(endian),
+                    0,
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// perf's `dso__synthesize_plt_symbols` (with `.plt.sec` and `.plt.got`),
+/// in virtual addresses: a `.plt` header symbol and one `name@plt` per
+/// PLT relocation, in GOT order on x86.
+fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
+    file: &ElfFile<'_, Elf>,
+    data: &[u8],
+    syms: &[RangeSym],
+    names: &[Arc<str>],
+    ifuncs: &[u64],
+) -> Plt {
+    let mut out = Plt::default();
+    let endian = file.endian();
+    let machine = file.elf_header().e_machine(endian);
+    let x86 = matches!(machine, elf::EM_386 | elf::EM_X86_64);
+    let sections = file.elf_section_table();
+    let Some((_, plt)) = sections.section_by_name(endian, b".plt") else {
+        return out;
+    };
+    let plt_addr: u64 = plt.sh_addr(endian).into();
+    let plt_size: u64 = plt.sh_size(endian).into();
+    let Some((header, mut entry)) = plt_sizes(
+        machine,
+        plt.sh_entsize(endian).into(),
+        plt.sh_addralign(endian).into(),
+    ) else {
+        return out;
+    };
+    out.start = Some(plt_addr);
+    out.add(plt_addr, header, ".plt".to_string());
+    let sym_name = |table: &object::read::elf::SymbolTable<'_, Elf>, index: u32| -> String {
+        table
+            .symbol(object::SymbolIndex(index as usize))
+            .ok()
+            .and_then(|s| table.symbol_name(endian, s).ok())
+            .map(|n| demangle(&String::from_utf8_lossy(n)).into_owned())
+            .unwrap_or_default()
+    };
+    let table_for = |link: u32| {
+        let link = object::SectionIndex(link as usize);
+        if link == file.elf_dynamic_symbol_table().section() {
+            Some(file.elf_dynamic_symbol_table())
+        } else if link == file.elf_symbol_table().section() {
+            Some(file.elf_symbol_table())
+        } else {
+            None
+        }
+    };
+
+    // .plt.got (x86): entries named through .rela.dyn.
+    if x86 {
+        if let Some((_, got)) = sections.section_by_name(endian, b".plt.got") {
+            let ent: u64 = got.sh_entsize(endian).into();
+            let size: u64 = got.sh_size(endian).into();
+            let addr: u64 = got.sh_addr(endian).into();
+            let off: u64 = got.sh_offset(endian).into();
+            let bytes = got.data(endian, data).unwrap_or_default();
+            let mut dyn_relocs = Vec::new();
+            let mut dyn_table = None;
+            if machine == elf::EM_X86_64 {
+                if let Some((_, rd)) = sections.section_by_name(endian, b".rela.dyn") {
+                    dyn_table = table_for(rd.sh_link(endian));
+                    dyn_relocs = relocations::<Elf>(rd, endian, data);
+                    dyn_relocs.retain(|r| r.1 != 0);
+                    dyn_relocs.sort_by_key(|r| r.0);
+                }
+            }
+            if ent > 0 {
+                let mut i = 0u64;
+                while i < size && out.syms.len() < 1 << 20 {
+                    let name = bytes
+                        .get(i as usize..)
+                        .and_then(x86_64_plt_disp)
+                        .map(|d| addr.wrapping_add(i).wrapping_add(d))
+                        .and_then(|target| {
+                            let k = dyn_relocs.binary_search_by_key(&target, |r| r.0).ok()?;
+                            let n = sym_name(dyn_table?, dyn_relocs[k].1);
+                            (!n.is_empty()).then(|| format!("{n}@plt"))
+                        })
+                        .unwrap_or_else(|| format!("offset_{:#x}@plt", off.wrapping_add(i)));
+                    out.add(addr.wrapping_add(i), ent, name);
+                    i += ent;
+                }
+            }
+        }
+    }
+
+    let mut lazy = true;
+    let mut slot = plt_addr;
+    let mut slot_section = plt;
+    if x86 {
+        if let Some((_, sec)) = sections.section_by_name(endian, b".plt.sec") {
+            let Some((_, e)) = plt_sizes(
+                machine,
+                sec.sh_entsize(endian).into(),
+                sec.sh_addralign(endian).into(),
+            ) else {
+                return out;
+            };
+            entry = e;
+            if let Some(h) = out.syms.first_mut() {
+                h.end = plt_addr.saturating_add(plt_size);
+            }
+            slot = sec.sh_addr(endian).into();
+            slot_section = sec;
+            lazy = false;
+        }
+    }
+    let rel = sections
+        .section_by_name(endian, b".rela.plt")
+        .or_else(|| sections.section_by_name(endian, b".rel.plt"));
+    let Some((_, rel)) = rel else {
+        return out;
+    };
+    let Some(table) = table_for(rel.sh_link(endian)) else {
+        return out;
+    };
+    let mut relocs = relocations::<Elf>(rel, endian, data);
+    if lazy {
+        if (relocs.len() as u64).saturating_mul(entry) == plt_size {
+            // No header: drop the header symbol.
+            out.syms.retain(|s| s.start != plt_addr || s.name != 0);
+        } else {
+            slot = slot.saturating_add(header);
+        }
+    }
+    if x86 {
+        relocs.sort_by_key(|r| r.0);
+    }
+    let slot_offset: u64 = slot_section.sh_offset(endian).into();
+    let slot_delta = slot_offset.wrapping_sub(slot_section.sh_addr(endian).into());
+    for (_, sym_index, r_type, addend) in relocs.into_iter().take(1 << 20) {
+        let n = sym_name(table, sym_index);
+        let name = if !n.is_empty() {
+            format!("{n}@plt")
+        } else if machine == elf::EM_X86_64 && r_type == elf::R_X86_64_IRELATIVE {
+            let target = addend as u64;
+            let ifunc = ifuncs
+                .contains(&target)
+                .then(|| table::find(syms, target))
+                .flatten()
+                .filter(|s| s.start == target)
+                .and_then(|s| names.get(s.name as usize));
+            match ifunc {
+                Some(f) => format!("{f}@plt"),
+                None => format!("offset_{:#x}@plt", slot.wrapping_add(slot_delta)),
+            }
+        } else {
+            format!("offset_{:#x}@plt", slot.wrapping_add(slot_delta))
+        };
+        out.add(slot, entry, name);
+        slot = slot.saturating_add(entry);
+    }
+    let names_ref = out.names.clone();
+    out.syms = table::finish(std::mem::take(&mut out.syms), false, |i| {
+        names_ref.get(i as usize).map_or("", |n| n)
+    });
+    out
 }
 
 #[cfg(test)]
