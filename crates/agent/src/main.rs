@@ -1,1 +1,129 @@
-fn main() {}
+//! `vmscope-agent`: the guest side of vmscope. Finds its virtio-serial port,
+//! then answers the host's requests (hello, ping, and, when allowed, exec
+//! and file copies) until stopped. See docs/protocol.md.
+
+mod args;
+mod exec;
+mod log;
+mod port;
+mod putfile;
+mod server;
+mod sysinfo;
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use args::Channel;
+use server::{ChannelFds, Policy};
+
+fn open_channel(opts: &args::Options) -> io::Result<ChannelFds> {
+    let path = match &opts.channel {
+        Channel::Stdio => {
+            port::set_nonblocking(0)?;
+            port::set_nonblocking(1)?;
+            return Ok(ChannelFds {
+                read: 0,
+                write: 1,
+                ends_on_eof: true,
+                _owner: None,
+            });
+        }
+        Channel::Port(p) => p.clone(),
+        Channel::Name(name) => {
+            let mut logged = false;
+            loop {
+                if let Some(p) = port::find_port(&opts.sys_root, name) {
+                    break p;
+                }
+                if !logged {
+                    log!(
+                        "no virtio-serial port named {name} under {}/class/virtio-ports yet; waiting",
+                        opts.sys_root.display()
+                    );
+                    logged = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    };
+    let fd = port::open_port(&path)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))?;
+    log!("serving {}", path.display());
+    Ok(ChannelFds {
+        read: fd.as_raw_fd(),
+        write: fd.as_raw_fd(),
+        ends_on_eof: false,
+        _owner: Some(fd),
+    })
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{}", args::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    if argv.iter().any(|a| a == "--version") {
+        println!("vmscope-agent {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
+    let opts = match args::parse(argv) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vmscope-agent: {e}\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &opts.log {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(f) => log::set_file(f),
+            Err(e) => {
+                eprintln!("vmscope-agent: cannot open log {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    log!(
+        "version {} protocol {}: exec {}, file writes {}",
+        env!("CARGO_PKG_VERSION"),
+        vmscope_protocol::PROTOCOL_VERSION,
+        if opts.allow_exec {
+            "allowed"
+        } else {
+            "disabled"
+        },
+        if opts.allow_exec || opts.allow_write {
+            "allowed"
+        } else {
+            "disabled"
+        },
+    );
+    let ch = match open_channel(&opts) {
+        Ok(c) => c,
+        Err(e) => {
+            log!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let policy = Policy {
+        allow_exec: opts.allow_exec,
+        allow_write: opts.allow_write,
+        once: opts.once,
+    };
+    match server::serve(ch, policy) {
+        Ok(()) => {
+            log!("channel closed, exiting");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            log!("event loop failed: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
