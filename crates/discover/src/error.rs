@@ -14,13 +14,6 @@ pub enum DiscoverError {
         #[source]
         source: std::io::Error,
     },
-    /// A file under the proc root could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     /// Connecting to a QMP socket failed.
     #[error("cannot connect to QMP socket {socket}: {source}")]
     QmpConnect {

@@ -1,6 +1,6 @@
-//! Discovery of a real, paused QEMU (TCG, 2 vCPUs, one virtio disk) on the
-//! real /proc, with QMP. Skips, saying why, when qemu-system-x86_64 is not
-//! installed.
+//! Discovery of real, paused QEMUs (TCG, no guest needed) on the real
+//! /proc, with and without QMP. Skips, saying why, when qemu-system-x86_64
+//! is not installed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -144,6 +144,84 @@ fn live_tcg_qemu_with_qmp() {
     assert_eq!(d.cache.as_deref(), Some("none"));
     drop(q);
 
+    guard.0.kill().expect("kill qemu");
+    guard.0.wait().expect("wait qemu");
+}
+
+/// Without debug-threads every thread is `qemu-system-x86`: /proc alone
+/// cannot tell the vCPUs, QMP can.
+#[test]
+fn live_unnamed_threads_need_qmp() {
+    if find_in_path(QEMU).is_none() {
+        eprintln!("skipping live_unnamed_threads_need_qmp: {QEMU} is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("qmp.sock");
+    let child = Command::new(QEMU)
+        .args([
+            "-name",
+            "liveplain",
+            "-accel",
+            "tcg",
+            "-smp",
+            "2",
+            "-m",
+            "64",
+            "-S",
+        ])
+        .args(["-object", "iothread,id=iot0"])
+        .args([
+            "-nographic",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+        ])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", sock.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start qemu");
+    let mut guard = Guard(child);
+    let pid = guard.0.id();
+    let start = Instant::now();
+    while !sock.exists() {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            panic!("qemu exited early: {status}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "qemu did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let find = |query_qmp: bool| {
+        discover(&DiscoverOptions {
+            proc_root: "/proc".into(),
+            query_qmp,
+            qmp_timeout: Duration::from_secs(5),
+        })
+        .expect("discover")
+        .into_iter()
+        .find(|v| v.pid == pid)
+        .expect("our qemu is discovered")
+    };
+    let without = find(false);
+    assert!(without.vcpus.is_empty());
+    assert!(without.warnings.iter().any(|w| w.contains("debug-threads")));
+    let with = find(true);
+    assert!(with.qmp_used, "{:?}", with.warnings);
+    assert_eq!(with.vcpus.len(), 2);
+    assert!(with.warnings.is_empty(), "{:?}", with.warnings);
+    assert!(with
+        .io_threads
+        .iter()
+        .any(|t| t.kind == vmscope_discover::ThreadKind::IoThread && t.name == "IO iot0"));
     guard.0.kill().expect("kill qemu");
     guard.0.wait().expect("wait qemu");
 }
