@@ -1,0 +1,98 @@
+//! The one error type of the lab. Every message names the file, VM or host
+//! resource it is about, so a user can act on it without a backtrace.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A spec file is malformed or asks for something impossible. `line` is
+    /// 1-based; `field` is a dotted path such as `vm[1].vcpus`.
+    #[error("{}:{line}: {field}: {message}", file.display())]
+    Spec {
+        file: PathBuf,
+        line: usize,
+        field: String,
+        message: String,
+    },
+    /// A spec file could not be read.
+    #[error("cannot read spec {}: {source}", file.display())]
+    SpecRead {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    /// A host tool is missing; names the Debian package that provides it.
+    #[error(
+        "'{tool}' not found: install the Debian package '{package}' (apt-get install {package})"
+    )]
+    MissingTool { tool: String, package: String },
+    /// The lab needs root for what the spec asks (taps, loop devices, pinning, /run).
+    #[error("lab {lab}: {what} needs root; run vmscope as root")]
+    NotRoot { lab: String, what: String },
+    /// An external command failed.
+    #[error("{context}: '{command}' failed: {detail}")]
+    Command {
+        context: String,
+        command: String,
+        detail: String,
+    },
+    /// A file system operation failed on `path`.
+    #[error("{context} {}: {source}", path.display())]
+    Io {
+        context: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Building the guest image failed.
+    #[error("guest image: {0}")]
+    Image(String),
+    /// The guest agent binary could not be found.
+    #[error("guest agent binary not found (looked at: {looked}); build it with: {build}")]
+    AgentBinary { looked: String, build: String },
+    /// No lab state exists under this name.
+    #[error("lab '{name}' is not up (no state at {})", path.display())]
+    NoSuchLab { name: String, path: PathBuf },
+    /// The lab is already up.
+    #[error("lab '{name}' is already up (state at {}); run 'vmscope lab down {name}' first", path.display())]
+    AlreadyUp { name: String, path: PathBuf },
+    /// No VM of that name in the lab(s).
+    #[error("no VM named '{vm}' in {where_}")]
+    NoSuchVm { vm: String, where_: String },
+    /// A host resource needed by the lab is taken or missing.
+    #[error("{resource}: {message}")]
+    Resource { resource: String, message: String },
+    /// A VM failed to start or to become ready.
+    #[error("VM {vm}: {message}")]
+    Vm { vm: String, message: String },
+    /// Talking to the guest agent failed.
+    #[error("VM {vm}: agent: {message}")]
+    Agent { vm: String, message: String },
+    /// QMP talk with QEMU failed.
+    #[error("VM {vm}: QMP {}: {message}", socket.display())]
+    Qmp {
+        vm: String,
+        socket: PathBuf,
+        message: String,
+    },
+    /// The state file is unreadable.
+    #[error("lab state {}: {message}", path.display())]
+    State { path: PathBuf, message: String },
+}
+
+impl LabError {
+    /// Shorthand for [`LabError::Io`].
+    pub fn io(
+        context: impl Into<String>,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        LabError::Io {
+            context: context.into(),
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias of the lab crate.
+pub type Result<T, E = LabError> = std::result::Result<T, E>;
