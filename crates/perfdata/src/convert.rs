@@ -180,6 +180,7 @@ fn run_inner<R: Read + Seek>(
     let mut conv = Converter {
         ctx,
         e,
+        skip_lost: layout.has_lost_samples,
         decode,
         by_path,
         chain: Vec::new(),
@@ -198,6 +199,9 @@ fn run_inner<R: Read + Seek>(
 struct Converter<'a> {
     ctx: &'a Ctx,
     e: Endian,
+    /// LOST_SAMPLES records are present and count the loss; LOST records
+    /// would count it twice (perf's "Total Lost Samples" sums LOST_SAMPLES).
+    skip_lost: bool,
     decode: Vec<AttrDecode>,
     by_path: BuildIds,
     /// Reused call chain buffer.
@@ -340,6 +344,7 @@ impl Converter<'_> {
                     time: f.timestamp,
                 });
             }
+            RecordType::LOST if self.skip_lost => {}
             RecordType::LOST | RecordType::LOST_SAMPLES => {
                 // LOST: { u64 id; u64 lost; }  LOST_SAMPLES: { u64 lost; }
                 let off = if rec.record_type == RecordType::LOST {

@@ -26,6 +26,7 @@ const MAGIC_V1: &[u8; 8] = b"PERFFILE";
 
 const FEATURE_EVENT_DESC: u32 = 12;
 
+const RECORD_LOST_SAMPLES: u32 = 13;
 const RECORD_HEADER_ATTR: u32 = 64;
 const RECORD_AUXTRACE: u32 = 71;
 const RECORD_HEADER_FEATURE: u32 = 80;
@@ -38,6 +39,7 @@ pub(crate) enum Endian {
 }
 
 impl Endian {
+    #[inline]
     pub fn u16(self, b: &[u8], off: usize) -> Option<u16> {
         let a: [u8; 2] = b.get(off..off.checked_add(2)?)?.try_into().ok()?;
         Some(match self {
@@ -45,6 +47,7 @@ impl Endian {
             Endian::Big => u16::from_be_bytes(a),
         })
     }
+    #[inline]
     pub fn u32(self, b: &[u8], off: usize) -> Option<u32> {
         let a: [u8; 4] = b.get(off..off.checked_add(4)?)?.try_into().ok()?;
         Some(match self {
@@ -52,6 +55,7 @@ impl Endian {
             Endian::Big => u32::from_be_bytes(a),
         })
     }
+    #[inline]
     pub fn u64(self, b: &[u8], off: usize) -> Option<u64> {
         let a: [u8; 8] = b.get(off..off.checked_add(8)?)?.try_into().ok()?;
         Some(match self {
@@ -96,6 +100,9 @@ pub(crate) struct Layout {
     pub pipe: bool,
     /// Attrs in the order the parser numbers them.
     pub attrs: Vec<RawAttr>,
+    /// The data holds LOST_SAMPLES records (perf ≥ 6.0 writes them at the end
+    /// of a recording, counting again what LOST records counted).
+    pub has_lost_samples: bool,
 }
 
 /// Read until `buf` is full or the input ends; returns the bytes read.
@@ -133,6 +140,7 @@ struct Checker<'a, R: Read + Seek> {
     ctx: &'a Ctx,
     e: Endian,
     file_len: u64,
+    lost_samples: bool,
 }
 
 impl<R: Read + Seek> Checker<'_, R> {
@@ -219,6 +227,7 @@ impl<R: Read + Seek> Checker<'_, R> {
                     format!("record at byte {pos} needs {size} bytes"),
                 ));
             }
+            self.lost_samples |= type_ == RECORD_LOST_SAMPLES;
             let mut consumed = 8u64;
             let body_len = (size - 8) as usize;
             match type_ {
@@ -337,6 +346,7 @@ pub(crate) fn check<R: Read + Seek>(
         ctx,
         e: endian,
         file_len,
+        lost_samples: false,
     };
     if header_size == PIPE_HEADER_SIZE {
         let mut attrs = Vec::new();
@@ -348,6 +358,7 @@ pub(crate) fn check<R: Read + Seek>(
             endian,
             pipe: true,
             attrs,
+            has_lost_samples: c.lost_samples,
         });
     }
     if header_size < FILE_HEADER_SIZE {
@@ -432,5 +443,6 @@ pub(crate) fn check<R: Read + Seek>(
         endian,
         pipe: false,
         attrs,
+        has_lost_samples: c.lost_samples,
     })
 }

@@ -49,7 +49,8 @@ pub struct PerfDataInfo {
     pub last_time: Option<u64>,
     /// Samples handed to the sink.
     pub samples: u64,
-    /// Records or samples the kernel dropped (LOST and LOST_SAMPLES).
+    /// Samples the kernel dropped: the sum of LOST_SAMPLES records where the
+    /// file has them (perf's "Total Lost Samples"), else of LOST records.
     pub lost: u64,
     /// Build ids from the BUILD_ID feature section: (path, id), in file order.
     pub build_ids: Vec<(String, Vec<u8>)>,

@@ -44,16 +44,19 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    #[inline]
     fn u64(&mut self) -> Option<u64> {
         let v = self.e.u64(self.b, self.pos)?;
         self.pos += 8;
         Some(v)
     }
+    #[inline]
     fn u32(&mut self) -> Option<u32> {
         let v = self.e.u32(self.b, self.pos)?;
         self.pos += 4;
         Some(v)
     }
+    #[inline]
     fn skip_u64s(&mut self, n: u64) -> Option<()> {
         let bytes = usize::try_from(n).ok()?.checked_mul(8)?;
         let end = self.pos.checked_add(bytes)?;

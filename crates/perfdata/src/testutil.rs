@@ -285,6 +285,12 @@ impl PerfDataBuilder {
         self
     }
 
+    /// A LOST_SAMPLES record.
+    pub fn lost_samples(mut self, count: u64) -> Self {
+        self.record(13, 0, &count.to_le_bytes(), u32::MAX, u32::MAX);
+        self
+    }
+
     /// A SAMPLE record.
     pub fn sample(mut self, s: SampleSpec) -> Self {
         self.now = self.now.max(s.time);

@@ -213,6 +213,28 @@ fn mmap_variants_fork_exit_lost_and_exec() {
 }
 
 #[test]
+fn lost_samples_records_replace_lost_records_in_the_count() {
+    let (info, recs) = collect(PerfDataBuilder::new().lost(5).lost(6).to_bytes());
+    assert_eq!(info.lost, 11);
+    assert_eq!(recs.len(), 2);
+    let (info, recs) = collect(
+        PerfDataBuilder::new()
+            .lost(5)
+            .lost(6)
+            .lost_samples(11)
+            .to_bytes(),
+    );
+    assert_eq!(info.lost, 11);
+    assert_eq!(
+        recs,
+        vec![Record::Lost {
+            cpu: Some(0),
+            count: 11
+        }]
+    );
+}
+
+#[test]
 fn out_of_order_samples_are_sorted_by_time() {
     let b = PerfDataBuilder::new()
         .sample(SampleSpec {

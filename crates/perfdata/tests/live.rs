@@ -137,3 +137,103 @@ fn imports_the_piped_format() {
     assert_eq!(n, perf_sample_count(&file));
     assert!(n > 50);
 }
+
+/// Samples per event name, as `perf script -F event` prints them.
+fn perf_samples_by_event(file: &Path) -> std::collections::BTreeMap<String, u64> {
+    let out = Command::new(PERF)
+        .args(["script", "-F", "event", "-i"])
+        .arg(file)
+        .output()
+        .expect("run perf script");
+    assert!(out.status.success());
+    let mut m = std::collections::BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(name) = l.trim().strip_suffix(':') {
+            *m.entry(name.to_string()).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+#[test]
+fn two_events_are_told_apart_by_sample_id() {
+    if !Path::new(PERF).exists() {
+        eprintln!("skipping: {PERF} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two.data");
+    let st = Command::new(PERF)
+        .args(["record", "-q", "-e", "cpu-clock", "-e", "task-clock"])
+        .args(["-F", "999", "-g", "-o"])
+        .arg(&file)
+        .args(["--", "/bin/sh", "-c", LOOP])
+        .output()
+        .unwrap();
+    if !st.status.success() {
+        eprintln!("skipping: perf record failed");
+        return;
+    }
+    let mut by_index = [0u64; 2];
+    let info = vmscope_perfdata::import(&file, &mut |r| {
+        if let Record::Sample(s) = r {
+            by_index[s.event as usize] += 1;
+        }
+    })
+    .unwrap();
+    let names: Vec<&str> = info.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["cpu-clock", "task-clock"]);
+    let perf = perf_samples_by_event(&file);
+    assert_eq!(perf.get("cpu-clock"), Some(&by_index[0]));
+    assert_eq!(perf.get("task-clock"), Some(&by_index[1]));
+    assert!(by_index[0] > 20 && by_index[1] > 20, "{by_index:?}");
+}
+
+/// Throughput on a system-wide recording (`-a -g -F 4000`, 10 s, busy
+/// loops on every CPU). Prints figures; asserts only that the sample count
+/// equals perf's. Run with `cargo test --release -p vmscope-perfdata --test
+/// live -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput_on_a_system_wide_recording() {
+    if !Path::new(PERF).exists() {
+        eprintln!("skipping: {PERF} not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wide.data");
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let busy: Vec<_> = (0..cpus)
+        .map(|_| {
+            Command::new("timeout")
+                .args(["12", "/bin/sh", "-c", "while :; do :; done"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let st = Command::new(PERF)
+        .args(["record", "-q", "-a", "-g", "-F", "4000", "-o"])
+        .arg(&file)
+        .args(["--", "sleep", "10"])
+        .status()
+        .unwrap();
+    for mut b in busy {
+        let _ = b.wait();
+    }
+    if !st.success() {
+        eprintln!("skipping: perf record -a failed");
+        return;
+    }
+    let bytes = std::fs::metadata(&file).unwrap().len();
+    let mut records = 0u64;
+    let start = std::time::Instant::now();
+    let info = vmscope_perfdata::import(&file, &mut |_| records += 1).unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{bytes} bytes, {records} records, {} samples, {} lost: {secs:.3} s, {:.0} records/s",
+        info.samples,
+        info.lost,
+        records as f64 / secs
+    );
+    assert_eq!(info.samples, perf_sample_count(&file));
+}
