@@ -481,7 +481,11 @@ fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
     if x86 {
         if let Some((_, got)) = sections.section_by_name(endian, b".plt.got") {
             let ent: u64 = got.sh_entsize(endian).into();
-            let size: u64 = got.sh_size(endian).into();
+            let bytes_len = got.data(endian, data).map_or(0, |b| b.len() as u64);
+            // Only entries whose bytes are in the file (a hostile header
+            // cannot make us invent millions of them).
+            let sh_size: u64 = got.sh_size(endian).into();
+            let size = sh_size.min(bytes_len);
             let addr: u64 = got.sh_addr(endian).into();
             let off: u64 = got.sh_offset(endian).into();
             let bytes = got.data(endian, data).unwrap_or_default();
@@ -497,7 +501,7 @@ fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
             }
             if ent > 0 {
                 let mut i = 0u64;
-                while i < size && out.syms.len() < 1 << 20 {
+                while i < size {
                     let name = bytes
                         .get(i as usize..)
                         .and_then(x86_64_plt_disp)
