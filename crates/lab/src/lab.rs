@@ -36,6 +36,8 @@ pub struct LabOptions {
     pub hello_timeout: Duration,
     /// How long the KVM probe VM may take to answer (here KVM never does).
     pub kvm_probe_timeout: Duration,
+    /// QEMU `-cpu` model under KVM (default `host`; `$VMSCOPE_KVM_CPU`).
+    pub kvm_cpu: String,
     /// Print progress lines to stderr.
     pub verbose: bool,
 }
@@ -50,6 +52,7 @@ impl Default for LabOptions {
             accel: None,
             hello_timeout: Duration::from_secs(90),
             kvm_probe_timeout: Duration::from_secs(12),
+            kvm_cpu: std::env::var("VMSCOPE_KVM_CPU").unwrap_or_else(|_| "host".into()),
             verbose: false,
         }
     }
@@ -409,6 +412,7 @@ fn bring_up(
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
+    let mut failed = Vec::new();
     let mut errors = Vec::new();
     for (i, r) in results {
         let vs = &mut st.vms[i];
@@ -426,8 +430,9 @@ fn bring_up(
             }
             Err(e) => {
                 vs.error = Some(e.to_string());
+                failed.push(vs.name.clone());
                 errors.push(format!(
-                    "{e}; console: {}",
+                    "{e} [console: {}]",
                     qemu::log_tail(&vs.console_log, 3)
                 ));
             }
@@ -436,8 +441,8 @@ fn bring_up(
     st.save()?;
     if !errors.is_empty() {
         return Err(LabError::Vm {
-            vm: errors.len().to_string() + " VM(s)",
-            message: errors.join("; "),
+            vm: failed.join(", "),
+            message: format!("not ready: {}", errors.join("; ")),
         });
     }
     Ok(())
@@ -572,7 +577,7 @@ fn start_vm(
     let mut a = |s: &[&str]| argv.extend(s.iter().map(|x| x.to_string()));
     a(&["-name", &format!("guest={},debug-threads=on", vm.name)]);
     if accel == "kvm" {
-        a(&["-accel", "kvm", "-cpu", "host"]);
+        a(&["-accel", "kvm", "-cpu", &opts.kvm_cpu]);
     } else {
         a(&["-accel", "tcg,thread=multi", "-cpu", "max"]);
     }
@@ -930,7 +935,11 @@ fn kvm_verdict(
     }
     let host_kernel = host_kernel_release();
     let qemu_version = qemu::qemu_version(qemu_bin);
-    let key = format!("kvm-{host_kernel}-qemu-{qemu_version}.json").replace('/', "_");
+    let key = format!(
+        "kvm-{host_kernel}-qemu-{qemu_version}-cpu-{}.json",
+        opts.kvm_cpu
+    )
+    .replace('/', "_");
     let cache = opts.cache_dir.join("accel").join(key);
     if let Ok(text) = std::fs::read_to_string(&cache) {
         if let Ok(v) = serde_json::from_str::<KvmVerdict>(&text) {
@@ -998,7 +1007,7 @@ fn probe_kvm(
         "-accel",
         "kvm",
         "-cpu",
-        "host",
+        &opts.kvm_cpu,
         "-smp",
         "1",
         "-m",
@@ -1076,15 +1085,17 @@ fn probe_kvm(
                     let qlog = qemu::log_tail(&log, 2);
                     let console = qemu::log_tail(&vs.console_log, 1);
                     let mut why = format!(
-                        "KVM probe: no agent hello within {:.0} s under -accel kvm",
-                        opts.kvm_probe_timeout.as_secs_f64()
+                        "KVM probe: no agent hello within {:.0} s under -accel kvm -cpu {}",
+                        opts.kvm_probe_timeout.as_secs_f64(),
+                        opts.kvm_cpu
                     );
-                    if !qlog.is_empty() {
-                        why.push_str(&format!(" (qemu: {qlog})"));
-                    } else if console.is_empty() {
-                        why.push_str(" (no console output: the guest crawls under this KVM, e.g. a nested PVM hypervisor)");
+                    if console.is_empty() {
+                        why.push_str("; no console output (the guest crawls under this KVM, e.g. a nested PVM hypervisor)");
                     } else {
-                        why.push_str(&format!(" (last console line: {console})"));
+                        why.push_str(&format!("; last console line: {console}"));
+                    }
+                    if !qlog.is_empty() {
+                        why.push_str(&format!("; qemu: {qlog}"));
                     }
                     (false, why)
                 }

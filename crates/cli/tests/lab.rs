@@ -1,0 +1,461 @@
+//! Lab tests with real QEMU VMs (TCG here, KVM where the probe finds it
+//! usable), driven through the built `vmscope` binary: boot a two-VM lab,
+//! talk to both agents, copy and run a static program, list the VMs, tear
+//! down and check that nothing is left; kill `lab up` half-way and check that
+//! `lab down` still removes everything. Bad specs fail before anything starts.
+//!
+//! Every test that needs root, QEMU, busybox-static or the static guest
+//! agent prints `SKIP: <reason>` and passes when they are missing. One guest
+//! image is shared by all tests (cache under the target directory, built once
+//! under a file lock).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
+
+/// Lab tests boot VMs; on a 2-CPU machine one lab at a time is plenty.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Env {
+    cache: PathBuf,
+    run: PathBuf,
+    agent: PathBuf,
+}
+
+/// What the lab tests need, or why they skip.
+fn lab_env() -> Result<Env, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("lab tests need root (taps, loop devices, /dev/net/tun)".into());
+    }
+    for (tool, pkg) in [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("qemu-img", "qemu-utils"),
+        ("busybox", "busybox-static"),
+        ("ip", "iproute2"),
+        ("losetup", "mount"),
+    ] {
+        if vmscope_lab::util::which(tool).is_none() {
+            return Err(format!("{tool} not installed (apt-get install {pkg})"));
+        }
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Err("/dev/net/tun missing (tap NICs)".into());
+    }
+    let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let cache = std::env::var_os("VMSCOPE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| base.join("lab-cache"));
+    // Short: QEMU's Unix socket paths must stay under 108 bytes.
+    let run = base.join("lr");
+    std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
+    Ok(Env { cache, run, agent })
+}
+
+macro_rules! need_lab {
+    () => {
+        match lab_env() {
+            Ok(e) => e,
+            Err(why) => {
+                eprintln!("SKIP: {why}");
+                return;
+            }
+        }
+    };
+}
+
+fn vmscope(env: &Env, args: &[&str]) -> Command {
+    let mut c = Command::new(VMSCOPE);
+    // Global options first: everything after `--` belongs to the guest command.
+    c.arg("lab")
+        .arg("--cache-dir")
+        .arg(&env.cache)
+        .arg("--run-dir")
+        .arg(&env.run)
+        .args(args)
+        .env("VMSCOPE_AGENT", &env.agent)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Tears the lab down if a test fails half-way.
+struct DownOnDrop<'a>(&'a Env, &'a str);
+
+impl Drop for DownOnDrop<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = vmscope(self.0, &["down", self.1]).output();
+        }
+    }
+}
+
+fn run_ok(env: &Env, args: &[&str]) -> Output {
+    let out = vmscope(env, args).output().expect("run vmscope");
+    assert!(
+        out.status.success(),
+        "vmscope lab {args:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn write_spec(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Everything a lab might leave behind, for the given lab name.
+fn leftovers(env: &Env, lab: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let run_dir = env.run.join(lab);
+    if run_dir.exists() {
+        left.push(format!("run directory {}", run_dir.display()));
+    }
+    let marker = format!("{}/", run_dir.display());
+    for pid in vmscope_lab::state::find_processes(&marker) {
+        left.push(format!(
+            "process {pid}: {}",
+            vmscope_lab::state::cmdline(pid).unwrap_or_default()
+        ));
+    }
+    let short = vmscope_lab::names::short(lab);
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n == vmscope_lab::names::bridge(lab) || n.starts_with(&format!("vmst-{short}-")) {
+                left.push(format!("interface {n}"));
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir("/sys/block") {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if let Some(b) = vmscope_lab::state::loop_backing(&n) {
+                if b.starts_with(&run_dir) {
+                    left.push(format!("loop device /dev/{n} on {}", b.display()));
+                }
+            }
+        }
+    }
+    left
+}
+
+/// A static C program: prints its argument and exits 7.
+fn static_program(dir: &Path) -> Option<PathBuf> {
+    let gcc = vmscope_lab::util::which("gcc")?;
+    let src = dir.join("hello.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\nint main(int c, char **v) { printf(\"hello from %s\\n\", c > 1 ? v[1] : \"?\"); return 7; }\n",
+    )
+    .ok()?;
+    let bin = dir.join("hello");
+    let st = Command::new(gcc)
+        .args(["-static", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .ok()?;
+    st.success().then_some(bin)
+}
+
+#[test]
+fn two_vm_lab_boots_runs_and_leaves_nothing() {
+    let env = need_lab!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = "ci-two";
+    let _ = vmscope(&env, &["down", lab]).output();
+    let _guard = DownOnDrop(&env, lab);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        lab,
+        r#"# Test lab: two small VMs, tap NICs on the lab bridge, a loop-device disk.
+name = "ci-two"
+accel = "auto"
+
+[[vm]]
+name = "t0"
+vcpus = 1
+memory_mib = 160
+pin_vcpus = [0]
+[[vm.nic]]
+kind = "user"
+[[vm.nic]]
+kind = "tap"
+[[vm.disk]]
+backend = "block"
+size_mib = 16
+cache = "none"
+aio = "native"
+
+[[vm]]
+name = "t1"
+vcpus = 1
+memory_mib = 160
+iothreads = 1
+[[vm.nic]]
+kind = "tap"
+[[vm.disk]]
+backend = "file"
+format = "qcow2"
+size_mib = 16
+iothread = 0
+"#,
+    );
+    let start = Instant::now();
+    let out = run_ok(
+        &env,
+        &[
+            "up",
+            spec.to_str().unwrap(),
+            "--format",
+            "json",
+            "--hello-timeout",
+            "120",
+        ],
+    );
+    let up_secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "lab up: {up_secs:.1} s\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("lab up --format json");
+    let st = &states[0];
+    assert_eq!(st["name"], lab);
+    assert!(
+        st["accel"] == "tcg" || st["accel"] == "kvm",
+        "{}",
+        st["accel"]
+    );
+    assert!(!st["accel_reason"].as_str().unwrap_or("").is_empty());
+    let vms = st["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2);
+    for vm in vms {
+        assert!(vm["hello"]["kernel"].as_str().is_some(), "no hello: {vm}");
+        assert_eq!(vm["running"], true);
+        assert_eq!(vm["vcpu_tids"].as_array().unwrap().len(), 1);
+    }
+
+    // The library view other crates use: state, pids, agents.
+    let state = vmscope_lab::load_state_in(&env.run, lab).unwrap();
+    for vm in &state.vms {
+        assert!(vmscope_lab::vm_running(vm), "VM {} not running", vm.name);
+        let (mut client, hello) = vmscope_lab::connect_agent(vm, Duration::from_secs(20)).unwrap();
+        assert_eq!(hello.hostname, vm.name);
+        let rtt = client.ping(Duration::from_secs(10)).unwrap();
+        eprintln!("VM {}: ping {rtt:?}", vm.name);
+        // vCPU threads are named `CPU n/TCG|KVM` (debug-threads=on).
+        let pid = vm.pid.unwrap();
+        for (i, tid) in vm.vcpu_tids.iter().enumerate() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap();
+            assert!(
+                comm.trim() == format!("CPU {i}/TCG") || comm.trim() == format!("CPU {i}/KVM"),
+                "tid {tid} is {comm:?}"
+            );
+        }
+    }
+    // Pinning: t0's vCPU runs on host CPU 0 only.
+    let t0 = state.vm("t0").unwrap();
+    assert!(t0.pinned);
+    assert_eq!(
+        vmscope_lab::qemu::affinity(t0.vcpu_tids[0]).unwrap(),
+        vec![0]
+    );
+    let t1 = state.vm("t1").unwrap();
+    assert_eq!(t1.iothread_tids.len(), 1);
+    let pid1 = t1.pid.unwrap();
+    let io_comm =
+        std::fs::read_to_string(format!("/proc/{pid1}/task/{}/comm", t1.iothread_tids[0].1))
+            .unwrap();
+    assert_eq!(io_comm.trim(), "IO iothread0");
+
+    // lab status.
+    let out = run_ok(&env, &["status", lab, "--format", "json"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s[0]["vms"][1]["running"], true);
+    let out = run_ok(&env, &["status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("t0") && text.contains("running"), "{text}");
+
+    // lab exec, and the two guests reach each other over the bridge.
+    let out = run_ok(&env, &["exec", "t0", "--", "uname", "-r"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cloud-amd64"));
+    let t1_ip = t1.nics[0].guest_ip.clone().unwrap();
+    run_ok(
+        &env,
+        &["exec", "t0", "--", "ping", "-c", "1", "-W", "5", &t1_ip],
+    );
+    let out = run_ok(
+        &env,
+        &[
+            "exec",
+            "t1",
+            "--",
+            "sh",
+            "-c",
+            "ls /dev/vda && cat /proc/cmdline",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("vmscope_name=t1"));
+    let out = vmscope(&env, &["exec", "t1", "--", "false"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "exit code of the guest command");
+
+    // lab cp + exec of a static test program.
+    match static_program(tmp.path()) {
+        Some(bin) => {
+            run_ok(&env, &["cp", bin.to_str().unwrap(), "t0:/root/hello"]);
+            let out = vmscope(&env, &["exec", "t0", "--", "/root/hello", "lab"])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from lab\n");
+            assert_eq!(out.status.code(), Some(7));
+        }
+        None => eprintln!("SKIP (part): gcc -static unavailable (apt-get install gcc libc6-dev)"),
+    }
+
+    // lab console --dump shows the guest's boot.
+    let out = run_ok(&env, &["console", "t1", "--dump"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(vmscope_lab::image::READY_MARKER));
+
+    // `vmscope vms` sees both VMs with the same vCPU threads.
+    let out = Command::new(VMSCOPE)
+        .args(["vms", "--format", "json"])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        for vm in &state.vms {
+            assert!(
+                text.contains(&format!("\"{}\"", vm.name)),
+                "vms misses {}: {text}",
+                vm.name
+            );
+            for tid in &vm.vcpu_tids {
+                assert!(
+                    text.contains(&tid.to_string()),
+                    "vms misses vCPU tid {tid} of {}",
+                    vm.name
+                );
+            }
+        }
+    } else {
+        eprintln!(
+            "note: vmscope vms failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Tear down; nothing may be left.
+    let out = run_ok(&env, &["down", lab]);
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(leftovers(&env, lab), Vec::<String>::new());
+    // A second down says the lab is not up.
+    let out = vmscope(&env, &["down", lab]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not up"));
+}
+
+#[test]
+fn killed_lab_up_is_cleaned_by_down() {
+    let env = need_lab!();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = "ci-kill";
+    let _ = vmscope(&env, &["down", lab]).output();
+    let _guard = DownOnDrop(&env, lab);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        lab,
+        r#"name = "ci-kill"
+accel = "tcg"
+
+[[vm]]
+name = "k0"
+vcpus = 1
+memory_mib = 128
+[[vm.nic]]
+kind = "tap"
+[[vm.disk]]
+backend = "block"
+size_mib = 8
+"#,
+    );
+    let mut child = vmscope(&env, &["up", spec.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until QEMU runs (its pid is recorded), then SIGKILL `lab up`.
+    let state_file = env.run.join(lab).join("state.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let qemu_pid = loop {
+        assert!(Instant::now() < deadline, "QEMU never started");
+        if let Ok(st) = vmscope_lab::state::LabState::load(&state_file) {
+            if let Some(pid) = st.vms.first().and_then(|v| v.pid) {
+                break pid;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("lab up ended before QEMU started: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+    // QEMU runs on in its own session; the half-made lab is on the host.
+    assert!(vmscope_lab::state::alive(qemu_pid), "QEMU died with lab up");
+    assert!(!leftovers(&env, lab).is_empty());
+
+    let out = run_ok(&env, &["down", lab]);
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(leftovers(&env, lab), Vec::<String>::new());
+    assert!(!vmscope_lab::state::alive(qemu_pid));
+}
+
+#[test]
+fn bad_specs_fail_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cases = [
+        ("zero", "name = \"bad\"\n\n[[vm]]\nname = \"a\"\nvcpus = 0\n", "zero.toml:5: vm[0].vcpus:"),
+        ("unknown", "name = \"bad\"\n[[vm]]\nname = \"a\"\nmemory = 64\n", "unknown.toml:4: memory: unknown field"),
+        ("pin", "name = \"bad\"\n[[vm]]\nname = \"a\"\npin_vcpus = [4095]\n", "pin.toml:4: vm[0].pin_vcpus: host CPU 4095"),
+        (
+            "kernel",
+            "name = \"bad\"\nkernel = \"/nonexistent/vmlinuz\"\ninitrd = \"/nonexistent/initrd\"\n[[vm]]\nname = \"a\"\n",
+            "kernel.toml:2: kernel: /nonexistent/vmlinuz does not exist",
+        ),
+        (
+            "disk",
+            "name = \"bad\"\n[[vm]]\nname = \"a\"\n[[vm.disk]]\nbackend = \"file\"\npath = \"/nonexistent.img\"\n",
+            "disk.toml:6: vm[0].disk[0].path: disk image /nonexistent.img does not exist",
+        ),
+    ];
+    for (name, text, want) in cases {
+        let spec = write_spec(tmp.path(), name, text);
+        let out = Command::new(VMSCOPE)
+            .args(["lab", "up"])
+            .arg(&spec)
+            .arg("--run-dir")
+            .arg(&run)
+            .arg("--cache-dir")
+            .arg(tmp.path().join("cache"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(want), "{name}: want {want:?} in {err:?}");
+        assert!(!run.join("bad").exists(), "{name}: something was started");
+    }
+}
