@@ -486,3 +486,52 @@ fn truncated_elf_is_a_clear_error() {
         .iter()
         .any(|w| w.contains(cut.to_str().unwrap())));
 }
+
+/// C++ names come out as perf prints them: no parameters, no return type,
+/// template arguments kept (`perf report` shows `demo::alpha` and
+/// `demo::beta<long>` for this program).
+#[test]
+fn cpp_names_as_perf_shows_them() {
+    if !have("g++") || !have("nm") {
+        eprintln!("skipping: g++ or nm not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("a.cpp");
+    let bin = dir.path().join("a");
+    std::fs::write(
+        &src,
+        "namespace demo {\n\
+         __attribute__((noinline)) long alpha(long n) { long s = 0; for (long i = 0; i < n; i++) s += i * i % 7; return s; }\n\
+         template <typename T> __attribute__((noinline)) T beta(T n) { T s = 0; for (T i = 0; i < n; i++) s += i % 5; return s; }\n\
+         }\n\
+         int main(int argc, char **) { return (int)(demo::alpha(argc) + demo::beta<long>(argc)); }\n",
+    )
+    .unwrap();
+    run(
+        "g++",
+        &[
+            "-O1",
+            "-g",
+            "-o",
+            bin.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+    );
+    let syms = ElfSymbols::open(&bin).unwrap();
+    let nm = run("nm", &["--defined-only", bin.to_str().unwrap()]);
+    let addr_of = |mangled: &str| {
+        nm.lines()
+            .find(|l| l.ends_with(&format!(" {mangled}")))
+            .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+            .unwrap_or_else(|| panic!("{mangled} not in nm output"))
+    };
+    assert_eq!(
+        syms.lookup_vaddr(addr_of("_ZN4demo5alphaEl")),
+        Some("demo::alpha")
+    );
+    assert_eq!(
+        syms.lookup_vaddr(addr_of("_ZN4demo4betaIlEET_S1_")),
+        Some("demo::beta<long>")
+    );
+}

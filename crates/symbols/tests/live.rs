@@ -259,7 +259,13 @@ fn agrees_with_perf_script_on_every_sample() {
 fn throughput_printout() {
     let exe = std::env::current_exe().unwrap();
     let path: Arc<str> = exe.to_str().unwrap().into();
+    let t = Instant::now();
     let mut sym = Symbolizer::new(SymbolizerOptions::default());
+    eprintln!(
+        "Symbolizer::new ({} kernel text symbols from /proc/kallsyms): {:.1} ms",
+        sym.kernel().len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     let kernel: Vec<u64> = sym.kernel().iter().map(|s| s.start).take(2000).collect();
     let files: Vec<NormalizedFrame> = (0..3000u64)
         .map(|i| NormalizedFrame {
