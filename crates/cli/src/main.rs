@@ -2,15 +2,20 @@
 //! arguments into a library options struct and calls one library function.
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
+mod cmd_demo;
+mod cmd_import;
 mod cmd_lab;
+mod cmd_record;
+mod cmd_report;
 mod cmd_vms;
+mod vmmap;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 /// Where the CPU goes on a virtualization host: host, KVM/QEMU and every VM.
 #[derive(Parser)]
-#[command(name = "vmscope", version, about, long_about = None, propagate_version = true)]
+#[command(name = "vmscope", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +23,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Sample the host and its VMs into a session file (default vmscope.db).
+    Record(cmd_record::RecordArgs),
+    /// Print where the CPU went, from a session file.
+    Report(cmd_report::ReportArgs),
+    /// Turn a perf.data file into a session.
+    Import(cmd_import::ImportArgs),
+    /// Run the built-in demo workload (three functions at 50/30/20 % of its CPU).
+    Demo(cmd_demo::DemoArgs),
     /// Boot, use and tear down VM setups described by a spec file.
     Lab(cmd_lab::LabArgs),
     /// List every QEMU VM on this host: threads, disks, taps, QMP.
@@ -27,6 +40,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Record(a) => cmd_record::run(a),
+        Command::Report(a) => cmd_report::run(a),
+        Command::Import(a) => cmd_import::run(a),
+        Command::Demo(a) => cmd_demo::run(a),
         Command::Lab(a) => cmd_lab::run(a),
         Command::Vms(a) => cmd_vms::run(a),
     };

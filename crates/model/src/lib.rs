@@ -15,7 +15,7 @@ pub mod profile;
 pub mod record;
 
 pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
-pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent};
+pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent, DEFAULT_FREQUENCY};
 pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
 pub use profile::{AggKey, BinKey, Counts, Profile, ProfileRow};
 pub use record::{split_callchain, CpuMode, Record, SampleRecord};

@@ -1,0 +1,79 @@
+//! `vmscope report`: print a stored session.
+
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vmscope_report::{build, parse_fields, render, Format, ReportOptions};
+use vmscope_store::{Field, Session};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,context     per-VM split\n  vmscope report --format collapsed | flamegraph.pl > cpu.svg\n\n% is the share of the event count (sum of sample periods), as perf reports it.")]
+pub struct ReportArgs {
+    /// Session file.
+    #[arg(default_value = "vmscope.db")]
+    pub file: PathBuf,
+    /// Group by these fields, comma-separated, in this order.
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Only this event (default: every event of the session, side by side).
+    #[arg(short = 'e', long)]
+    pub event: Option<String>,
+    /// Print at most N rows.
+    #[arg(short = 'n', long)]
+    pub limit: Option<usize>,
+    /// Drop rows below this percentage.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_percent: f64,
+    /// table, json, csv, or collapsed (stacks for flame graphs).
+    #[arg(short = 'f', long, default_value = "table")]
+    pub format: String,
+    /// Print full image paths instead of file names.
+    #[arg(long)]
+    pub full_paths: bool,
+    /// Only this domain (host or a VM name).
+    #[arg(long)]
+    pub domain: Option<String>,
+    /// Only this context (e.g. guest-kernel).
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let format: Format = args.format.parse()?;
+    let by = match &args.by {
+        Some(s) => parse_fields(s)?,
+        None => Vec::new(),
+    };
+    if !(args.min_percent >= 0.0 && args.min_percent <= 100.0) {
+        anyhow::bail!("--min-percent must be between 0 and 100");
+    }
+    let mut filter = Vec::new();
+    if let Some(d) = &args.domain {
+        filter.push((Field::Domain, d.clone()));
+    }
+    if let Some(c) = &args.context {
+        if vmscope_model::Context::parse(c).is_none() {
+            anyhow::bail!(
+                "unknown context '{c}'; contexts: {}",
+                vmscope_model::Context::ALL.map(|c| c.as_str()).join(", ")
+            );
+        }
+        filter.push((Field::Context, c.clone()));
+    }
+    let session = Session::open(&args.file)?;
+    let opts = ReportOptions {
+        by,
+        event: args.event.clone(),
+        limit: args.limit,
+        min_percent: args.min_percent,
+        full_paths: args.full_paths,
+        filter,
+    };
+    let report = build(&session, &opts, format == Format::Collapsed)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    render(&report, format, &mut out)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,90 @@
+//! Helpers shared by the CLI integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn vmscope() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vmscope"))
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_vmscope"))
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}\n{}",
+        cmd,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+pub fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool} >/dev/null 2>&1"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Skip (return true) with a printed reason unless root and `tools` exist.
+pub fn skip_unless(tools: &[&str]) -> bool {
+    if !is_root() {
+        eprintln!("SKIP: needs root (perf_event_open system-wide)");
+        return true;
+    }
+    for t in tools {
+        if !have(t) {
+            eprintln!("SKIP: '{t}' is not installed (scripts/setup.sh installs it)");
+            return true;
+        }
+    }
+    false
+}
+
+pub fn report_json(db: &Path, args: &[&str]) -> serde_json::Value {
+    let out = run_ok(vmscope().arg("report").arg(db).args(args).args(["--format", "json"]));
+    serde_json::from_slice(&out.stdout).expect("report json")
+}
+
+/// Rows of a JSON report as (values joined by '|', samples of event 0, percent of event 0).
+pub fn rows(v: &serde_json::Value) -> Vec<(String, u64, f64)> {
+    v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let vals: Vec<String> = r["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_string())
+                .collect();
+            (
+                vals.join("|"),
+                r["samples"][0].as_u64().unwrap(),
+                r["percent"][0].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+pub fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
+}

@@ -1,0 +1,132 @@
+//! Issue 3 item 8: vmscope agrees with perf on the built-in demo workload,
+//! and an imported perf.data gives exactly perf report's per-symbol counts.
+
+mod common;
+use common::*;
+use std::collections::BTreeMap;
+use std::process::Command;
+
+const DEMO: [&str; 3] = ["vmscope_demo_alpha", "vmscope_demo_beta", "vmscope_demo_gamma"];
+
+/// Parse `perf report --stdio -n --no-children --sort dso,sym` lines:
+/// `    49.93%          1234  vmscope  [.] vmscope_demo_alpha`.
+fn perf_report_counts(data: &std::path::Path) -> BTreeMap<(String, String), (u64, f64)> {
+    let out = run_ok(Command::new("perf").args([
+        "report",
+        "-i",
+        data.to_str().unwrap(),
+        "--stdio",
+        "-n",
+        "--no-children",
+        "-g",
+        "none",
+        "--sort",
+        "dso,sym",
+    ]));
+    let mut m = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let parts: Vec<&str> = t.split_whitespace().collect();
+        if parts.len() < 5 || !parts[0].ends_with('%') {
+            continue;
+        }
+        let pct: f64 = parts[0].trim_end_matches('%').parse().unwrap();
+        let n: u64 = parts[1].parse().unwrap();
+        let dso = parts[2].to_string();
+        // parts[3] is [.] or [k]; the symbol may contain spaces.
+        let sym = parts[4..].join(" ");
+        let e = m.entry((dso, sym)).or_insert((0, 0.0));
+        e.0 += n;
+        e.1 += pct;
+    }
+    m
+}
+
+#[test]
+fn demo_shares_agree_with_perf_and_import_is_exact() {
+    if skip_unless(&["perf"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("rec.db");
+    let data = dir.path().join("perf.data");
+    let demo = bin();
+
+    run_ok(vmscope().args(["record", "-F", "999", "-g", "-o"]).arg(&db).arg("--").arg(&demo).args(["demo", "-d", "3"]));
+    run_ok(
+        Command::new("perf")
+            .args(["record", "-F", "999", "-g", "-q", "-o"])
+            .arg(&data)
+            .arg("--")
+            .arg(&demo)
+            .args(["demo", "-d", "3"]),
+    );
+
+    // 1. Shares of the three demo functions, each profiler on its own run.
+    let ours = rows(&report_json(&db, &["--by", "symbol"]));
+    let theirs = perf_report_counts(&data);
+    let perf_share = |f: &str| -> f64 {
+        theirs.iter().filter(|((_, s), _)| s == f).map(|(_, v)| v.1).sum()
+    };
+    let our_share = |f: &str| -> f64 { ours.iter().filter(|r| r.0 == f).map(|r| r.2).sum() };
+    let mut lines = Vec::new();
+    for f in DEMO {
+        let (a, b) = (our_share(f), perf_share(f));
+        lines.push(format!("{f}: vmscope {a:.2}% perf {b:.2}% diff {:.2} points", (a - b).abs()));
+    }
+    eprintln!("{}", lines.join("\n"));
+    // The known answer: about 50/30/20 of the workload's CPU.
+    assert!(our_share(DEMO[0]) > our_share(DEMO[1]) && our_share(DEMO[1]) > our_share(DEMO[2]), "{lines:?}");
+    for f in DEMO {
+        let (a, b) = (our_share(f), perf_share(f));
+        if a > 5.0 || b > 5.0 {
+            assert!((a - b).abs() <= 3.0, "{f} differs by more than 3 points: {lines:?}");
+        }
+    }
+
+    // 2. The same perf.data imported: per-symbol sample counts identical.
+    let imported = dir.path().join("imp.db");
+    run_ok(vmscope().arg("import").arg(&data).arg("-o").arg(&imported));
+    let ours = rows(&report_json(&imported, &["--by", "image,symbol"]));
+    let mut our_counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for (k, n, _) in &ours {
+        let (img, sym) = k.split_once('|').unwrap();
+        *our_counts.entry((img.to_string(), sym.to_string())).or_default() += n;
+    }
+    let mut compared = 0;
+    let mut mismatches = Vec::new();
+    for ((dso, sym), (n, _)) in &theirs {
+        if sym.starts_with("0x") {
+            continue; // unresolved addresses: perf prints one row per address
+        }
+        compared += 1;
+        let mine = our_counts.get(&(dso.clone(), sym.clone())).copied().unwrap_or(0);
+        if mine != *n {
+            mismatches.push(format!("{dso} {sym}: perf {n} vmscope {mine}"));
+        }
+    }
+    eprintln!("compared {compared} symbols with perf report; {} mismatches", mismatches.len());
+    assert!(compared >= 3, "perf resolved too few symbols: {theirs:?}");
+    assert!(mismatches.is_empty(), "per-symbol counts differ:\n{}", mismatches.join("\n"));
+}
+
+#[test]
+fn call_stacks_reach_the_demo_functions() {
+    if skip_unless(&[]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("g.db");
+    run_ok(vmscope().args(["record", "-F", "999", "-g", "-o"]).arg(&db).arg("--").arg(bin()).args(["demo", "-d", "1"]));
+    let out = run_ok(vmscope().arg("report").arg(&db).args(["--format", "collapsed"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("vmscope_demo_alpha"))
+        .unwrap_or_else(|| panic!("no stack through vmscope_demo_alpha:\n{text}"));
+    // The caller (worker) is on the stack, root first, leaf last.
+    assert!(line.contains("worker;vmscope_demo_alpha"), "{line}");
+}

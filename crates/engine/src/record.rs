@@ -1,0 +1,394 @@
+//! Live recording: perf_event rings → converter → session file, flushed
+//! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
+
+use crate::{Converter, EngineError};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vmscope_linux::{RecordOptions as RingOptions, Recorder, Target};
+use vmscope_model::{Domain, EventSpec, Role, SessionEvent, ThreadMap};
+use vmscope_store::{DomainRecord, SessionWriter};
+use vmscope_symbols::{Symbolizer, SymbolizerOptions};
+
+/// What to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every CPU (`-a`).
+    AllCpus,
+    /// These processes and their children (`-p`).
+    Pids(Vec<u32>),
+    /// Only the command (`-- CMD`, without `-a`).
+    Command,
+}
+
+/// Options of one recording.
+pub struct RecordOptions {
+    pub events: Vec<EventSpec>,
+    pub scope: Scope,
+    /// Run this command; recording ends when it exits.
+    pub command: Option<Vec<String>>,
+    pub callchain: bool,
+    pub duration: Option<Duration>,
+    pub output: PathBuf,
+    pub symbolizer: SymbolizerOptions,
+    /// VM threads for attribution (empty on a host without VMs).
+    pub threads: ThreadMap,
+    /// VM domains to list in the session (name, pid, role, detail).
+    pub vms: Vec<(Domain, String)>,
+    /// `vmscope record ...` as typed, for the session metadata.
+    pub command_line: String,
+    /// Ring size in pages per CPU (0 = default).
+    pub ring_pages: usize,
+    pub flush_interval: Duration,
+    /// Extra metadata (e.g. accelerator mode).
+    pub meta: Vec<(String, String)>,
+}
+
+/// What a recording produced.
+#[derive(Debug, Clone)]
+pub struct RecordSummary {
+    pub output: PathBuf,
+    pub samples: u64,
+    pub lost: u64,
+    pub duration: Duration,
+    pub command_status: Option<i32>,
+}
+
+/// Called about once a second with (elapsed, samples so far).
+pub type Progress<'a> = &'a mut dyn FnMut(Duration, u64);
+
+/// A command started stopped: forked, waiting on a pipe before `execv`,
+/// so its events can be opened (with inherit) before it runs a single
+/// instruction of the command. `std::process::Command` cannot do this: its
+/// `spawn` waits for the exec to happen.
+struct PausedChild {
+    pid: libc::pid_t,
+    release: Option<std::fs::File>,
+    status: Option<i32>,
+}
+
+impl PausedChild {
+    fn id(&self) -> u32 {
+        self.pid as u32
+    }
+
+    fn release(&mut self) {
+        if let Some(mut f) = self.release.take() {
+            use std::io::Write;
+            let _ = f.write_all(b"g");
+        }
+    }
+
+    /// Exit code (128+signal for a signal) once it has exited.
+    fn try_wait(&mut self) -> Option<i32> {
+        if self.status.is_some() {
+            return self.status;
+        }
+        let mut st = 0;
+        // SAFETY: waitpid on our own child.
+        let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+        if r == self.pid {
+            self.status = Some(if libc::WIFEXITED(st) {
+                libc::WEXITSTATUS(st)
+            } else {
+                128 + libc::WTERMSIG(st)
+            });
+        }
+        self.status
+    }
+
+    fn kill_and_wait(&mut self) -> Option<i32> {
+        self.release.take();
+        if self.try_wait().is_none() {
+            // SAFETY: signalling and reaping our own child.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                let mut st = 0;
+                libc::waitpid(self.pid, &mut st, 0);
+            }
+            self.status = Some(128 + libc::SIGKILL);
+        }
+        self.status
+    }
+}
+
+impl Drop for PausedChild {
+    fn drop(&mut self) {
+        self.kill_and_wait();
+    }
+}
+
+fn resolve_program(prog: &str) -> Option<PathBuf> {
+    if prog.contains('/') {
+        return Some(PathBuf::from(prog));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+fn spawn_paused(argv: &[String]) -> Result<PausedChild, EngineError> {
+    use std::ffi::CString;
+    let spawn_err = |source| EngineError::Spawn {
+        command: argv.join(" "),
+        source,
+    };
+    let prog = resolve_program(&argv[0]).ok_or_else(|| {
+        spawn_err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "command not found in PATH",
+        ))
+    })?;
+    let c_prog = CString::new(prog.as_os_str().as_encoded_bytes())
+        .map_err(|_| spawn_err(std::io::ErrorKind::InvalidInput.into()))?;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| spawn_err(std::io::ErrorKind::InvalidInput.into()))?;
+    let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+    c_argv.push(std::ptr::null());
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(spawn_err(std::io::Error::last_os_error()));
+    }
+    let (rd, wr) = (fds[0], fds[1]);
+    // SAFETY: between fork and execv the child only calls async-signal-safe
+    // functions (close, read, execv, _exit) on memory prepared before fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing our own fds.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
+        return Err(spawn_err(e));
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            libc::close(wr);
+            let mut b = [0u8; 1];
+            if libc::read(rd, b.as_mut_ptr().cast(), 1) != 1 {
+                libc::_exit(127);
+            }
+            libc::execv(c_prog.as_ptr(), c_argv.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    // SAFETY: rd belongs to the child now; wr is ours.
+    unsafe { libc::close(rd) };
+    let release = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(wr) };
+    Ok(PausedChild {
+        pid,
+        release: Some(release),
+        status: None,
+    })
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn read_trim(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Record until the command exits, the duration ends, every target process
+/// is gone, or `stop` is set (SIGINT).
+pub fn record(
+    opts: RecordOptions,
+    stop: &AtomicBool,
+    progress: Progress<'_>,
+) -> Result<RecordSummary, EngineError> {
+    if opts.events.is_empty() {
+        return Err(EngineError::Invalid("no event to record".into()));
+    }
+    if let Scope::Pids(pids) = &opts.scope {
+        for &p in pids {
+            if !std::path::Path::new(&format!("/proc/{p}")).exists() {
+                return Err(EngineError::NoSuchProcess(p));
+            }
+        }
+    }
+    // Fail on an unwritable output before starting anything.
+    let probe = opts.output.with_extension("vmscope-probe");
+    std::fs::write(&probe, b"").map_err(|source| EngineError::Io {
+        path: opts.output.clone(),
+        source,
+    })?;
+    let _ = std::fs::remove_file(&probe);
+
+    let mut child: Option<PausedChild> = match &opts.command {
+        Some(argv) if !argv.is_empty() => Some(spawn_paused(argv)?),
+        _ => None,
+    };
+    let target = match (&opts.scope, &child) {
+        (Scope::AllCpus, _) => Target::AllCpus,
+        (Scope::Pids(p), _) => Target::Pids(p.clone()),
+        (Scope::Command, Some(c)) => Target::Pids(vec![c.id()]),
+        (Scope::Command, None) => {
+            return Err(EngineError::Invalid(
+                "nothing to record: give -a, -p PID or a command after --".into(),
+            ))
+        }
+    };
+    let ring = RingOptions {
+        events: opts.events.clone(),
+        target: target.clone(),
+        callchain: opts.callchain,
+        ring_pages: opts.ring_pages,
+    };
+    let mut rec = match Recorder::open(&ring) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(mut c) = child.take() {
+                c.kill_and_wait();
+            }
+            return Err(e.into());
+        }
+    };
+
+    let mut writer = SessionWriter::create(&opts.output)?;
+    let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
+    writer.set_events(&events)?;
+    let started = unix_now();
+    let hostname = read_trim("/proc/sys/kernel/hostname");
+    let kernel = read_trim("/proc/sys/kernel/osrelease");
+    for (k, v) in [
+        ("source", "record".to_string()),
+        ("command", opts.command_line.clone()),
+        ("hostname", hostname),
+        ("kernel", kernel),
+        ("cpus", rec.cpus().len().to_string()),
+        ("started_at", format!("{started:.3}")),
+        ("callchain", (opts.callchain as u8).to_string()),
+    ] {
+        writer.set_meta(k, &v)?;
+    }
+    for (k, v) in &opts.meta {
+        writer.set_meta(k, v)?;
+    }
+    writer.upsert_domain(&DomainRecord {
+        domain: Domain::host(),
+        status: "running".into(),
+        ended_at: None,
+        detail: String::new(),
+    })?;
+    for (d, detail) in &opts.vms {
+        writer.upsert_domain(&DomainRecord {
+            domain: Domain {
+                role: if d.role == Role::Initiator {
+                    Role::Passive
+                } else {
+                    d.role
+                },
+                ..d.clone()
+            },
+            status: "running".into(),
+            ended_at: None,
+            detail: detail.clone(),
+        })?;
+    }
+
+    let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+    let warnings = symbolizer.warnings();
+    let mut conv = Converter::new(symbolizer, opts.threads.clone());
+    // Existing processes: maps and names from /proc.
+    let pids_filter: Option<Vec<u32>> = match &target {
+        Target::AllCpus => None,
+        Target::Pids(p) => Some(p.clone()),
+    };
+    for r in vmscope_linux::synthesize_from_proc(std::path::Path::new("/proc"), pids_filter.as_deref()) {
+        conv.push(r);
+    }
+    conv.set_origin(vmscope_linux::clock_monotonic_ns());
+
+    rec.enable()?;
+    if let Some(c) = child.as_mut() {
+        c.release();
+    }
+    // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
+    let dump = std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some();
+    let t0 = Instant::now();
+    let mut last_flush = Instant::now();
+    let mut buf = Vec::with_capacity(4096);
+    let mut status = None;
+    loop {
+        buf.clear();
+        rec.read(Duration::from_millis(100), &mut buf)?;
+        for r in buf.drain(..) {
+            if dump {
+                eprintln!("{r:?}");
+            }
+            conv.push(r);
+        }
+        if last_flush.elapsed() >= opts.flush_interval {
+            writer.flush(&conv.take_delta())?;
+            writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
+            progress(t0.elapsed(), conv.stats().samples);
+            last_flush = Instant::now();
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if opts.duration.is_some_and(|d| t0.elapsed() >= d) {
+            break;
+        }
+        if let Some(c) = child.as_mut() {
+            if let Some(st) = c.try_wait() {
+                status = Some(st);
+                break;
+            }
+        }
+        if let Target::Pids(p) = &target {
+            if child.is_none()
+                && p.iter()
+                    .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            {
+                break;
+            }
+        }
+    }
+    let duration = t0.elapsed();
+    rec.disable()?;
+    buf.clear();
+    rec.read(Duration::from_millis(0), &mut buf)?;
+    for r in buf.drain(..) {
+        conv.push(r);
+    }
+    if let Some(mut c) = child.take() {
+        if status.is_none() {
+            status = c.kill_and_wait();
+        }
+    }
+    writer.flush(&conv.take_delta())?;
+    let mut all_warnings = warnings;
+    all_warnings.extend(conv.symbolizer_mut().warnings());
+    all_warnings.sort();
+    all_warnings.dedup();
+    writer.set_meta("warnings", &all_warnings.join("\n"))?;
+    writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
+    writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
+    let stats = conv.stats().clone();
+    writer.finish(true)?;
+    Ok(RecordSummary {
+        output: opts.output,
+        samples: stats.samples,
+        lost: stats.lost,
+        duration,
+        command_status: status,
+    })
+}

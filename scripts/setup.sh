@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Set-up for vmscope on a Debian 12 host, as root: installs the packages the
+# tool, its lab and its tests use, then builds vmscope and the static guest
+# agent in release mode. Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(
+  linux-perf          # the peer for record/report/import comparisons
+  qemu-system-x86     # lab VMs (TCG here, KVM where it works)
+  qemu-utils          # qemu-img for qcow2/raw disk images
+  busybox-static      # guest userland
+  cpio                # guest initramfs
+  kmod                # modinfo: guest module order
+  iproute2            # taps and bridges for lab NICs
+  sysstat             # pidstat, the peer for stat
+  fio iperf3 httperf  # benchmark peers
+  sqlite3             # sessions are readable with the sqlite3 CLI
+  util-linux          # losetup, setpriv
+  procps              # pkill
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: run as root (apt-get install needs it)" >&2
+    exit 2
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust) is required" >&2; exit 2; }
+
+echo "setup: building vmscope (release)"
+cargo build --release --workspace --bins --quiet
+echo "setup: building the static guest agent"
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
+  cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
+echo "setup: done: target/release/vmscope, target/x86_64-unknown-linux-gnu/release/vmscope-agent"

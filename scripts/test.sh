@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set-up, then the whole test suite: formatting, lints, unit, host (root),
+# lab (QEMU) and fuzz-smoke tests. Tests that need what this machine lacks
+# print "SKIP: <reason>".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+export VMSCOPE_AGENT="$PWD/target/x86_64-unknown-linux-gnu/release/vmscope-agent"
+# One guest image cache for every lab test of this run.
+export VMSCOPE_CACHE="${VMSCOPE_CACHE:-$PWD/target/vmscope-cache}"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test (release, so tests reuse the set-up build)"
+cargo test --workspace --release -- --test-threads=2
+if [ -x scripts/fuzz-smoke.sh ]; then
+  echo "== fuzz smoke"
+  scripts/fuzz-smoke.sh
+fi
