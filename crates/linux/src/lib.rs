@@ -1,1 +1,26 @@
-//! placeholder
+//! Live collection on Linux for vmscope.
+//!
+//! This crate owns everything that talks to the running kernel:
+//! - [`recorder`]: sampling with `perf_event_open`, one mmap ring per CPU,
+//!   decoded into [`vmscope_model::Record`]s ([`Recorder`]);
+//! - [`sched`]: the `sched:sched_switch` tracepoint per CPU
+//!   ([`SchedSwitchRecorder`]) for exact per-CPU scheduling (vm-stat);
+//! - [`procfs`]: records synthesized from a rooted `/proc` tree;
+//! - [`sys`]: rooted `/sys` readers and the record clock.
+//!
+//! Ring access (`ring`) and record decoding (`decode`) are private; both are
+//! unit-tested on hand-built bytes, so the live path and the tests share code.
+
+mod decode;
+mod error;
+pub mod procfs;
+pub mod recorder;
+mod ring;
+pub mod sched;
+pub mod sys;
+
+pub use error::LinuxError;
+pub use procfs::synthesize_from_proc;
+pub use recorder::{working_events, RecordOptions, Recorder, Target};
+
+pub use sys::{clock_monotonic_ns, online_cpus, parse_cpu_list};

@@ -1,0 +1,647 @@
+//! The live sampling recorder: one perf_event fd per (CPU, thread, event),
+//! one mmap ring per CPU that every other fd of that CPU is redirected into
+//! (PERF_EVENT_IOC_SET_OUTPUT), and the read loop that drains the rings into
+//! time-ordered [`Record`]s.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use perf_event_open_sys::bindings::{self as sys, perf_event_attr};
+use perf_event_open_sys::ioctls;
+use vmscope_model::{EventKind, EventSpec, Record, SampleRate};
+
+use crate::decode::{Decoder, SAMPLE_TYPE};
+use crate::ring::Ring;
+use crate::sys::{
+    clock_monotonic_ns, online_cpus, page_size, perf_event_max_sample_rate, perf_event_paranoid,
+};
+use crate::LinuxError;
+
+/// What to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Every CPU, every task (perf's `-a`).
+    AllCpus,
+    /// Every current thread of each pid, inherited by new threads and children.
+    Pids(Vec<u32>),
+}
+
+/// Options of [`Recorder::open`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordOptions {
+    /// Sampled events; `Record::Sample.event` indexes this list.
+    pub events: Vec<EventSpec>,
+    pub target: Target,
+    /// Record kernel and user call chains (PERF_SAMPLE_CALLCHAIN).
+    pub callchain: bool,
+    /// Data pages per ring (a power of two); 0 = 1 MiB worth of pages.
+    pub ring_pages: usize,
+}
+
+impl Default for RecordOptions {
+    fn default() -> RecordOptions {
+        RecordOptions {
+            events: vec![EventSpec {
+                kind: EventKind::CpuClock,
+                rate: SampleRate::Frequency(vmscope_model::event::DEFAULT_FREQUENCY),
+            }],
+            target: Target::AllCpus,
+            callchain: false,
+            ring_pages: 0,
+        }
+    }
+}
+
+/// Default ring size in bytes (256 pages of 4 KiB).
+const DEFAULT_RING_BYTES: usize = 1 << 20;
+
+/// A set of opened sampling events and their rings.
+pub struct Recorder {
+    cpus: Vec<u32>,
+    /// Every event fd; the ring owners are among them.
+    fds: Vec<OwnedFd>,
+    /// One ring per CPU; `pollfds[i]` polls `rings[i]`'s owner fd.
+    rings: Vec<Ring>,
+    pollfds: Vec<libc::pollfd>,
+    hung_up: usize,
+    decoder: Decoder,
+    /// Copy area for records that wrap the ring end.
+    scratch: Vec<u64>,
+    /// Records drained but not yet returned, with their sort key.
+    staged: Vec<(u64, Record)>,
+    lost: u64,
+    enabled: bool,
+}
+
+/// Records stamped less than this before a read are held for the next one:
+/// a record can become visible in its ring slightly after its timestamp, and
+/// holding them back keeps the stream in time order across reads.
+const HOLD_BACK_NS: u64 = 2_000_000;
+
+/// perf_event_open(2) with CLOEXEC. `libc` has no wrapper for it (glibc
+/// does not either); perf-event-open-sys2 provides the raw syscall.
+pub(crate) fn sys_open(attr: &mut perf_event_attr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid, fully initialized perf_event_attr whose size
+    // field matches the struct; no group fd.
+    let fd = unsafe {
+        perf_event_open_sys::perf_event_open(
+            attr,
+            pid,
+            cpu,
+            -1,
+            sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A zeroed attr of the current struct size. The bindgen struct is
+/// non-exhaustive; `Default` zeroes every field, padding and unions included.
+pub(crate) fn new_attr(type_: u32, config: u64) -> perf_event_attr {
+    let mut attr = perf_event_attr::default();
+    attr.type_ = type_;
+    attr.size = std::mem::size_of::<perf_event_attr>() as u32;
+    attr.config = config;
+    attr
+}
+
+fn errno_name(e: i32) -> &'static str {
+    match e {
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        _ => "error",
+    }
+}
+
+/// Turn a perf_event_open failure into the error a user can act on.
+fn open_error(err: io::Error, ev: &EventSpec, target: &str, cpu: u32, opened: usize) -> LinuxError {
+    let name = ev.kind.name();
+    let code = err.raw_os_error().unwrap_or(0);
+    match code {
+        libc::ENOENT | libc::EOPNOTSUPP => unsupported(&name),
+        libc::ENODEV if ev.kind.is_hardware() => unsupported(&name),
+        libc::EACCES | libc::EPERM => LinuxError::PermissionDenied {
+            event: name,
+            target: target.to_string(),
+            errno: errno_name(code),
+            paranoid: perf_event_paranoid(),
+        },
+        libc::EMFILE | libc::ENFILE => LinuxError::TooManyFiles { opened },
+        libc::EINVAL => match (ev.rate, perf_event_max_sample_rate()) {
+            (SampleRate::Frequency(f), Some(max)) if f > max => LinuxError::FrequencyTooHigh {
+                event: name,
+                freq: f,
+                max,
+            },
+            _ => LinuxError::Open {
+                event: name,
+                target: target.to_string(),
+                cpu,
+                source: err,
+            },
+        },
+        _ => LinuxError::Open {
+            event: name,
+            target: target.to_string(),
+            cpu,
+            source: err,
+        },
+    }
+}
+
+pub(crate) fn unsupported(name: &str) -> LinuxError {
+    LinuxError::UnsupportedEvent {
+        event: name.to_string(),
+        working: working_events().join(", "),
+    }
+}
+
+/// Names of the events of [`EventKind::NAMED`] that perf_event_open accepts
+/// here (probed once per process as counting events on the caller).
+pub fn working_events() -> Vec<String> {
+    static WORKING: OnceLock<Vec<String>> = OnceLock::new();
+    WORKING
+        .get_or_init(|| {
+            EventKind::NAMED
+                .into_iter()
+                .filter(|k| {
+                    let (t, c) = k.perf_type_config();
+                    let mut attr = new_attr(t, c);
+                    attr.set_disabled(1);
+                    attr.set_exclude_kernel(1);
+                    attr.set_exclude_hv(1);
+                    sys_open(&mut attr, 0, -1).is_ok()
+                })
+                .map(|k| k.name())
+                .collect()
+        })
+        .clone()
+}
+
+struct AttrParams {
+    side_band: bool,
+    callchain: bool,
+    inherit: bool,
+    build_id: bool,
+    wakeup_bytes: u32,
+}
+
+fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
+    let (t, c) = ev.kind.perf_type_config();
+    let mut attr = new_attr(t, c);
+    attr.sample_type = SAMPLE_TYPE;
+    if p.callchain {
+        attr.sample_type |= sys::PERF_SAMPLE_CALLCHAIN as u64;
+    }
+    match ev.rate {
+        SampleRate::Frequency(f) => {
+            attr.set_freq(1);
+            attr.__bindgen_anon_1.sample_freq = f;
+        }
+        SampleRate::Period(n) => attr.__bindgen_anon_1.sample_period = n,
+    }
+    attr.set_disabled(1);
+    attr.set_inherit(p.inherit as u64);
+    attr.set_sample_id_all(1);
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    attr.set_exclude_guest(0);
+    // Wake the reader when a ring is half full, not per record.
+    attr.set_watermark(1);
+    attr.__bindgen_anon_2.wakeup_watermark = p.wakeup_bytes;
+    if p.side_band {
+        // mmap2 without mmap_data: executable mappings only. `mmap` must be
+        // set too: the kernel counts mmap listeners by attr.mmap/mmap_data
+        // only (account_event), and with none it emits no MMAP2 at all.
+        attr.set_mmap(1);
+        attr.set_mmap2(1);
+        attr.set_comm(1);
+        attr.set_comm_exec(1);
+        attr.set_task(1);
+        attr.set_build_id(p.build_id as u64);
+    }
+    attr
+}
+
+/// Threads of `pid` from `/proc/PID/task`.
+fn threads_of(pid: u32) -> Result<Vec<u32>, LinuxError> {
+    let rd = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|_| LinuxError::NoSuchProcess(pid))?;
+    let mut tids: Vec<u32> = rd
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+impl Recorder {
+    /// Open every event on every online CPU (and thread, for
+    /// [`Target::Pids`]), disabled; [`Recorder::enable`] starts sampling.
+    pub fn open(opts: &RecordOptions) -> Result<Recorder, LinuxError> {
+        if opts.events.is_empty() {
+            return Err(LinuxError::Options("no event to record".into()));
+        }
+        if opts.ring_pages != 0 && !opts.ring_pages.is_power_of_two() {
+            return Err(LinuxError::Options(format!(
+                "ring_pages must be a power of two, not {}",
+                opts.ring_pages
+            )));
+        }
+        if opts.events.len() > u32::MAX as usize {
+            return Err(LinuxError::Options("too many events".into()));
+        }
+        let cpus = online_cpus(Path::new("/sys"))?;
+        let page = page_size();
+        let data_pages = match opts.ring_pages {
+            0 => (DEFAULT_RING_BYTES / page).max(1),
+            n => n,
+        };
+        let ring_bytes = data_pages * page;
+
+        // (pid of the process, tid to open) pairs; -1 for all tasks.
+        let targets: Vec<(u32, i32)> = match &opts.target {
+            Target::AllCpus => vec![(u32::MAX, -1)],
+            Target::Pids(pids) => {
+                if pids.is_empty() {
+                    return Err(LinuxError::Options("no pid to record".into()));
+                }
+                let mut v = Vec::new();
+                for &pid in pids {
+                    for tid in threads_of(pid)? {
+                        v.push((pid, tid as i32));
+                    }
+                }
+                v.sort_unstable_by_key(|&(_, t)| t);
+                v.dedup_by_key(|&mut (_, t)| t);
+                v
+            }
+        };
+
+        let mut rec = Recorder {
+            cpus: cpus.clone(),
+            fds: Vec::new(),
+            rings: Vec::new(),
+            pollfds: Vec::new(),
+            hung_up: 0,
+            decoder: Decoder::new(opts.callchain),
+            scratch: Vec::new(),
+            staged: Vec::new(),
+            lost: 0,
+            enabled: false,
+        };
+        let mut params = AttrParams {
+            side_band: false,
+            callchain: opts.callchain,
+            inherit: matches!(opts.target, Target::Pids(_)),
+            build_id: true,
+            wakeup_bytes: (ring_bytes / 2).min(u32::MAX as usize) as u32,
+        };
+        for &cpu in &cpus {
+            let mut owner: Option<RawFd> = None;
+            for &(pid, tid) in &targets {
+                let target = if tid < 0 {
+                    "all CPUs".to_string()
+                } else if pid == tid as u32 {
+                    format!("pid {pid}")
+                } else {
+                    format!("pid {pid} (thread {tid})")
+                };
+                for (idx, ev) in opts.events.iter().enumerate() {
+                    params.side_band = idx == 0;
+                    let mut attr = sample_attr(ev, &params);
+                    let mut res = sys_open(&mut attr, tid, cpu as i32);
+                    if params.side_band && params.build_id {
+                        if let Err(e) = &res {
+                            if e.raw_os_error() == Some(libc::EINVAL) {
+                                // Kernels before 5.12 reject the build_id bit.
+                                params.build_id = false;
+                                let mut attr = sample_attr(ev, &params);
+                                res = sys_open(&mut attr, tid, cpu as i32);
+                            }
+                        }
+                    }
+                    let fd = match res {
+                        Ok(fd) => fd,
+                        Err(e) if e.raw_os_error() == Some(libc::ESRCH) && tid >= 0 => {
+                            if pid == tid as u32 {
+                                return Err(LinuxError::NoSuchProcess(pid));
+                            }
+                            // A thread that exited since /proc was listed.
+                            break;
+                        }
+                        Err(e) => {
+                            return Err(open_error(e, ev, &target, cpu, rec.fds.len()));
+                        }
+                    };
+                    let raw = fd.as_raw_fd();
+                    let mut id = 0u64;
+                    // SAFETY: raw is an open perf fd; id is a valid u64 out-pointer.
+                    if unsafe { ioctls::ID(raw, &mut id) } < 0 {
+                        return Err(LinuxError::Sys {
+                            what: "PERF_EVENT_IOC_ID",
+                            source: io::Error::last_os_error(),
+                        });
+                    }
+                    rec.decoder.add_id(id, idx as u32);
+                    match owner {
+                        None => {
+                            let ring = Ring::map(raw, data_pages, page).map_err(|source| {
+                                LinuxError::Mmap {
+                                    cpu,
+                                    bytes: ring_bytes + page,
+                                    source,
+                                }
+                            })?;
+                            rec.rings.push(ring);
+                            rec.pollfds.push(libc::pollfd {
+                                fd: raw,
+                                events: libc::POLLIN,
+                                revents: 0,
+                            });
+                            owner = Some(raw);
+                        }
+                        Some(o) => {
+                            // SAFETY: both are open perf fds of the same CPU.
+                            if unsafe { ioctls::SET_OUTPUT(raw, o) } < 0 {
+                                return Err(LinuxError::Sys {
+                                    what: "PERF_EVENT_IOC_SET_OUTPUT",
+                                    source: io::Error::last_os_error(),
+                                });
+                            }
+                        }
+                    }
+                    rec.fds.push(fd);
+                }
+            }
+        }
+        if rec.fds.is_empty() {
+            if let Target::Pids(p) = &opts.target {
+                return Err(LinuxError::NoSuchProcess(p[0]));
+            }
+        }
+        Ok(rec)
+    }
+
+    fn ioctl_all(
+        &self,
+        what: &'static str,
+        f: unsafe fn(i32, u32) -> i32,
+    ) -> Result<(), LinuxError> {
+        for fd in &self.fds {
+            // SAFETY: fd is an open perf fd; ENABLE/DISABLE take no pointer.
+            if unsafe { f(fd.as_raw_fd(), 0) } < 0 {
+                return Err(LinuxError::Sys {
+                    what,
+                    source: io::Error::last_os_error(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Start sampling (inherited child events follow).
+    pub fn enable(&mut self) -> Result<(), LinuxError> {
+        self.ioctl_all("PERF_EVENT_IOC_ENABLE", ioctls::ENABLE)?;
+        self.enabled = true;
+        Ok(())
+    }
+
+    /// Stop sampling; what is already in the rings can still be read.
+    pub fn disable(&mut self) -> Result<(), LinuxError> {
+        self.ioctl_all("PERF_EVENT_IOC_DISABLE", ioctls::DISABLE)?;
+        self.enabled = false;
+        Ok(())
+    }
+
+    /// Wait up to `timeout` for a ring to fill past its watermark (half),
+    /// then drain every ring and append the records to `out` sorted by time.
+    ///
+    /// While enabled, records stamped within the last 2 ms are held for the
+    /// next call, so that successive calls also follow each other in time;
+    /// after [`Recorder::disable`] a call returns everything.
+    pub fn read(&mut self, timeout: Duration, out: &mut Vec<Record>) -> Result<(), LinuxError> {
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: pollfds is a valid array of pollfd; negative fds are ignored.
+        let n = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                ms,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(LinuxError::Sys {
+                    what: "poll on perf rings",
+                    source: e,
+                });
+            }
+        }
+        for p in &mut self.pollfds {
+            if p.fd >= 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                // The traced task is gone: stop polling (POLLHUP would make
+                // every later poll return at once), keep draining.
+                p.fd = -1;
+                self.hung_up += 1;
+            }
+            p.revents = 0;
+        }
+        let cutoff = if self.enabled {
+            clock_monotonic_ns().saturating_sub(HOLD_BACK_NS)
+        } else {
+            u64::MAX
+        };
+        self.drain(out, cutoff);
+        Ok(())
+    }
+
+    /// Drain every ring now, without waiting; return records up to `cutoff`.
+    fn drain(&mut self, out: &mut Vec<Record>, cutoff: u64) {
+        let Recorder {
+            rings,
+            decoder,
+            scratch,
+            staged,
+            lost,
+            ..
+        } = self;
+        for ring in rings.iter_mut() {
+            ring.drain(scratch, |rec| decoder.decode(rec, staged, lost));
+        }
+        // Stable sort: held records and each ring are already in time order,
+        // so this merges runs.
+        staged.sort_by_key(|&(t, _)| t);
+        let n = staged.partition_point(|&(t, _)| t <= cutoff);
+        out.reserve(n);
+        out.extend(staged.drain(..n).map(|(_, r)| r));
+    }
+
+    /// Online CPUs that have a ring, in ring order.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// Records the kernel dropped so far (sum of PERF_RECORD_LOST counts).
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// True when every ring's owner task has exited ([`Target::Pids`]); the
+    /// rings may still hold records, which [`Recorder::read`] returns.
+    pub fn all_exited(&self) -> bool {
+        !self.pollfds.is_empty() && self.hung_up == self.pollfds.len()
+    }
+
+    /// True while some ring or the hold-back buffer has records not yet read.
+    pub fn has_pending(&self) -> bool {
+        !self.staged.is_empty() || self.rings.iter().any(Ring::has_data)
+    }
+
+    /// Number of perf_event descriptors held.
+    pub fn fd_count(&self) -> usize {
+        self.fds.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_lines_name_the_input() {
+        let ev = EventSpec::parse("instructions", 1000).unwrap();
+        let e = open_error(
+            io::Error::from_raw_os_error(libc::ENOENT),
+            &ev,
+            "all CPUs",
+            0,
+            0,
+        );
+        let s = e.to_string();
+        assert!(
+            s.starts_with("event 'instructions' is not supported here"),
+            "{s}"
+        );
+        assert!(s.contains("events that work here: "), "{s}");
+        let e = open_error(
+            io::Error::from_raw_os_error(libc::EACCES),
+            &ev,
+            "all CPUs",
+            0,
+            0,
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("CAP_PERFMON") && s.contains("perf_event_paranoid = "),
+            "{s}"
+        );
+        let e = open_error(
+            io::Error::from_raw_os_error(libc::EMFILE),
+            &ev,
+            "pid 1",
+            0,
+            900,
+        );
+        assert!(e.to_string().contains("ulimit -n"));
+        let e = open_error(
+            io::Error::from_raw_os_error(libc::EBUSY),
+            &ev,
+            "pid 1",
+            3,
+            0,
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("'instructions'") && s.contains("pid 1") && s.contains("CPU 3"),
+            "{s}"
+        );
+        assert!(!s.contains('\n'));
+    }
+
+    #[test]
+    fn too_high_frequency_is_explained() {
+        let Some(max) = perf_event_max_sample_rate() else {
+            return;
+        };
+        let ev = EventSpec {
+            kind: EventKind::CpuClock,
+            rate: SampleRate::Frequency(max + 1),
+        };
+        let e = open_error(
+            io::Error::from_raw_os_error(libc::EINVAL),
+            &ev,
+            "all CPUs",
+            0,
+            0,
+        );
+        assert!(matches!(e, LinuxError::FrequencyTooHigh { .. }), "{e}");
+    }
+
+    #[test]
+    fn attrs_carry_the_contract() {
+        let ev = EventSpec::parse("cpu-clock:250000", 1).unwrap();
+        let p = AttrParams {
+            side_band: true,
+            callchain: true,
+            inherit: true,
+            build_id: true,
+            wakeup_bytes: 4096,
+        };
+        let a = sample_attr(&ev, &p);
+        assert_eq!(
+            a.sample_type,
+            SAMPLE_TYPE | sys::PERF_SAMPLE_CALLCHAIN as u64
+        );
+        // SAFETY: reading the union member that was written.
+        assert_eq!(unsafe { a.__bindgen_anon_1.sample_period }, 250_000);
+        assert_eq!(a.freq(), 0);
+        assert_eq!(
+            (a.mmap2(), a.comm(), a.comm_exec(), a.task(), a.inherit()),
+            (1, 1, 1, 1, 1)
+        );
+        assert_eq!(
+            (a.sample_id_all(), a.use_clockid(), a.clockid),
+            (1, 1, libc::CLOCK_MONOTONIC)
+        );
+        assert_eq!((a.disabled(), a.exclude_guest(), a.mmap_data()), (1, 0, 0));
+        let f = EventSpec::parse("cpu-clock", 999).unwrap();
+        let b = sample_attr(
+            &f,
+            &AttrParams {
+                side_band: false,
+                callchain: false,
+                ..p
+            },
+        );
+        assert_eq!((b.freq(), b.mmap2(), b.comm(), b.task()), (1, 0, 0, 0));
+        // SAFETY: as above.
+        assert_eq!(unsafe { b.__bindgen_anon_1.sample_freq }, 999);
+        assert_eq!(b.sample_type, SAMPLE_TYPE);
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let mut o = RecordOptions {
+            ring_pages: 3,
+            ..RecordOptions::default()
+        };
+        let e = Recorder::open(&o).err().unwrap().to_string();
+        assert!(e.contains("power of two"), "{e}");
+        o.ring_pages = 0;
+        o.events.clear();
+        assert!(matches!(Recorder::open(&o), Err(LinuxError::Options(_))));
+        let o = RecordOptions {
+            target: Target::Pids(vec![]),
+            ..RecordOptions::default()
+        };
+        assert!(matches!(Recorder::open(&o), Err(LinuxError::Options(_))));
+    }
+}

@@ -1,0 +1,120 @@
+//! Small rooted readers of system facts (online CPUs, perf sysctls) and the
+//! clock that perf records are stamped with.
+
+use crate::LinuxError;
+use std::path::Path;
+
+/// Parse a kernel CPU list such as `0-3,5,7-8` (trailing newline allowed).
+pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
+    let mut cpus = Vec::new();
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty CPU list".into());
+    }
+    for part in s.split(',') {
+        let part = part.trim();
+        let num = |t: &str| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("bad CPU number '{t}' in '{s}'"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("bad CPU range '{part}' in '{s}'"));
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(num(part)?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// Online CPUs from `<sys_root>/devices/system/cpu/online` (e.g. `0-3,5`).
+pub fn online_cpus(sys_root: &Path) -> Result<Vec<u32>, LinuxError> {
+    let path = sys_root.join("devices/system/cpu/online");
+    let text = std::fs::read_to_string(&path).map_err(|source| LinuxError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse_cpu_list(&text).map_err(|msg| LinuxError::Parse { path, msg })
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock every record's `time` uses.
+pub fn clock_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Current `kernel.perf_event_paranoid`, as text, or `unknown`.
+pub(crate) fn perf_event_paranoid() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Current `kernel.perf_event_max_sample_rate`, if readable.
+pub(crate) fn perf_event_max_sample_rate() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if v > 0 {
+        v as usize
+    } else {
+        4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,5\n").unwrap(), vec![0, 1, 2, 3, 5]);
+        assert_eq!(parse_cpu_list("0").unwrap(), vec![0]);
+        assert_eq!(parse_cpu_list("7-8,0,2").unwrap(), vec![0, 2, 7, 8]);
+        assert!(parse_cpu_list("").is_err());
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(parse_cpu_list("0-x").unwrap_err().contains("'x'"));
+    }
+
+    #[test]
+    fn online_cpus_reads_rooted_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = dir.path().join("devices/system/cpu");
+        std::fs::create_dir_all(&cpu).unwrap();
+        std::fs::write(cpu.join("online"), "0-1,4-5\n").unwrap();
+        assert_eq!(online_cpus(dir.path()).unwrap(), vec![0, 1, 4, 5]);
+        std::fs::write(cpu.join("online"), "junk\n").unwrap();
+        let e = online_cpus(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("devices/system/cpu/online"), "{e}");
+        let missing = online_cpus(&dir.path().join("nope")).unwrap_err();
+        assert!(matches!(missing, LinuxError::Read { .. }));
+    }
+
+    #[test]
+    fn monotonic_clock_advances() {
+        let a = clock_monotonic_ns();
+        let b = clock_monotonic_ns();
+        assert!(a > 0 && b >= a);
+    }
+}

@@ -1,0 +1,383 @@
+//! Live perf_event tests against the running kernel (tier 2: run as root).
+//! Loops are bounded by iteration counts; nothing asserts on elapsed time.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmscope_linux::{LinuxError, RecordOptions, Recorder, Target};
+use vmscope_model::{CpuMode, EventKind, EventSpec, Record, SampleRate, SampleRecord};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: live perf_event tests need root");
+    }
+    root
+}
+
+fn cpu_clock(hz: u64) -> EventSpec {
+    EventSpec {
+        kind: EventKind::CpuClock,
+        rate: SampleRate::Frequency(hz),
+    }
+}
+
+/// A thread spinning until dropped; its tid.
+struct Busy {
+    stop: Arc<AtomicBool>,
+    tid: u32,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Busy {
+    fn start() -> Busy {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("busy-spin".into())
+            .spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tx.send(unsafe { libc::gettid() } as u32).unwrap();
+                let mut x = 0u64;
+                while !s.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            })
+            .unwrap();
+        let tid = rx.recv().unwrap();
+        Busy {
+            stop,
+            tid,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Record for about `span` of work, reading every 50 ms.
+fn record_for(rec: &mut Recorder, span: Duration) -> Vec<Record> {
+    let mut out = Vec::new();
+    rec.enable().unwrap();
+    let start = Instant::now();
+    while start.elapsed() < span {
+        rec.read(Duration::from_millis(50), &mut out).unwrap();
+    }
+    rec.disable().unwrap();
+    rec.read(Duration::ZERO, &mut out).unwrap();
+    out
+}
+
+fn samples_of(out: &[Record], tid: u32) -> Vec<&SampleRecord> {
+    out.iter()
+        .filter_map(|r| match r {
+            Record::Sample(s) if s.tid == tid => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+fn record_time(r: &Record) -> Option<u64> {
+    match r {
+        Record::Sample(s) => Some(s.time),
+        Record::Mmap { time, .. }
+        | Record::Comm { time, .. }
+        | Record::Fork { time, .. }
+        | Record::Exit { time, .. } => Some(*time),
+        Record::Lost { .. } => None,
+    }
+}
+
+#[test]
+fn busy_thread_is_sampled_on_all_cpus() {
+    if !is_root() {
+        return;
+    }
+    let busy = Busy::start();
+    let opts = RecordOptions {
+        events: vec![cpu_clock(1000)],
+        target: Target::AllCpus,
+        callchain: false,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    let before = vmscope_linux::clock_monotonic_ns();
+    let out = record_for(&mut rec, Duration::from_millis(500));
+    let after = vmscope_linux::clock_monotonic_ns();
+    let tid = busy.tid;
+    drop(busy);
+
+    let mine = samples_of(&out, tid);
+    assert!(
+        mine.len() >= 20,
+        "only {} samples of the busy thread",
+        mine.len()
+    );
+    let pid = std::process::id();
+    for s in &mine {
+        assert_eq!(s.pid, pid);
+        assert_eq!(s.event, 0);
+        assert!(rec.cpus().contains(&s.cpu), "cpu {} not online", s.cpu);
+        assert!(s.period > 0);
+        assert!(s.callchain.is_empty());
+        // CLOCK_MONOTONIC stamps, inside the recording window.
+        assert!(
+            s.time >= before && s.time <= after,
+            "time {} outside",
+            s.time
+        );
+    }
+    assert!(mine.iter().any(|s| s.mode == CpuMode::User));
+    let times: Vec<u64> = out.iter().filter_map(record_time).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "records not sorted by time"
+    );
+    // Other CPUs or tasks were sampled too (system-wide).
+    assert!(out
+        .iter()
+        .any(|r| matches!(r, Record::Sample(s) if s.tid != tid)));
+}
+
+#[test]
+fn callchains_with_callchain_option() {
+    if !is_root() {
+        return;
+    }
+    let busy = Busy::start();
+    let opts = RecordOptions {
+        events: vec![cpu_clock(1000)],
+        target: Target::Pids(vec![std::process::id()]),
+        callchain: true,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    let out = record_for(&mut rec, Duration::from_millis(300));
+    let tid = busy.tid;
+    drop(busy);
+    let mine = samples_of(&out, tid);
+    assert!(!mine.is_empty(), "no samples of the busy thread");
+    for s in &mine {
+        assert!(!s.callchain.is_empty(), "sample without callchain: {s:?}");
+    }
+    // A user-mode sample's chain starts at its IP and has user frames.
+    let user = mine
+        .iter()
+        .find(|s| s.mode == CpuMode::User)
+        .expect("a user-mode sample");
+    assert_eq!(user.callchain[0], (CpuMode::User, user.ip));
+    // Only this process was recorded.
+    let pid = std::process::id();
+    assert!(out
+        .iter()
+        .all(|r| !matches!(r, Record::Sample(s) if s.pid != pid)));
+}
+
+#[test]
+fn pids_target_sees_exec_of_child() {
+    if !is_root() {
+        return;
+    }
+    // The child waits for a line on stdin, then execs a new shell: the
+    // exec happens after recording started.
+    let mut child = Command::new("/bin/sh")
+        .args([
+            "-c",
+            "read go; exec /bin/sh -c 'i=0; while [ $i -lt 3000000 ]; do i=$((i+1)); done'",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let opts = RecordOptions {
+        events: vec![cpu_clock(1000)],
+        target: Target::Pids(vec![pid]),
+        callchain: false,
+        ring_pages: 8,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    rec.enable().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let mut out = Vec::new();
+    let mut exec = false;
+    let mut sh_map = false;
+    let mut samples = 0;
+    let mut maps = Vec::new();
+    for _ in 0..100 {
+        rec.read(Duration::from_millis(50), &mut out).unwrap();
+        for r in &out {
+            match r {
+                Record::Comm {
+                    pid: p,
+                    exec: true,
+                    comm,
+                    ..
+                } if *p == pid => {
+                    exec = true;
+                    assert!(
+                        ["sh", "dash", "busybox"].contains(&&**comm),
+                        "exec comm {comm}"
+                    );
+                }
+                Record::Mmap {
+                    pid: p,
+                    path,
+                    executable: true,
+                    ..
+                } if *p == pid
+                    && (path.ends_with("/sh")
+                        || path.ends_with("/dash")
+                        || path.ends_with("/busybox")) =>
+                {
+                    sh_map = true
+                }
+                Record::Sample(s) if s.pid == pid => samples += 1,
+                Record::Mmap { pid: p, .. } if *p == pid => maps.push(format!("{r:?}")),
+                _ => {}
+            }
+        }
+        out.clear();
+        if exec && sh_map && samples >= 10 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(exec, "no Comm(exec) of the child");
+    assert!(sh_map, "no executable Mmap of the shell in {maps:#?}");
+    assert!(samples >= 10, "only {samples} samples of the child");
+}
+
+#[test]
+fn overflowing_ring_reports_lost_records() {
+    if !is_root() {
+        return;
+    }
+    let busy = Busy::start();
+    let opts = RecordOptions {
+        events: vec![cpu_clock(4000)],
+        target: Target::Pids(vec![std::process::id()]),
+        callchain: true,
+        ring_pages: 1,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    rec.enable().unwrap();
+    // Do not read while the busy thread fills a one-page ring; wait until
+    // the kernel has counted losses (bounded number of rounds).
+    let mut out = Vec::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        rec.read(Duration::ZERO, &mut out).unwrap();
+        if rec.lost() > 0 {
+            break;
+        }
+    }
+    drop(busy);
+    rec.disable().unwrap();
+    rec.read(Duration::ZERO, &mut out).unwrap();
+    assert!(rec.lost() > 0, "a one-page ring never overflowed");
+    let reported: u64 = out
+        .iter()
+        .map(|r| match r {
+            Record::Lost { count, cpu } => {
+                assert!(cpu.is_some());
+                *count
+            }
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(reported, rec.lost());
+    // Records that wrapped the one-page ring still decode.
+    assert!(out
+        .iter()
+        .any(|r| matches!(r, Record::Sample(s) if !s.callchain.is_empty())));
+}
+
+#[test]
+fn hardware_event_error_lists_working_events() {
+    if !is_root() {
+        return;
+    }
+    let opts = RecordOptions {
+        events: vec![EventSpec {
+            kind: EventKind::Instructions,
+            rate: SampleRate::Period(100_000),
+        }],
+        ..RecordOptions::default()
+    };
+    match Recorder::open(&opts) {
+        Ok(_) => eprintln!("skipped: this machine has a hardware PMU"),
+        Err(e) => {
+            let s = e.to_string();
+            assert!(matches!(e, LinuxError::UnsupportedEvent { .. }), "{s}");
+            assert!(
+                s.starts_with("event 'instructions' is not supported here"),
+                "{s}"
+            );
+            assert!(s.contains("events that work here: cpu-clock"), "{s}");
+            assert!(!s.contains("instructions,"), "{s}");
+        }
+    }
+    let working = vmscope_linux::working_events();
+    assert!(working.iter().any(|w| w == "cpu-clock"), "{working:?}");
+}
+
+#[test]
+fn missing_pid_is_named() {
+    if !is_root() {
+        return;
+    }
+    // Past pid_max (at most 2^22), so it cannot exist.
+    let opts = RecordOptions {
+        target: Target::Pids(vec![4_194_305]),
+        ..RecordOptions::default()
+    };
+    let e = Recorder::open(&opts).err().expect("open of a missing pid");
+    assert_eq!(e.to_string(), "no such process: 4194305");
+}
+
+#[test]
+fn two_events_share_a_ring_and_keep_their_index() {
+    if !is_root() {
+        return;
+    }
+    let busy = Busy::start();
+    let opts = RecordOptions {
+        events: vec![
+            cpu_clock(1000),
+            EventSpec {
+                kind: EventKind::TaskClock,
+                rate: SampleRate::Period(1_000_000),
+            },
+        ],
+        target: Target::Pids(vec![std::process::id()]),
+        callchain: false,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    let out = record_for(&mut rec, Duration::from_millis(300));
+    let tid = busy.tid;
+    drop(busy);
+    let mine = samples_of(&out, tid);
+    for ev in [0, 1] {
+        assert!(
+            mine.iter().any(|s| s.event == ev),
+            "no sample of event {ev}"
+        );
+    }
+    assert!(mine.iter().all(|s| s.event < 2));
+}
