@@ -357,6 +357,20 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
     let modules = crate::modules::resolve(&kernel.modules_dir)?;
     let init = init_script();
 
+    // Fast path: the same input files (path, size, mtime, inode) as a
+    // cached image skip reading and hashing them again.
+    let images = opts.cache_dir.join("images");
+    let mut inputs: Vec<&Path> = vec![&kernel.vmlinuz, &busybox, &agent];
+    inputs.extend(modules.iter().map(|m| m.1.as_path()));
+    let stamp = input_stamp(&init, &inputs);
+    let stamp_file = images.join("stamps").join(&stamp);
+    if let Some(img) = std::fs::read_to_string(&stamp_file)
+        .ok()
+        .and_then(|dir| load_manifest(&images.join(dir.trim())))
+    {
+        return Ok(img);
+    }
+
     // Content hash of every input.
     let mut h = Sha256::new();
     h.field(IMAGE_FORMAT.as_bytes());
@@ -377,16 +391,16 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
     h.field(&agent_bytes);
     let hash = h.hex();
 
-    let images = opts.cache_dir.join("images");
     let dir = images.join(&hash[..16]);
-    let manifest_path = dir.join("image.json");
     let _lock = util::lock_file(&images.join(".lock"))?;
-    if let Ok(text) = std::fs::read_to_string(&manifest_path) {
-        if let Ok(img) = serde_json::from_str::<GuestImage>(&text) {
-            if img.hash == hash && img.kernel.is_file() && img.initrd.is_file() {
-                return Ok(img);
-            }
-        }
+    let short = hash[..16].to_string();
+    let write_stamp = || {
+        let _ = std::fs::create_dir_all(images.join("stamps"));
+        let _ = util::write_atomic(&stamp_file, short.as_bytes());
+    };
+    if let Some(img) = load_manifest(&dir).filter(|i| i.hash == hash) {
+        write_stamp();
+        return Ok(img);
     }
     let tmp = images.join(format!("{}.tmp{}", &hash[..16], std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -458,7 +472,32 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
         .map_err(|e| LabError::io("write", tmp.join("image.json"), e))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| LabError::io("rename", &tmp, e))?;
+    write_stamp();
     Ok(img)
+}
+
+/// A cached image's manifest, if the image is complete.
+fn load_manifest(dir: &Path) -> Option<GuestImage> {
+    let text = std::fs::read_to_string(dir.join("image.json")).ok()?;
+    let img: GuestImage = serde_json::from_str(&text).ok()?;
+    (img.kernel.is_file() && img.initrd.is_file()).then_some(img)
+}
+
+/// Hash of the build recipe and the identity (not content) of input files.
+fn input_stamp(init: &str, inputs: &[&Path]) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Sha256::new();
+    h.field(IMAGE_FORMAT.as_bytes());
+    h.field(init.as_bytes());
+    for p in inputs {
+        h.field(p.as_os_str().as_encoded_bytes());
+        if let Ok(m) = std::fs::metadata(p) {
+            for v in [m.len(), m.ino(), m.mtime() as u64, m.mtime_nsec() as u64] {
+                h.update(&v.to_le_bytes());
+            }
+        }
+    }
+    h.hex()
 }
 
 #[cfg(test)]

@@ -795,6 +795,8 @@ pub struct HostFacts {
     pub interfaces: Vec<String>,
     pub device_mapper: bool,
     pub vhost_net: bool,
+    /// IPv4 networks on host interfaces: (interface, address, prefix).
+    pub ipv4: Vec<(String, Ipv4Addr, u8)>,
 }
 
 impl HostFacts {
@@ -812,8 +814,39 @@ impl HostFacts {
                 .unwrap_or_default(),
             device_mapper: device_mapper_present(),
             vhost_net: Path::new("/dev/vhost-net").exists(),
+            ipv4: host_ipv4(),
         }
     }
+}
+
+/// IPv4 addresses of host interfaces, from `ip -o -4 addr show`.
+pub fn host_ipv4() -> Vec<(String, Ipv4Addr, u8)> {
+    let Some(ip) = crate::util::which("ip") else {
+        return Vec::new();
+    };
+    let Ok(out) = std::process::Command::new(ip)
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    parse_ip_addr(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parse `ip -o -4 addr show` lines: `2: eth0    inet 10.0.0.2/24 brd ...`.
+pub fn parse_ip_addr(text: &str) -> Vec<(String, Ipv4Addr, u8)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let _idx = w.next()?;
+            let ifname = w.next()?.to_string();
+            if w.next()? != "inet" {
+                return None;
+            }
+            let (a, p) = w.next()?.split_once('/')?;
+            Some((ifname, a.parse().ok()?, p.parse().ok()?))
+        })
+        .collect()
 }
 
 /// CPUs the current process may run on (sched_getaffinity), else 0..available.
@@ -870,6 +903,25 @@ pub fn check_host(spec: &LabSpec, host: &HostFacts, own: &[String]) -> Result<()
         let br = crate::names::bridge(&spec.name);
         if host.interfaces.contains(&br) && !own.contains(&br) {
             return Err(spec.error("name", format!("bridge {br} (derived from the lab name) is already in use by something else; pick another lab name or remove it")));
+        }
+    }
+    if spec.needs_bridge() {
+        let br = crate::names::bridge(&spec.name);
+        for (ifname, addr, prefix) in &host.ipv4 {
+            if *ifname == br || own.contains(ifname) {
+                continue;
+            }
+            let p = (*prefix).min(spec.subnet.prefix).clamp(1, 32);
+            let mask = u32::MAX << (32 - u32::from(p));
+            if u32::from(*addr) & mask == u32::from(spec.subnet.network) & mask {
+                return Err(spec.error(
+                    "subnet",
+                    format!(
+                        "the lab subnet {} overlaps {addr}/{prefix} on {ifname}; set subnet = \"a.b.c.0/24\" to a free network",
+                        spec.subnet
+                    ),
+                ));
+            }
         }
     }
     let mut tap_n = 0;
@@ -1096,6 +1148,7 @@ ip = "10.9.9.9"
             interfaces: vec!["lo".into()],
             device_mapper: false,
             vhost_net: false,
+            ipv4: vec![("eth0".into(), Ipv4Addr::new(172, 16, 0, 2), 24)],
         }
     }
 
@@ -1144,6 +1197,22 @@ ip = "10.9.9.9"
     }
 
     #[test]
+    fn host_check_subnet_overlap() {
+        let s = parse("name = \"t\"\nsubnet = \"172.16.0.0/24\"\n[[vm]]\nname = \"a\"\n[[vm.nic]]\nkind = \"tap\"\n").unwrap();
+        let e = check_host(&s, &facts(), &[]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.toml:2: subnet:") && e.contains("eth0"),
+            "{e}"
+        );
+        let parsed = parse_ip_addr("1: lo    inet 127.0.0.1/8 scope host lo\\\n2: eth0    inet 10.0.0.2/16 brd 10.0.255.255 scope global eth0\n");
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(
+            parsed[1],
+            ("eth0".to_string(), Ipv4Addr::new(10, 0, 0, 2), 16)
+        );
+    }
+
+    #[test]
     fn host_check_lvm_without_device_mapper() {
         let text =
             "name = \"t\"\n[[vm]]\nname = \"a\"\n[[vm.disk]]\nbackend = \"lvm\"\nvg = \"vg0\"\n";
@@ -1183,6 +1252,7 @@ mod shipped_specs {
                     interfaces: vec!["lo".into()],
                     device_mapper: false,
                     vhost_net: false,
+                    ipv4: Vec::new(),
                 };
                 check_host(&s, &facts, &[]).unwrap_or_else(|e| panic!("{e}"));
                 n += 1;
