@@ -448,6 +448,8 @@ fn console(vm: &str, socket: &Path) -> anyhow::Result<()> {
         }
         w.write_all(&buf[..n])?;
     }
+    // Input ended (Ctrl-D or end of a pipe): give the guest a moment to answer.
+    std::thread::sleep(Duration::from_secs(1));
     let _ = w.shutdown(std::net::Shutdown::Both);
     let _ = out.join();
     Ok(())

@@ -459,3 +459,50 @@ fn bad_specs_fail_before_anything_starts() {
         assert!(!run.join("bad").exists(), "{name}: something was started");
     }
 }
+
+#[test]
+fn not_root_is_refused_before_anything_starts() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: needs root to drop to an unprivileged user");
+        return;
+    }
+    let Some(setpriv) = vmscope_lab::util::which("setpriv") else {
+        eprintln!("SKIP: setpriv not installed (apt-get install util-linux)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        "tapspec",
+        "name = \"noroot\"\n[[vm]]\nname = \"a\"\n[[vm.nic]]\nkind = \"tap\"\n",
+    );
+    let mut perms = std::fs::metadata(tmp.path()).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(tmp.path(), perms).unwrap();
+    let out = Command::new(setpriv)
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            VMSCOPE,
+            "lab",
+            "up",
+        ])
+        .arg(&spec)
+        .arg("--run-dir")
+        .arg(tmp.path().join("run"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("Permission denied") && !err.contains("vmscope") {
+        eprintln!("SKIP: the vmscope binary is not reachable for an unprivileged user: {err}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("needs root") && err.contains("tapspec.toml"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("run").exists());
+}

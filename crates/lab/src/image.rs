@@ -402,6 +402,7 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
         write_stamp();
         return Ok(img);
     }
+    remove_stale_builds(&images);
     let tmp = images.join(format!("{}.tmp{}", &hash[..16], std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| LabError::io("create", &tmp, e))?;
@@ -474,6 +475,23 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
     std::fs::rename(&tmp, &dir).map_err(|e| LabError::io("rename", &tmp, e))?;
     write_stamp();
     Ok(img)
+}
+
+/// Remove half-built image directories (`<hash>.tmp<pid>`) of builders that
+/// died; called with the images lock held.
+fn remove_stale_builds(images: &Path) {
+    let Ok(rd) = std::fs::read_dir(images) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((_, pid)) = name.split_once(".tmp") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok_and(|p| !crate::state::alive(p)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A cached image's manifest, if the image is complete.
