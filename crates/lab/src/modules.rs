@@ -269,3 +269,51 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod real_kernel {
+    use super::*;
+
+    /// With a guest kernel already unpacked in an image cache, the ELF
+    /// reader and `modinfo` agree, and the resolved order loads every
+    /// dependency first.
+    #[test]
+    fn elf_reader_agrees_with_modinfo_on_the_guest_kernel() {
+        let caches: Vec<PathBuf> = std::env::var_os("VMSCOPE_CACHE")
+            .map(PathBuf::from)
+            .into_iter()
+            .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp/lab-cache")])
+            .collect();
+        let Some(tree) = caches.iter().find_map(|c| {
+            let rd = std::fs::read_dir(c.join("kernels")).ok()?;
+            rd.flatten().find_map(|e| {
+                let m = e.path().join("root/lib/modules");
+                std::fs::read_dir(&m)
+                    .ok()?
+                    .flatten()
+                    .next()
+                    .map(|r| r.path())
+            })
+        }) else {
+            eprintln!(
+                "SKIP: no unpacked guest kernel in an image cache (run `vmscope lab image` first)"
+            );
+            return;
+        };
+        let order = resolve(&tree).unwrap();
+        let names: Vec<&str> = order.iter().map(|o| o.0.as_str()).collect();
+        for w in WANTED {
+            assert!(names.contains(&w), "{w} missing from {names:?}");
+        }
+        for (i, (name, ko)) in order.iter().enumerate() {
+            let from_elf = depends_from_elf(&std::fs::read(ko).unwrap()).unwrap();
+            if crate::util::which("modinfo").is_some() {
+                assert_eq!(from_elf, depends_of(ko).unwrap(), "{name}");
+            }
+            for d in from_elf {
+                let j = names.iter().position(|n| *n == d).unwrap();
+                assert!(j < i, "{d} must load before {name}");
+            }
+        }
+    }
+}
