@@ -23,4 +23,5 @@ pub use error::LinuxError;
 pub use procfs::synthesize_from_proc;
 pub use recorder::{working_events, RecordOptions, Recorder, Target};
 
+pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
 pub use sys::{clock_monotonic_ns, online_cpus, parse_cpu_list};
