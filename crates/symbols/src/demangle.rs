@@ -4,35 +4,41 @@
 
 use std::borrow::Cow;
 
-/// True for a Rust legacy mangled name: `_ZN…17h<16 hex digits>E`, possibly
-/// followed by a `.llvm.…` or similar suffix.
-fn is_rust_legacy(name: &str) -> bool {
+/// For a Rust legacy mangled name `_ZN…17h<16 hex digits>E[suffix]`, the
+/// index just past the `E`. The path itself may contain dots (`core..hash`
+/// encodes `core::hash`), so the end is found by the hash, not by a dot.
+fn rust_legacy_end(name: &str) -> Option<usize> {
     if !name.starts_with("_ZN") {
-        return false;
+        return None;
     }
-    let core = match name.find('.') {
-        Some(i) => &name[..i],
-        None => name,
-    };
-    let Some(body) = core.strip_suffix('E') else {
-        return false;
-    };
-    if body.len() < 19 {
-        return false;
+    let b = name.as_bytes();
+    let mut from = 0;
+    while let Some(off) = name[from..].find("17h") {
+        let i = from + off;
+        let hex = i + 3..i + 19;
+        if b.len() > i + 19
+            && b[hex].iter().all(|c| c.is_ascii_hexdigit())
+            && b[i + 19] == b'E'
+            && (b.len() == i + 20 || b[i + 20] == b'.')
+        {
+            return Some(i + 20);
+        }
+        from = i + 1;
     }
-    let tail = &body[body.len() - 19..];
-    tail.starts_with("17h") && tail[3..].bytes().all(|b| b.is_ascii_hexdigit())
+    None
 }
 
 /// Demangle one symbol name; names that are not mangled (C) or fail to
 /// demangle are returned unchanged.
 pub fn demangle(name: &str) -> Cow<'_, str> {
-    if name.starts_with("_R") || is_rust_legacy(name) {
+    let rust_split = if name.starts_with("_R") {
+        Some(name.find('.').unwrap_or(name.len()))
+    } else {
+        rust_legacy_end(name)
+    };
+    if let Some(end) = rust_split {
         // LLVM's `.llvm.<n>` suffix is dropped; others (`.cold`) are kept.
-        let (core, suffix) = match name.find('.') {
-            Some(i) => name.split_at(i),
-            None => (name, ""),
-        };
+        let (core, suffix) = name.split_at(end);
         if let Ok(d) = rustc_demangle::try_demangle(core) {
             let suffix = if suffix.starts_with(".llvm.") {
                 ""
@@ -72,6 +78,18 @@ mod tests {
         assert_eq!(
             demangle("_ZN4demo5alpha17h0123456789abcdefE.cold"),
             "demo::alpha.cold"
+        );
+    }
+
+    #[test]
+    fn rust_legacy_with_dots_in_the_path() {
+        assert_eq!(
+            demangle("_ZN71_$LT$core..hash..sip..Hasher$LT$S$GT$$u20$as$u20$core..hash..Hasher$GT$5write17hecba8cf524c29b1dE"),
+            "<core::hash::sip::Hasher<S> as core::hash::Hasher>::write"
+        );
+        assert_eq!(
+            demangle("_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE.llvm.42"),
+            "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>"
         );
     }
 
