@@ -8,7 +8,9 @@ use vmscope_engine::import::{import, ImportOptions};
 use vmscope_symbols::SymbolizerOptions;
 
 #[derive(Args, Debug)]
-#[command(after_help = "Guest-mode samples (perf kvm, or perf record on a KVM host) become guest-kernel /\nguest-user contexts of a VM named after the vCPU thread's process (pidNNN) unless a\nrunning VM owns the thread. --guest-kallsyms resolves their kernel addresses.\n\nExample:\n  perf record -a -g -o perf.data -- sleep 5 && vmscope import perf.data && vmscope report")]
+#[command(
+    after_help = "Guest-mode samples (perf kvm, or perf record on a KVM host) become guest-kernel /\nguest-user contexts of a VM named after the vCPU thread's process (pidNNN) unless a\nrunning VM owns the thread. --guest-kallsyms resolves their kernel addresses.\n\nExample:\n  perf record -a -g -o perf.data -- sleep 5 && vmscope import perf.data && vmscope report"
+)]
 pub struct ImportArgs {
     /// perf.data file written by `perf record`.
     pub input: PathBuf,

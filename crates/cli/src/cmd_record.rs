@@ -12,7 +12,9 @@ use vmscope_model::{EventSpec, SampleRate, DEFAULT_FREQUENCY};
 use vmscope_symbols::SymbolizerOptions;
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  vmscope record -a -d 10            every CPU for 10 s\n  vmscope record -a -g -- sleep 5    every CPU with call stacks while a command runs\n  vmscope record -e cpu-clock:250000 -- ./app   a command, one sample per 250 µs of CPU\n  vmscope record -p 1234,5678 -F 999 -d 30\n\nStop early with Ctrl-C; the session keeps what was recorded.")]
+#[command(
+    after_help = "Examples:\n  vmscope record -a -d 10            every CPU for 10 s\n  vmscope record -a -g -- sleep 5    every CPU with call stacks while a command runs\n  vmscope record -e cpu-clock:250000 -- ./app   a command, one sample per 250 µs of CPU\n  vmscope record -p 1234,5678 -F 999 -d 30\n\nStop early with Ctrl-C; the session keeps what was recorded."
+)]
 pub struct RecordArgs {
     /// Sample every CPU (system-wide).
     #[arg(short = 'a', long = "all-cpus")]
@@ -123,7 +125,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     let mut progress = |t: Duration, n: u64| {
-        bar.set_message(format!("recording {}: {:.0} s, {n} samples", rates.join(", "), t.as_secs_f64()));
+        bar.set_message(format!(
+            "recording {}: {:.0} s, {n} samples",
+            rates.join(", "),
+            t.as_secs_f64()
+        ));
         bar.tick();
     };
     let summary = record(opts, &STOP, &mut progress)

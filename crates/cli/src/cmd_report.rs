@@ -8,7 +8,9 @@ use vmscope_report::{build, parse_fields, render, Format, ReportOptions};
 use vmscope_store::{Field, Session};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,context     per-VM split\n  vmscope report --format collapsed | flamegraph.pl > cpu.svg\n\n% is the share of the event count (sum of sample periods), as perf reports it.")]
+#[command(
+    after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,context     per-VM split\n  vmscope report --format collapsed | flamegraph.pl > cpu.svg\n\n% is the share of the event count (sum of sample periods), as perf reports it."
+)]
 pub struct ReportArgs {
     /// Session file.
     #[arg(default_value = "vmscope.db")]

@@ -10,7 +10,10 @@ fn fails_clearly(out: &Output, must_contain: &[&str]) -> String {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert_eq!(out.status.code(), Some(2), "exit code; stderr: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("vmscope: error:")).collect();
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("vmscope: error:"))
+        .collect();
     assert_eq!(lines.len(), 1, "one error line expected: {err}");
     for m in must_contain {
         assert!(err.contains(m), "expected '{m}' in: {err}");
@@ -22,7 +25,12 @@ fn fails_clearly(out: &Output, must_contain: &[&str]) -> String {
 fn unknown_event() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("x.db");
-    let out = vmscope().args(["record", "-e", "bogus-event", "-o"]).arg(&db).args(["--", "true"]).output().unwrap();
+    let out = vmscope()
+        .args(["record", "-e", "bogus-event", "-o"])
+        .arg(&db)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     fails_clearly(&out, &["unknown event 'bogus-event'", "cpu-clock"]);
     assert!(!db.exists());
 }
@@ -33,11 +41,20 @@ fn hardware_event_missing_lists_working_events() {
         return;
     }
     // Only meaningful where the PMU lacks the event (as on this kind of machine).
-    let probe = std::process::Command::new("perf").args(["stat", "-e", "instructions", "true"]).output().unwrap();
-    if String::from_utf8_lossy(&probe.stderr).contains("<not supported>") || !probe.status.success() {
+    let probe = std::process::Command::new("perf")
+        .args(["stat", "-e", "instructions", "true"])
+        .output()
+        .unwrap();
+    if String::from_utf8_lossy(&probe.stderr).contains("<not supported>") || !probe.status.success()
+    {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("x.db");
-        let out = vmscope().args(["record", "-e", "instructions", "-o"]).arg(&db).args(["--", "true"]).output().unwrap();
+        let out = vmscope()
+            .args(["record", "-e", "instructions", "-o"])
+            .arg(&db)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
         fails_clearly(&out, &["instructions", "not supported", "cpu-clock"]);
         assert!(!db.exists(), "no session file may be left behind");
     } else {
@@ -49,7 +66,11 @@ fn hardware_event_missing_lists_working_events() {
 fn no_such_pid() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("x.db");
-    let out = vmscope().args(["record", "-p", "999999999", "-d", "1", "-o"]).arg(&db).output().unwrap();
+    let out = vmscope()
+        .args(["record", "-p", "999999999", "-d", "1", "-o"])
+        .arg(&db)
+        .output()
+        .unwrap();
     fails_clearly(&out, &["no such process: 999999999"]);
     assert!(!db.exists());
 }
@@ -60,13 +81,18 @@ fn no_permission_names_what_is_needed() {
         eprintln!("SKIP: needs root and setpriv to drop to an unprivileged user");
         return;
     }
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    let paranoid =
+        std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
     if paranoid.trim().parse::<i32>().unwrap_or(2) < 0 {
         eprintln!("SKIP: perf_event_paranoid < 0 lets anyone profile system-wide");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let db = dir.path().join("x.db");
     let out = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
@@ -96,7 +122,10 @@ fn truncated_and_foreign_perf_data() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("truncated.data", bytes[..bytes.len() / 3].to_vec()),
         ("header-only.data", bytes[..64].to_vec()),
-        ("text.data", b"this is a text file, not perf data\n".to_vec()),
+        (
+            "text.data",
+            b"this is a text file, not perf data\n".to_vec(),
+        ),
         ("elf.data", std::fs::read(bin()).unwrap()[..4096].to_vec()),
         ("empty.data", Vec::new()),
     ];
@@ -104,7 +133,13 @@ fn truncated_and_foreign_perf_data() {
         let input = dir.path().join(name);
         std::fs::write(&input, content).unwrap();
         let db = dir.path().join(format!("{name}.db"));
-        let out = vmscope().arg("import").arg(&input).arg("-o").arg(&db).output().unwrap();
+        let out = vmscope()
+            .arg("import")
+            .arg(&input)
+            .arg("-o")
+            .arg(&db)
+            .output()
+            .unwrap();
         fails_clearly(&out, &[name]);
         assert!(!db.exists(), "{name}: no session may be left");
         assert!(!Path::new(&format!("{}.partial", db.display())).exists());
@@ -125,7 +160,10 @@ fn corrupt_and_newer_sessions() {
     run_ok(vmscope().arg("import").arg(&data).arg("-o").arg(&good));
     let newer = dir.path().join("newer.db");
     std::fs::copy(&good, &newer).unwrap();
-    let st = std::process::Command::new("sqlite3").arg(&newer).arg("PRAGMA user_version = 99;").status();
+    let st = std::process::Command::new("sqlite3")
+        .arg(&newer)
+        .arg("PRAGMA user_version = 99;")
+        .status();
     if st.map(|s| s.success()).unwrap_or(false) {
         let out = vmscope().arg("report").arg(&newer).output().unwrap();
         fails_clearly(&out, &["newer.db", "newer than this vmscope"]);
@@ -144,7 +182,11 @@ fn corrupt_and_newer_sessions() {
     let out = vmscope().arg("report").arg(&corrupt).output().unwrap();
     fails_clearly(&out, &["corrupt.db"]);
 
-    let out = vmscope().arg("report").arg(dir.path().join("missing.db")).output().unwrap();
+    let out = vmscope()
+        .arg("report")
+        .arg(dir.path().join("missing.db"))
+        .output()
+        .unwrap();
     fails_clearly(&out, &["missing.db", "no such session file"]);
 }
 
@@ -152,11 +194,32 @@ fn corrupt_and_newer_sessions() {
 fn bad_report_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.db");
-    run_ok(vmscope().arg("import").arg(fixture_dir().join("perf/quipper.perf.data.callgraph-3.8")).arg("-o").arg(&good));
-    let out = vmscope().arg("report").arg(&good).args(["--by", "domain,colour"]).output().unwrap();
+    run_ok(
+        vmscope()
+            .arg("import")
+            .arg(fixture_dir().join("perf/quipper.perf.data.callgraph-3.8"))
+            .arg("-o")
+            .arg(&good),
+    );
+    let out = vmscope()
+        .arg("report")
+        .arg(&good)
+        .args(["--by", "domain,colour"])
+        .output()
+        .unwrap();
     fails_clearly(&out, &["unknown field 'colour'"]);
-    let out = vmscope().arg("report").arg(&good).args(["--event", "instructions"]).output().unwrap();
+    let out = vmscope()
+        .arg("report")
+        .arg(&good)
+        .args(["--event", "instructions"])
+        .output()
+        .unwrap();
     fails_clearly(&out, &["'instructions' is not in this session", "cycles"]);
-    let out = vmscope().arg("report").arg(&good).args(["--format", "xml"]).output().unwrap();
+    let out = vmscope()
+        .arg("report")
+        .arg(&good)
+        .args(["--format", "xml"])
+        .output()
+        .unwrap();
     fails_clearly(&out, &["unknown format 'xml'"]);
 }

@@ -59,7 +59,13 @@ pub fn skip_unless(tools: &[&str]) -> bool {
 }
 
 pub fn report_json(db: &Path, args: &[&str]) -> serde_json::Value {
-    let out = run_ok(vmscope().arg("report").arg(db).args(args).args(["--format", "json"]));
+    let out = run_ok(
+        vmscope()
+            .arg("report")
+            .arg(db)
+            .args(args)
+            .args(["--format", "json"]),
+    );
     serde_json::from_slice(&out.stdout).expect("report json")
 }
 

@@ -20,10 +20,20 @@ fn quipper_shares_match_reference() {
             .arg(empty.path()),
     );
     let by_comm = rows(&report_json(&db, &["--by", "process"]));
-    let pct = |rows: &[(String, u64, f64)], k: &str| rows.iter().find(|r| r.0 == k).map(|r| r.2).unwrap_or(0.0);
-    for (comm, want) in [("chrome", 55.44), ("Compositor", 19.92), ("swapper", 19.25), ("shill", 1.33)] {
+    let pct = |rows: &[(String, u64, f64)], k: &str| {
+        rows.iter().find(|r| r.0 == k).map(|r| r.2).unwrap_or(0.0)
+    };
+    for (comm, want) in [
+        ("chrome", 55.44),
+        ("Compositor", 19.92),
+        ("swapper", 19.25),
+        ("shill", 1.33),
+    ] {
         let got = pct(&by_comm, comm);
-        assert!((got - want).abs() <= 0.1, "{comm}: {got:.2} vs reference {want}");
+        assert!(
+            (got - want).abs() <= 0.1,
+            "{comm}: {got:.2} vs reference {want}"
+        );
     }
     let by_dso = rows(&report_json(&db, &["--by", "process,image"]));
     for (key, want) in [
@@ -39,7 +49,10 @@ fn quipper_shares_match_reference() {
         ("Compositor|libpthread-2.15.so", 0.50),
     ] {
         let got = pct(&by_dso, key);
-        assert!((got - want).abs() <= 0.1, "{key}: {got:.2} vs reference {want}");
+        assert!(
+            (got - want).abs() <= 0.1,
+            "{key}: {got:.2} vs reference {want}"
+        );
     }
     let v = report_json(&db, &[]);
     assert_eq!(v["events"][0]["samples"].as_u64(), Some(1768));

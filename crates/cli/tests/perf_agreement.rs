@@ -6,7 +6,11 @@ use common::*;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-const DEMO: [&str; 3] = ["vmscope_demo_alpha", "vmscope_demo_beta", "vmscope_demo_gamma"];
+const DEMO: [&str; 3] = [
+    "vmscope_demo_alpha",
+    "vmscope_demo_beta",
+    "vmscope_demo_gamma",
+];
 
 /// Parse `perf report --stdio -n --no-children --sort dso,sym` lines:
 /// `    49.93%          1234  vmscope  [.] vmscope_demo_alpha`.
@@ -55,7 +59,14 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
     let data = dir.path().join("perf.data");
     let demo = bin();
 
-    run_ok(vmscope().args(["record", "-F", "999", "-g", "-o"]).arg(&db).arg("--").arg(&demo).args(["demo", "-d", "3"]));
+    run_ok(
+        vmscope()
+            .args(["record", "-F", "999", "-g", "-o"])
+            .arg(&db)
+            .arg("--")
+            .arg(&demo)
+            .args(["demo", "-d", "3"]),
+    );
     run_ok(
         Command::new("perf")
             .args(["record", "-F", "999", "-g", "-q", "-o"])
@@ -69,21 +80,34 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
     let ours = rows(&report_json(&db, &["--by", "symbol"]));
     let theirs = perf_report_counts(&data);
     let perf_share = |f: &str| -> f64 {
-        theirs.iter().filter(|((_, s), _)| s == f).map(|(_, v)| v.1).sum()
+        theirs
+            .iter()
+            .filter(|((_, s), _)| s == f)
+            .map(|(_, v)| v.1)
+            .sum()
     };
     let our_share = |f: &str| -> f64 { ours.iter().filter(|r| r.0 == f).map(|r| r.2).sum() };
     let mut lines = Vec::new();
     for f in DEMO {
         let (a, b) = (our_share(f), perf_share(f));
-        lines.push(format!("{f}: vmscope {a:.2}% perf {b:.2}% diff {:.2} points", (a - b).abs()));
+        lines.push(format!(
+            "{f}: vmscope {a:.2}% perf {b:.2}% diff {:.2} points",
+            (a - b).abs()
+        ));
     }
     eprintln!("{}", lines.join("\n"));
     // The known answer: about 50/30/20 of the workload's CPU.
-    assert!(our_share(DEMO[0]) > our_share(DEMO[1]) && our_share(DEMO[1]) > our_share(DEMO[2]), "{lines:?}");
+    assert!(
+        our_share(DEMO[0]) > our_share(DEMO[1]) && our_share(DEMO[1]) > our_share(DEMO[2]),
+        "{lines:?}"
+    );
     for f in DEMO {
         let (a, b) = (our_share(f), perf_share(f));
         if a > 5.0 || b > 5.0 {
-            assert!((a - b).abs() <= 3.0, "{f} differs by more than 3 points: {lines:?}");
+            assert!(
+                (a - b).abs() <= 3.0,
+                "{f} differs by more than 3 points: {lines:?}"
+            );
         }
     }
 
@@ -94,7 +118,9 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
     let mut our_counts: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (k, n, _) in &ours {
         let (img, sym) = k.split_once('|').unwrap();
-        *our_counts.entry((img.to_string(), sym.to_string())).or_default() += n;
+        *our_counts
+            .entry((img.to_string(), sym.to_string()))
+            .or_default() += n;
     }
     let mut compared = 0;
     let mut mismatches = Vec::new();
@@ -103,14 +129,24 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
             continue; // unresolved addresses: perf prints one row per address
         }
         compared += 1;
-        let mine = our_counts.get(&(dso.clone(), sym.clone())).copied().unwrap_or(0);
+        let mine = our_counts
+            .get(&(dso.clone(), sym.clone()))
+            .copied()
+            .unwrap_or(0);
         if mine != *n {
             mismatches.push(format!("{dso} {sym}: perf {n} vmscope {mine}"));
         }
     }
-    eprintln!("compared {compared} symbols with perf report; {} mismatches", mismatches.len());
+    eprintln!(
+        "compared {compared} symbols with perf report; {} mismatches",
+        mismatches.len()
+    );
     assert!(compared >= 3, "perf resolved too few symbols: {theirs:?}");
-    assert!(mismatches.is_empty(), "per-symbol counts differ:\n{}", mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "per-symbol counts differ:\n{}",
+        mismatches.join("\n")
+    );
 }
 
 #[test]
@@ -120,8 +156,20 @@ fn call_stacks_reach_the_demo_functions() {
     }
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("g.db");
-    run_ok(vmscope().args(["record", "-F", "999", "-g", "-o"]).arg(&db).arg("--").arg(bin()).args(["demo", "-d", "1"]));
-    let out = run_ok(vmscope().arg("report").arg(&db).args(["--format", "collapsed"]));
+    run_ok(
+        vmscope()
+            .args(["record", "-F", "999", "-g", "-o"])
+            .arg(&db)
+            .arg("--")
+            .arg(bin())
+            .args(["demo", "-d", "1"]),
+    );
+    let out = run_ok(
+        vmscope()
+            .arg("report")
+            .arg(&db)
+            .args(["--format", "collapsed"]),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
-    attribute, AggKey, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile, Record, SampleRecord,
-    ThreadMap,
+    attribute, AggKey, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile, Record,
+    SampleRecord, ThreadMap,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
@@ -127,7 +127,10 @@ impl Converter {
 
     fn resolve(&mut self, domain: &str, frame: &NormalizedFrame) -> Resolved {
         let mut r = self.symbolizer.resolve(domain, frame);
-        if matches!(frame.image, ImageRef::Kernel) && r.symbol.starts_with("0x") && !self.modules.is_empty() {
+        if matches!(frame.image, ImageRef::Kernel)
+            && r.symbol.starts_with("0x")
+            && !self.modules.is_empty()
+        {
             let i = self.modules.partition_point(|m| m.0 <= frame.addr);
             if i > 0 && frame.addr < self.modules[i - 1].1 {
                 r.image = self.modules[i - 1].2.clone();

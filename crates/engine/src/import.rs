@@ -29,7 +29,11 @@ pub struct ImportSummary {
 /// Flush to the session every this many records (bounds memory).
 const FLUSH_EVERY: u64 = 500_000;
 
-pub fn import(perf_data: &Path, output: &Path, opts: ImportOptions) -> Result<ImportSummary, EngineError> {
+pub fn import(
+    perf_data: &Path,
+    output: &Path,
+    opts: ImportOptions,
+) -> Result<ImportSummary, EngineError> {
     let partial = PathBuf::from(format!("{}.partial", output.display()));
     let r = import_into(perf_data, &partial, opts);
     match r {
@@ -56,7 +60,11 @@ pub fn import(perf_data: &Path, output: &Path, opts: ImportOptions) -> Result<Im
     }
 }
 
-fn import_into(perf_data: &Path, out: &Path, opts: ImportOptions) -> Result<ImportSummary, EngineError> {
+fn import_into(
+    perf_data: &Path,
+    out: &Path,
+    opts: ImportOptions,
+) -> Result<ImportSummary, EngineError> {
     let mut writer = SessionWriter::create(out)?;
     let symbolizer = Symbolizer::new(opts.symbolizer.clone());
     let mut conv = Converter::new(symbolizer, opts.threads.clone());
@@ -86,7 +94,10 @@ fn import_into(perf_data: &Path, out: &Path, opts: ImportOptions) -> Result<Impo
     writer.flush(&conv.take_delta())?;
     writer.set_events(&info.events)?;
     let stats = conv.stats().clone();
-    let duration = match (info.first_time.or(stats.first_time), info.last_time.or(stats.last_time)) {
+    let duration = match (
+        info.first_time.or(stats.first_time),
+        info.last_time.or(stats.last_time),
+    ) {
         (Some(a), Some(b)) if b >= a => (b - a) as f64 / 1e9,
         _ => 0.0,
     };

@@ -127,7 +127,10 @@ fn resolve_program(prog: &str) -> Option<PathBuf> {
         .map(|d| d.join(prog))
         .find(|p| {
             std::fs::metadata(p)
-                .map(|m| m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
+                .map(|m| {
+                    m.is_file()
+                        && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+                })
                 .unwrap_or(false)
         })
 }
@@ -311,7 +314,9 @@ pub fn record(
         Target::AllCpus => None,
         Target::Pids(p) => Some(p.clone()),
     };
-    for r in vmscope_linux::synthesize_from_proc(std::path::Path::new("/proc"), pids_filter.as_deref()) {
+    for r in
+        vmscope_linux::synthesize_from_proc(std::path::Path::new("/proc"), pids_filter.as_deref())
+    {
         conv.push(r);
     }
     conv.set_origin(vmscope_linux::clock_monotonic_ns());
