@@ -6,7 +6,9 @@
 //! both feed it, so tests on recorded files exercise the live code path.
 
 mod convert;
+#[cfg(feature = "store")]
 pub mod import;
+#[cfg(feature = "store")]
 pub mod record;
 
 pub use convert::{Converter, ConverterStats};
@@ -17,8 +19,10 @@ use std::path::PathBuf;
 pub enum EngineError {
     #[error(transparent)]
     Linux(#[from] vmscope_linux::LinuxError),
+    #[cfg(feature = "store")]
     #[error(transparent)]
     Store(#[from] vmscope_store::StoreError),
+    #[cfg(feature = "store")]
     #[error(transparent)]
     PerfData(#[from] vmscope_perfdata::PerfDataError),
     #[error(transparent)]
