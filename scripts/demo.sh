@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
 # Set-up, then the main job: boot the default lab (labs/one-vm.toml), profile
-# the host and the VM for a few seconds while the demo workload runs in the
-# guest, print the report, tear the lab down.
+# the host and the VM for a few seconds while the known-answer demo workload
+# runs in the guest, print the report, tear the lab down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export VMSCOPE_AGENT="$PWD/target/x86_64-unknown-linux-gnu/release/vmscope-agent"
-V=target/release/vmscope
+V=$PWD/target/release/vmscope
 OUT=${OUT:-vmscope.db}
-SECONDS_TO_RECORD=${SECONDS_TO_RECORD:-5}
+SECS=${SECS:-5}
 
-if $V lab --help >/dev/null 2>&1 && $V lab up labs/one-vm.toml; then
-  trap '$V lab down one-vm >/dev/null 2>&1 || true' EXIT
-  # The guest runs the demo workload while the host records every CPU.
-  $V lab exec one-vm -- /bin/vmscope-agent demo -d $((SECONDS_TO_RECORD + 2)) >/dev/null &
-  sleep 1
-  $V record -a -g -d "$SECONDS_TO_RECORD" -o "$OUT"
-  wait || true
-  $V report "$OUT" --by domain,context
-  $V report "$OUT" --limit 25
-  $V lab down one-vm
-  trap - EXIT
-else
-  echo "demo: the lab could not start; profiling the host under the built-in demo workload instead" >&2
-  $V record -a -g -d "$SECONDS_TO_RECORD" -o "$OUT" -- $V demo -d "$SECONDS_TO_RECORD"
-  $V report "$OUT" --by context
-  $V report "$OUT" --limit 25
-fi
+echo "== vmscope lab up labs/one-vm.toml"
+$V lab up labs/one-vm.toml
+trap '$V lab down one-vm >/dev/null 2>&1 || true' EXIT
+# The guest runs the 50/30/20 demo workload while the host records every CPU.
+$V lab exec vm0 -- /usr/bin/vmscope-agent demo -t 2 -d $((SECS + 3)) >/dev/null &
+sleep 1
+echo "== vmscope record -a -g -d $SECS -o $OUT"
+$V record -a -g -d "$SECS" -o "$OUT"
+wait || true
+echo "== vmscope report $OUT --by domain,context"
+$V report "$OUT" --by domain,context
+echo "== vmscope report $OUT --limit 20"
+$V report "$OUT" --limit 20
+echo "== vmscope lab down one-vm"
+$V lab down one-vm
+trap - EXIT
