@@ -433,6 +433,13 @@ impl Server {
                     }
                 }
             }
+            Request::ProfileStart { .. }
+            | Request::ProfilePoll {}
+            | Request::ProfileStop {}
+            | Request::GetKallsyms { .. } => Response::Error {
+                kind: ErrorKind::Unsupported,
+                message: "profiling is not implemented in this agent build yet".into(),
+            },
             Request::Unknown { type_name } => Response::Error {
                 kind: ErrorKind::Unsupported,
                 message: format!(

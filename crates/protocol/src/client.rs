@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::ProtocolError;
 use crate::message::{
-    encode_request, AgentHello, Decoder, Request, Response, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    encode_request, AgentHello, Decoder, ProfileRow, Request, Response, DEFAULT_PROFILE_EVENT,
+    DEFAULT_PROFILE_FREQUENCY, MAX_KALLSYMS_TOTAL, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
     PUT_CHUNK,
 };
 
@@ -65,6 +66,70 @@ pub struct ExecOutput {
     pub truncated: bool,
     /// The agent killed the program at the timeout.
     pub timed_out: bool,
+}
+
+/// What [`AgentClient::profile_start`] asks the agent to sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileConfig {
+    /// Event names as the host's `-e` takes them (`cpu-clock`, `cycles:100000`).
+    pub events: Vec<String>,
+    /// Samples per second per CPU for events given without a period.
+    pub frequency: u64,
+    /// Record call stacks.
+    pub callchain: bool,
+}
+
+impl Default for ProfileConfig {
+    /// `cpu-clock` at 1000 Hz, no call chains.
+    fn default() -> ProfileConfig {
+        ProfileConfig {
+            events: vec![DEFAULT_PROFILE_EVENT.to_string()],
+            frequency: DEFAULT_PROFILE_FREQUENCY,
+            callchain: false,
+        }
+    }
+}
+
+/// The agent's `profile_ready`: sampling is armed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileReadyInfo {
+    /// CPUs sampled in the guest.
+    pub cpus: u32,
+    /// The session's events; [`ProfileRow::event`] indexes this list.
+    pub events: Vec<String>,
+    /// Guest `CLOCK_MONOTONIC` when sampling was enabled, in ns.
+    pub t_ns: u64,
+}
+
+/// Samples of one or more `profile_data` messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileDelta {
+    /// Sequence number of the (last) message.
+    pub seq: u64,
+    /// Aggregated rows.
+    pub rows: Vec<ProfileRow>,
+    /// Samples taken in the guest over the delta.
+    pub samples: u64,
+    /// Samples lost in the guest over the delta.
+    pub lost: u64,
+    /// Guest `CLOCK_MONOTONIC` when the (last) delta was cut, in ns.
+    pub t_ns: u64,
+    /// Rows remain in the agent: poll again.
+    pub more: bool,
+    /// The session is over and everything has been received.
+    pub last: bool,
+}
+
+impl ProfileDelta {
+    fn absorb(&mut self, other: ProfileDelta) {
+        self.seq = other.seq;
+        self.rows.extend(other.rows);
+        self.samples += other.samples;
+        self.lost += other.lost;
+        self.t_ns = other.t_ns;
+        self.more = other.more;
+        self.last = other.last;
+    }
 }
 
 /// A random 64-bit value from the standard library's per-process hash keys,
@@ -266,6 +331,121 @@ impl<T: Transport> AgentClient<T> {
         }
     }
 
+    /// Arms sampling in the guest. Fails with [`ProtocolError::Remote`]:
+    /// `unsupported` (an agent older than protocol 2), `unsupported_event`
+    /// (the message names the event and the events that work), `busy` (a
+    /// session already runs), `denied` or `io`.
+    pub fn profile_start(
+        &mut self,
+        config: &ProfileConfig,
+        timeout: Duration,
+    ) -> Result<ProfileReadyInfo, ProtocolError> {
+        let req = Request::ProfileStart {
+            events: config.events.clone(),
+            frequency: config.frequency,
+            callchain: config.callchain,
+        };
+        match self.request(&req, timeout)? {
+            Response::ProfileReady { cpus, events, t_ns } => {
+                Ok(ProfileReadyInfo { cpus, events, t_ns })
+            }
+            other => Err(unexpected("profile_ready", &other)),
+        }
+    }
+
+    /// What the guest sampled since the previous poll (one message: when
+    /// `more` is set, rows are still waiting and another poll fetches them).
+    pub fn profile_poll(&mut self, timeout: Duration) -> Result<ProfileDelta, ProtocolError> {
+        self.profile_data(&Request::ProfilePoll {}, timeout)
+    }
+
+    /// Stops sampling and returns everything not yet polled, polling again
+    /// while the agent has more rows. `timeout` bounds the whole exchange.
+    pub fn profile_stop(&mut self, timeout: Duration) -> Result<ProfileDelta, ProtocolError> {
+        let deadline = Instant::now() + timeout;
+        let mut all = self.profile_data(&Request::ProfileStop {}, timeout)?;
+        while !all.last {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = self.profile_data(&Request::ProfilePoll {}, left)?;
+            if !next.last && !next.more && next.rows.is_empty() {
+                return Err(ProtocolError::malformed(
+                    "agent neither finished the stopped session nor sent more rows",
+                ));
+            }
+            all.absorb(next);
+        }
+        Ok(all)
+    }
+
+    fn profile_data(
+        &mut self,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<ProfileDelta, ProtocolError> {
+        match self.request(req, timeout)? {
+            Response::ProfileData {
+                seq,
+                rows,
+                samples,
+                lost,
+                t_ns,
+                more,
+                last,
+            } => Ok(ProfileDelta {
+                seq,
+                rows,
+                samples,
+                lost,
+                t_ns,
+                more,
+                last,
+            }),
+            other => Err(unexpected("profile_data", &other)),
+        }
+    }
+
+    /// The guest's `/proc/kallsyms` text and `/proc/modules` names, fetched
+    /// in slices; `timeout` bounds the whole transfer. Works whether or not
+    /// the agent samples.
+    pub fn kallsyms(&mut self, timeout: Duration) -> Result<(String, Vec<String>), ProtocolError> {
+        let deadline = Instant::now() + timeout;
+        let mut text = String::new();
+        let mut modules = Vec::new();
+        let mut total = None;
+        loop {
+            let offset = text.len() as u64;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.request(&Request::GetKallsyms { offset }, left)? {
+                Response::Kallsyms {
+                    offset: got,
+                    total: t,
+                    text: slice,
+                    modules: m,
+                } => {
+                    if got != offset || *total.get_or_insert(t) != t || t > MAX_KALLSYMS_TOTAL {
+                        return Err(ProtocolError::malformed(format!(
+                            "kallsyms slice at {got} of {t} bytes, expected offset {offset} of {}",
+                            total.unwrap_or(t)
+                        )));
+                    }
+                    if offset == 0 {
+                        modules = m;
+                    }
+                    if slice.is_empty() && offset < t {
+                        return Err(ProtocolError::malformed(format!(
+                            "empty kallsyms slice at {offset} of {t} bytes"
+                        )));
+                    }
+                    text.push_str(&slice);
+                    if text.len() as u64 >= t {
+                        return Ok((text, modules));
+                    }
+                }
+                other => return Err(unexpected("kallsyms", &other)),
+            }
+        }
+    }
+
     /// Sends any request and waits up to `timeout` for its answer. An error
     /// response becomes [`ProtocolError::Remote`]. This is the entry point
     /// for message types added later.
@@ -390,6 +570,9 @@ fn unexpected(wanted: &str, got: &Response) -> ProtocolError {
         Response::ExecResult { .. } => "exec_result",
         Response::PutFileDone { .. } => "put_file_done",
         Response::Error { .. } => "error",
+        Response::ProfileReady { .. } => "profile_ready",
+        Response::ProfileData { .. } => "profile_data",
+        Response::Kallsyms { .. } => "kallsyms",
         Response::Unknown { type_name } => type_name.as_str(),
     };
     ProtocolError::malformed(format!("expected {wanted}, agent answered {name}"))

@@ -18,13 +18,20 @@ pub mod frame;
 mod fuzz;
 pub mod message;
 
-pub use client::{random_u64, AgentClient, ExecOutput, Transport, EXEC_GRACE, HELLO_RETRY};
+pub use client::{
+    random_u64, AgentClient, ExecOutput, ProfileConfig, ProfileDelta, ProfileReadyInfo, Transport,
+    EXEC_GRACE, HELLO_RETRY,
+};
 pub use error::ProtocolError;
 pub use frame::{crc32, encode_frame, FrameDecoder, RawFrame, HEADER_LEN, MAGIC, MAX_FRAME};
 pub use fuzz::fuzz_decode;
 pub use message::{
-    capability, encode_request, encode_response, AgentHello, Decoder, Envelope, ErrorKind, Message,
-    Request, Response, MAX_ARGV, MAX_ARGV_BYTES, MAX_CAPABILITIES, MAX_ERROR_MESSAGE,
-    MAX_EXEC_OUTPUT, MAX_EXEC_STDIN, MAX_EXEC_TIMEOUT_MS, MAX_PUT_CHUNK, MAX_STRING, MAX_TYPE_NAME,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, PUT_CHUNK,
+    capability, encode_request, encode_response, row_context, AgentHello, Decoder, Envelope,
+    ErrorKind, Message, ProfileRow, Request, Response, DEFAULT_PROFILE_EVENT,
+    DEFAULT_PROFILE_FREQUENCY, KALLSYMS_CHUNK, MAX_ARGV, MAX_ARGV_BYTES, MAX_CAPABILITIES,
+    MAX_ERROR_MESSAGE, MAX_EVENT_NAME, MAX_EXEC_OUTPUT, MAX_EXEC_STDIN, MAX_EXEC_TIMEOUT_MS,
+    MAX_IMAGE, MAX_KALLSYMS_CHUNK, MAX_KALLSYMS_TOTAL, MAX_MODULES, MAX_MODULE_NAME,
+    MAX_PROCESS_NAME, MAX_PROFILE_EVENTS, MAX_PROFILE_FREQUENCY, MAX_PROFILE_ROWS, MAX_PUT_CHUNK,
+    MAX_STACK, MAX_STRING, MAX_SYMBOL, MAX_TYPE_NAME, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    PUT_CHUNK,
 };

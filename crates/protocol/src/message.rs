@@ -15,7 +15,7 @@ use crate::frame::{encode_frame, FrameDecoder, ENCODING_JSON};
 
 /// Version of the message set this crate speaks. Raised when messages or
 /// fields are added; older peers keep working (see docs/protocol.md).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Oldest peer version this crate can talk to.
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 
@@ -41,6 +41,46 @@ pub const MAX_PUT_CHUNK: usize = 1 << 20;
 pub const PUT_CHUNK: usize = 256 * 1024;
 /// Most capability strings in a hello.
 pub const MAX_CAPABILITIES: usize = 64;
+/// Most events in a profiling session.
+pub const MAX_PROFILE_EVENTS: usize = 16;
+/// Longest event name (`cpu-clock`, `cycles:100000`, `r01c2`), in bytes.
+pub const MAX_EVENT_NAME: usize = 64;
+/// Highest sampling frequency a `profile_start` may ask for, in Hz.
+pub const MAX_PROFILE_FREQUENCY: u64 = 100_000;
+/// Default sampling frequency of `profile_start`, in Hz.
+pub const DEFAULT_PROFILE_FREQUENCY: u64 = 1000;
+/// Default event of `profile_start`.
+pub const DEFAULT_PROFILE_EVENT: &str = "cpu-clock";
+/// Most rows in one `profile_data` message; more wait for the next poll.
+pub const MAX_PROFILE_ROWS: usize = 50_000;
+/// Longest process (thread) name in a profile row, in bytes.
+pub const MAX_PROCESS_NAME: usize = 256;
+/// Longest image path in a profile row, in bytes.
+pub const MAX_IMAGE: usize = MAX_STRING;
+/// Longest symbol in a profile row, in bytes.
+pub const MAX_SYMBOL: usize = MAX_STRING;
+/// Longest collapsed call stack in a profile row, in bytes.
+pub const MAX_STACK: usize = 64 * 1024;
+/// Largest slice of kallsyms text in one `kallsyms` message, in bytes.
+pub const MAX_KALLSYMS_CHUNK: usize = 8 << 20;
+/// Slice of kallsyms text the agent sends per message, in bytes.
+pub const KALLSYMS_CHUNK: usize = 4 << 20;
+/// Largest kallsyms text in total, in bytes.
+pub const MAX_KALLSYMS_TOTAL: u64 = 64 << 20;
+/// Most module names in a `kallsyms` message.
+pub const MAX_MODULES: usize = 8192;
+/// Longest module name, in bytes (the kernel's own limit is 56).
+pub const MAX_MODULE_NAME: usize = 256;
+
+/// Contexts a profile row may carry: where in the guest the sample was.
+pub mod row_context {
+    /// User code in the guest.
+    pub const GUEST_USER: &str = "guest-user";
+    /// Kernel code in the guest (the idle loop included).
+    pub const GUEST_KERNEL: &str = "guest-kernel";
+    /// Every accepted value.
+    pub const ALL: [&str; 2] = [GUEST_USER, GUEST_KERNEL];
+}
 
 /// Capability names an agent may list in its hello.
 pub mod capability {
@@ -50,6 +90,65 @@ pub mod capability {
     pub const EXEC: &str = "exec";
     /// Accepts `put_file` (with `--allow-exec` or `--allow-write`).
     pub const PUT_FILE: &str = "put_file";
+    /// Samples inside the guest: `profile_start`, `profile_poll`, `profile_stop` (protocol 2).
+    pub const PROFILE: &str = "profile";
+    /// Sends the guest's kernel symbols and modules: `get_kallsyms` (protocol 2).
+    pub const KALLSYMS: &str = "kallsyms";
+}
+
+fn default_profile_events() -> Vec<String> {
+    vec![DEFAULT_PROFILE_EVENT.to_string()]
+}
+
+fn default_profile_frequency() -> u64 {
+    DEFAULT_PROFILE_FREQUENCY
+}
+
+/// One aggregated row of a guest profile: samples with the same event,
+/// context, process, image, symbol and stack since the previous delta.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProfileRow {
+    /// Index into the session's event list (as in `profile_ready`).
+    pub event: u32,
+    /// `guest-user` or `guest-kernel` (see [`row_context`]).
+    pub context: String,
+    /// Thread (else process) name in the guest.
+    pub process: String,
+    /// Image: a file path in the guest, `[kernel.kallsyms]`, a `[module]`, `[anon]`, `[unknown]`.
+    pub image: String,
+    /// Function name, or a hex address when unresolved.
+    pub symbol: String,
+    /// Collapsed call stack, root first, frames joined by `;`; empty without call chains.
+    #[serde(default)]
+    pub stack: String,
+    /// Samples.
+    pub samples: u64,
+    /// Sum of the samples' periods (ns for clock events).
+    pub period: u64,
+}
+
+impl ProfileRow {
+    /// Checks the row against the protocol's limits.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.event as usize >= MAX_PROFILE_EVENTS {
+            return Err(format!(
+                "row event {} outside 0..{MAX_PROFILE_EVENTS}",
+                self.event
+            ));
+        }
+        if !row_context::ALL.contains(&self.context.as_str()) {
+            return Err(format!(
+                "row context `{}` is not one of {}",
+                cut_type_name(&self.context),
+                row_context::ALL.join(", ")
+            ));
+        }
+        check_str("row process", &self.process, MAX_PROCESS_NAME)?;
+        check_str("row image", &self.image, MAX_IMAGE)?;
+        check_str("row symbol", &self.symbol, MAX_SYMBOL)?;
+        check_str("row stack", &self.stack, MAX_STACK)?;
+        Ok(())
+    }
 }
 
 /// A message with its envelope fields.
@@ -106,6 +205,29 @@ pub enum Request {
         data: Vec<u8>,
         /// The final chunk: the file is moved into place and gets its mode.
         last: bool,
+    },
+    /// Arm sampling inside the guest (protocol 2); answered `profile_ready`.
+    ProfileStart {
+        /// Event names as the host's `-e` takes them (`cpu-clock`, `cycles:100000`).
+        #[serde(default = "default_profile_events")]
+        events: Vec<String>,
+        /// Samples per second per CPU for events given without a period.
+        #[serde(default = "default_profile_frequency")]
+        frequency: u64,
+        /// Record call stacks.
+        #[serde(default)]
+        callchain: bool,
+    },
+    /// What the session sampled since the previous poll; answered `profile_data`.
+    ProfilePoll {},
+    /// End the session; answered by the final `profile_data`.
+    ProfileStop {},
+    /// A slice of the guest's `/proc/kallsyms` and its module list; answered `kallsyms`.
+    GetKallsyms {
+        /// Byte offset into the text: 0 takes a new snapshot, later slices
+        /// continue it where the previous answer ended.
+        #[serde(default)]
+        offset: u64,
     },
     /// A request type this build does not know (decoded only, or sent by tests).
     #[serde(skip)]
@@ -170,6 +292,47 @@ pub enum Response {
         /// Bytes of the file written so far (offset + chunk length).
         bytes: u64,
     },
+    /// Answer to [`Request::ProfileStart`]: sampling is armed.
+    ProfileReady {
+        /// CPUs sampled.
+        cpus: u32,
+        /// The session's events; [`ProfileRow::event`] indexes this list.
+        events: Vec<String>,
+        /// Guest `CLOCK_MONOTONIC` when sampling was enabled, in ns.
+        t_ns: u64,
+    },
+    /// Answer to [`Request::ProfilePoll`] and [`Request::ProfileStop`].
+    ProfileData {
+        /// 1 for the first delta of a session, then +1 per message.
+        seq: u64,
+        /// Aggregated rows (at most [`MAX_PROFILE_ROWS`]).
+        rows: Vec<ProfileRow>,
+        /// Samples taken since the previous `profile_data`.
+        samples: u64,
+        /// Samples lost since the previous `profile_data` (ring overflow in
+        /// the guest, rows the agent could not keep).
+        lost: u64,
+        /// Guest `CLOCK_MONOTONIC` when the delta was cut, in ns.
+        t_ns: u64,
+        /// Rows remain that did not fit: poll again.
+        #[serde(default)]
+        more: bool,
+        /// The session is over and everything has been sent.
+        #[serde(default)]
+        last: bool,
+    },
+    /// Answer to [`Request::GetKallsyms`].
+    Kallsyms {
+        /// Byte offset of `text` in the snapshot.
+        offset: u64,
+        /// Length of the whole snapshot, in bytes.
+        total: u64,
+        /// A slice of `/proc/kallsyms`, ending at a line end.
+        text: String,
+        /// Names from `/proc/modules` (sent with offset 0, empty afterwards).
+        #[serde(default)]
+        modules: Vec<String>,
+    },
     /// The request failed or is not allowed or not known.
     Error {
         /// Category.
@@ -199,8 +362,13 @@ pub enum ErrorKind {
     TooLarge,
     /// An operating-system error in the guest (spawn, open, write).
     Io,
-    /// Too many requests of this kind are in flight.
+    /// Too many requests of this kind are in flight, or a session already runs.
     Busy,
+    /// A sampling event cannot be opened in the guest (no PMU); the message
+    /// names the event and the events that work.
+    UnsupportedEvent,
+    /// A profiling request while no session runs.
+    NotRunning,
     /// Anything else, including categories added by newer versions.
     #[serde(other)]
     Other,
@@ -215,6 +383,8 @@ impl std::fmt::Display for ErrorKind {
             ErrorKind::TooLarge => "too_large",
             ErrorKind::Io => "io",
             ErrorKind::Busy => "busy",
+            ErrorKind::UnsupportedEvent => "unsupported_event",
+            ErrorKind::NotRunning => "not_running",
             ErrorKind::Other => "other",
         })
     }
@@ -246,8 +416,36 @@ fn check_no_nul(field: &str, s: &str) -> Result<(), String> {
     Ok(())
 }
 
+fn check_events(events: &[String]) -> Result<(), String> {
+    if events.is_empty() {
+        return Err("no event".into());
+    }
+    if events.len() > MAX_PROFILE_EVENTS {
+        return Err(format!(
+            "{} events, limit {MAX_PROFILE_EVENTS}",
+            events.len()
+        ));
+    }
+    for e in events {
+        check_str("event", e, MAX_EVENT_NAME)?;
+        if e.is_empty() {
+            return Err("empty event name".into());
+        }
+    }
+    Ok(())
+}
+
 impl Message for Request {
-    const KNOWN_TYPES: &'static [&'static str] = &["hello", "ping", "exec", "put_file"];
+    const KNOWN_TYPES: &'static [&'static str] = &[
+        "hello",
+        "ping",
+        "exec",
+        "put_file",
+        "profile_start",
+        "profile_poll",
+        "profile_stop",
+        "get_kallsyms",
+    ];
 
     fn unknown(type_name: String) -> Self {
         Request::Unknown { type_name }
@@ -265,7 +463,27 @@ impl Message for Request {
             Request::Hello { host_version, .. } => {
                 check_str("host_version", host_version, MAX_STRING)
             }
-            Request::Ping { .. } | Request::Unknown { .. } => Ok(()),
+            Request::Ping { .. }
+            | Request::Unknown { .. }
+            | Request::ProfilePoll {}
+            | Request::ProfileStop {} => Ok(()),
+            Request::ProfileStart {
+                events, frequency, ..
+            } => {
+                check_events(events)?;
+                if *frequency == 0 || *frequency > MAX_PROFILE_FREQUENCY {
+                    return Err(format!(
+                        "frequency {frequency} outside 1..={MAX_PROFILE_FREQUENCY}"
+                    ));
+                }
+                Ok(())
+            }
+            Request::GetKallsyms { offset } => {
+                if *offset > MAX_KALLSYMS_TOTAL {
+                    return Err(format!("offset {offset} beyond {MAX_KALLSYMS_TOTAL}"));
+                }
+                Ok(())
+            }
             Request::Exec {
                 argv,
                 stdin,
@@ -336,8 +554,16 @@ impl Message for Request {
 }
 
 impl Message for Response {
-    const KNOWN_TYPES: &'static [&'static str] =
-        &["hello", "pong", "exec_result", "put_file_done", "error"];
+    const KNOWN_TYPES: &'static [&'static str] = &[
+        "hello",
+        "pong",
+        "exec_result",
+        "put_file_done",
+        "error",
+        "profile_ready",
+        "profile_data",
+        "kallsyms",
+    ];
 
     fn unknown(type_name: String) -> Self {
         Response::Unknown { type_name }
@@ -382,6 +608,50 @@ impl Message for Response {
                 Ok(())
             }
             Response::Error { message, .. } => check_str("message", message, MAX_ERROR_MESSAGE),
+            Response::ProfileReady { events, .. } => check_events(events),
+            Response::ProfileData { rows, .. } => {
+                if rows.len() > MAX_PROFILE_ROWS {
+                    return Err(format!("{} rows, limit {MAX_PROFILE_ROWS}", rows.len()));
+                }
+                for (i, r) in rows.iter().enumerate() {
+                    r.validate().map_err(|e| format!("row {i}: {e}"))?;
+                }
+                Ok(())
+            }
+            Response::Kallsyms {
+                offset,
+                total,
+                text,
+                modules,
+            } => {
+                if text.len() > MAX_KALLSYMS_CHUNK {
+                    return Err(format!(
+                        "kallsyms slice is {} bytes, limit {MAX_KALLSYMS_CHUNK}",
+                        text.len()
+                    ));
+                }
+                if *total > MAX_KALLSYMS_TOTAL {
+                    return Err(format!(
+                        "kallsyms total {total} bytes, limit {MAX_KALLSYMS_TOTAL}"
+                    ));
+                }
+                match offset.checked_add(text.len() as u64) {
+                    Some(end) if end <= *total => {}
+                    _ => {
+                        return Err(format!(
+                            "kallsyms slice {offset}+{} runs past total {total}",
+                            text.len()
+                        ))
+                    }
+                }
+                if modules.len() > MAX_MODULES {
+                    return Err(format!("{} modules, limit {MAX_MODULES}", modules.len()));
+                }
+                for m in modules {
+                    check_str("module", m, MAX_MODULE_NAME)?;
+                }
+                Ok(())
+            }
         }
     }
 }

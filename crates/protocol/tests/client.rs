@@ -62,7 +62,7 @@ fn serve(mut s: UnixStream, deaf: usize) -> Vec<Request> {
                         bytes: file.len() as u64,
                     })
                 }
-                Request::Unknown { .. } => Some(Response::Error {
+                _ => Some(Response::Error {
                     kind: ErrorKind::Unsupported,
                     message: "unknown".into(),
                 }),

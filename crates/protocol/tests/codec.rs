@@ -35,8 +35,17 @@ fn all_requests() -> Vec<Request> {
             last: false,
         },
         Request::Unknown {
-            type_name: "profile_start".into(),
+            type_name: "stats".into(),
         },
+        Request::ProfileStart {
+            events: vec!["cpu-clock".into(), "cycles:100000".into()],
+            frequency: 997,
+            callchain: true,
+        },
+        Request::ProfilePoll {},
+        Request::ProfileStop {},
+        Request::GetKallsyms { offset: 0 },
+        Request::GetKallsyms { offset: 4 << 20 },
     ]
 }
 
@@ -71,6 +80,35 @@ fn all_responses() -> Vec<Response> {
         },
         Response::Unknown {
             type_name: "histogram".into(),
+        },
+        Response::ProfileReady {
+            cpus: 2,
+            events: vec!["cpu-clock".into()],
+            t_ns: 123_456_789,
+        },
+        Response::ProfileData {
+            seq: 1,
+            rows: vec![ProfileRow {
+                event: 0,
+                context: "guest-user".into(),
+                process: "vmscope-agent".into(),
+                image: "/usr/bin/vmscope-agent".into(),
+                symbol: "vmscope_demo_alpha".into(),
+                stack: "main;worker;vmscope_demo_alpha".into(),
+                samples: 10,
+                period: 10_000_000,
+            }],
+            samples: 12,
+            lost: 1,
+            t_ns: 5,
+            more: true,
+            last: false,
+        },
+        Response::Kallsyms {
+            offset: 0,
+            total: 40,
+            text: "ffffffff81000000 T _stext\n".into(),
+            modules: vec!["virtio_console".into()],
         },
     ]
 }
@@ -250,14 +288,14 @@ fn raw_json(body: &str) -> Vec<u8> {
 fn unknown_types_and_fields_are_tolerated() {
     let mut d = Decoder::new();
     d.push(&raw_json(
-        r#"{"v":9,"id":3,"type":"profile_start","events":["cycles"],"nested":{"a":[1,2]}}"#,
+        r#"{"v":9,"id":3,"type":"stats","events":["cycles"],"nested":{"a":[1,2]}}"#,
     ));
     let env = d.next_request().unwrap().unwrap();
     assert_eq!(env.v, 9);
     assert_eq!(
         env.msg,
         Request::Unknown {
-            type_name: "profile_start".into()
+            type_name: "stats".into()
         }
     );
     d.push(&raw_json(
@@ -359,7 +397,7 @@ fn limits_are_enforced_on_encode_and_decode() {
 #[test]
 fn wire_format_is_stable() {
     let frame = encode_request(1, &Request::Ping { seq: 2 }).unwrap();
-    let body = br#"{"id":1,"seq":2,"type":"ping","v":1}"#;
+    let body = br#"{"id":1,"seq":2,"type":"ping","v":2}"#;
     assert_eq!(&frame[..4], b"VMS1");
     assert_eq!(&frame[4..8], &(body.len() as u32).to_le_bytes());
     assert_eq!(&frame[8..12], &[1, 0, 0, 0]);
