@@ -16,6 +16,7 @@ PKGS=(
   sysstat             # pidstat, the peer for stat
   fio iperf3 httperf  # benchmark peers
   sqlite3             # sessions are readable with the sqlite3 CLI
+  time                # GNU time: wall, CPU and peak RSS for bench/vs-perf
   util-linux          # losetup, setpriv
   procps              # pkill
 )
