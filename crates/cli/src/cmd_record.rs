@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vmscope_engine::record::{record, RecordOptions, Scope};
-use vmscope_model::{EventSpec, SampleRate, DEFAULT_FREQUENCY};
+use vmscope_model::{EventSpec, Role, SampleRate, DEFAULT_FREQUENCY};
 use vmscope_symbols::SymbolizerOptions;
 
 #[derive(Args, Debug)]
@@ -49,6 +49,21 @@ pub struct RecordArgs {
     /// Ring buffer size per CPU in pages (power of two).
     #[arg(short = 'm', long = "mmap-pages", default_value_t = 0)]
     pub mmap_pages: usize,
+    /// Role of a VM in the session, NAME=active|passive|unmonitored (repeatable).
+    /// Default: active where its agent answers, passive elsewhere.
+    #[arg(long = "vm", value_name = "NAME=ROLE")]
+    pub vm_roles: Vec<String>,
+    /// Guest kernel symbols for a passive VM's guest-kernel samples (KVM
+    /// hosts), NAME=PATH to a copy of the guest's /proc/kallsyms (repeatable).
+    #[arg(long = "guest-kallsyms", value_name = "NAME=PATH")]
+    pub guest_kallsyms: Vec<String>,
+    /// Seconds each active VM's agent has to become ready before the VM
+    /// continues as passive.
+    #[arg(long, default_value_t = 15.0)]
+    pub barrier_timeout: f64,
+    /// Fail instead of continuing when an active VM's agent is not ready in time.
+    #[arg(long)]
+    pub strict: bool,
     /// Command to run and profile (recording ends when it exits).
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -95,7 +110,105 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let (threads, vms, meta) = crate::vmmap::current();
+    let (threads, vms, mut meta, found) = crate::vmmap::current_with_vms();
+    let mut roles: std::collections::HashMap<String, Role> = std::collections::HashMap::new();
+    for r in &args.vm_roles {
+        let (name, role) = r
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
+        let role = match Role::parse(role) {
+            Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
+            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
+        };
+        if !found.iter().any(|v| v.name == name) {
+            anyhow::bail!(
+                "--vm {r}: no VM named '{name}' on this host (found: {})",
+                if found.is_empty() {
+                    "none".to_string()
+                } else {
+                    found
+                        .iter()
+                        .map(|v| v.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            );
+        }
+        roles.insert(name.to_string(), role);
+    }
+    let mut guest_syms: Vec<(String, vmscope_symbols::Kallsyms)> = Vec::new();
+    for g in &args.guest_kallsyms {
+        let (name, path) = g
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--guest-kallsyms {g}: expected NAME=PATH"))?;
+        let k = vmscope_symbols::Kallsyms::from_path(std::path::Path::new(path))?;
+        guest_syms.push((name.to_string(), k));
+    }
+    if !(args.barrier_timeout > 0.0 && args.barrier_timeout.is_finite()) {
+        anyhow::bail!("--barrier-timeout must be a positive number of seconds");
+    }
+    // Agents: active where one answers (or where asked), passive elsewhere.
+    let mut guests: Vec<Box<dyn vmscope_engine::guest::GuestProfiler>> = Vec::new();
+    let mut unmonitored = Vec::new();
+    let mut vms = vms;
+    for vm in &found {
+        let wanted = roles.get(&vm.name).copied();
+        if wanted == Some(Role::Unmonitored) {
+            unmonitored.push(vm.name.clone());
+            if let Some(d) = vms.iter_mut().find(|(d, _)| d.name == vm.name) {
+                d.0.role = Role::Unmonitored;
+            }
+            continue;
+        }
+        if wanted == Some(Role::Passive) {
+            // A passive VM's guest-mode samples (KVM) resolve with its own
+            // kernel symbols: from its agent when one answers (no sampling).
+            let has_file = guest_syms.iter().any(|(n, _)| n == &vm.name);
+            if vm.accel == vmscope_discover::Accel::Kvm && !has_file {
+                if let Some(sock) = crate::agents::agent_socket(&vm.cmdline) {
+                    let fetched = crate::agents::AgentProfiler::connect(
+                        &vm.name,
+                        &sock,
+                        Duration::from_secs(3),
+                    )
+                    .and_then(|mut a| a.kallsyms(Duration::from_secs(30)));
+                    match fetched.map(|t| vmscope_symbols::Kallsyms::parse(&t)) {
+                        Ok(Ok(k)) => guest_syms.push((vm.name.clone(), k)),
+                        Ok(Err(e)) => {
+                            eprintln!("vmscope: VM {}: its kallsyms do not parse: {e}", vm.name)
+                        }
+                        Err(e) => {
+                            eprintln!("vmscope: VM {}: no kallsyms from its agent: {e}", vm.name)
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        let Some(sock) = crate::agents::agent_socket(&vm.cmdline) else {
+            if wanted == Some(Role::Active) {
+                anyhow::bail!(
+                    "--vm {}=active: this VM has no '{}' channel on its QEMU command line",
+                    vm.name,
+                    crate::agents::AGENT_PORT
+                );
+            }
+            continue;
+        };
+        match crate::agents::AgentProfiler::connect(&vm.name, &sock, Duration::from_secs(3)) {
+            Ok(a) => guests.push(Box::new(a)),
+            Err(e) if wanted == Some(Role::Active) || args.strict => {
+                anyhow::bail!("VM {}: its agent does not answer: {e}", vm.name)
+            }
+            Err(e) => {
+                eprintln!(
+                    "vmscope: VM {}: no agent answered ({e}); profiling it as passive",
+                    vm.name
+                );
+                meta.push((format!("agent_{}", vm.name), format!("passive: {e}")));
+            }
+        }
+    }
     let opts = RecordOptions {
         events: events.clone(),
         scope,
@@ -114,6 +227,10 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         ring_pages: args.mmap_pages,
         flush_interval: Duration::from_millis(500),
         meta,
+        guests,
+        barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
+        unmonitored,
+        guest_kallsyms: guest_syms,
     };
     let rates: Vec<String> = events
         .iter()
@@ -135,6 +252,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     let summary = record(opts, &STOP, &mut progress)
         .with_context(|| format!("recording into {}", args.output.display()))?;
     bar.finish_and_clear();
+    for n in &summary.notes {
+        eprintln!("vmscope: {n}");
+    }
+    if args.strict && !summary.notes.is_empty() {
+        anyhow::bail!("--strict: not every VM took part as asked (see above)");
+    }
     eprintln!(
         "[ vmscope record: {} samples ({} lost) in {:.2} s written to {} ]",
         summary.samples,

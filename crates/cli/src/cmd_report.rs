@@ -39,6 +39,11 @@ pub struct ReportArgs {
     /// Only this context (e.g. guest-kernel).
     #[arg(long)]
     pub context: Option<String>,
+    /// Which measurements: merged (default: active VMs' agent profiles scaled
+    /// to the guest time the host measured), host (the host's rings only) or
+    /// agent (what agents measured inside guests, unscaled).
+    #[arg(long, default_value = "merged")]
+    pub view: String,
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
@@ -71,6 +76,12 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         min_percent: args.min_percent,
         full_paths: args.full_paths,
         filter,
+        view: match args.view.as_str() {
+            "merged" => vmscope_store::View::Merged,
+            "host" => vmscope_store::View::Host,
+            "agent" => vmscope_store::View::Agent,
+            v => anyhow::bail!("unknown view '{v}'; views: merged, host, agent"),
+        },
     };
     let report = build(&session, &opts, format == Format::Collapsed)?;
     let stdout = std::io::stdout();

@@ -2,6 +2,7 @@
 //! arguments into a library options struct and calls one library function.
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
+mod agents;
 mod cmd_demo;
 mod cmd_import;
 mod cmd_lab;

@@ -7,6 +7,17 @@ use vmscope_model::{Domain, Role, ThreadMap};
 /// (thread map, VM domains with a detail line, extra session metadata).
 /// Discovery problems never stop a recording: they become a note.
 pub fn current() -> (ThreadMap, Vec<(Domain, String)>, Vec<(String, String)>) {
+    let (map, domains, meta, _) = current_with_vms();
+    (map, domains, meta)
+}
+
+/// As [`current`], plus the discovered VMs themselves.
+pub fn current_with_vms() -> (
+    ThreadMap,
+    Vec<(Domain, String)>,
+    Vec<(String, String)>,
+    Vec<vmscope_discover::Vm>,
+) {
     let vms = match discover(&DiscoverOptions::default()) {
         Ok(v) => v,
         Err(e) => {
@@ -14,6 +25,7 @@ pub fn current() -> (ThreadMap, Vec<(Domain, String)>, Vec<(String, String)>) {
                 ThreadMap::new(),
                 Vec::new(),
                 vec![("vm_discovery".into(), format!("failed: {e}"))],
+                Vec::new(),
             )
         }
     };
@@ -51,5 +63,5 @@ pub fn current() -> (ThreadMap, Vec<(Domain, String)>, Vec<(String, String)>) {
     if !accels.is_empty() {
         meta.push(("accel".into(), accels.join(",")));
     }
-    (map, domains, meta)
+    (map, domains, meta, vms)
 }

@@ -18,6 +18,9 @@ pub struct ConverterStats {
     pub last_time: Option<u64>,
     /// Samples per (domain) for the session's domain list.
     pub domains: HashMap<Arc<str>, u64>,
+    /// Guest time the host measured per (VM, event): sum of periods of its
+    /// guest, guest-user and guest-kernel samples.
+    pub guest_period: HashMap<(Arc<str>, u32), u64>,
 }
 
 /// Turns a record stream into profile deltas.
@@ -36,6 +39,7 @@ pub struct Converter {
     /// Kernel module ranges from kernel mmap records (pid -1): the image of
     /// kernel IPs that kallsyms cannot name (files from other machines).
     modules: Vec<(u64, u64, Arc<str>)>,
+    unmonitored: std::collections::HashSet<Arc<str>>,
 }
 
 /// `[name]` for a kernel module map path, as perf shows it
@@ -69,12 +73,18 @@ impl Converter {
             default_guest_kallsyms: None,
             guest_domains: Default::default(),
             modules: Vec::new(),
+            unmonitored: Default::default(),
         }
     }
 
     /// Set the time origin of per-second bins (else the first sample's time).
     pub fn set_origin(&mut self, t: u64) {
         self.origin = Some(t);
+    }
+
+    /// Count this VM's samples as one line, unresolved (role unmonitored).
+    pub fn set_unmonitored(&mut self, domain: &str) {
+        self.unmonitored.insert(domain.into());
     }
 
     /// Resolve guest-kernel samples of every VM without its own symbols
@@ -159,6 +169,24 @@ impl Converter {
                 }
             }
         }
+        if self.unmonitored.contains(&attr.domain) {
+            let n: Arc<str> = "[unmonitored]".into();
+            *self.stats.domains.entry(attr.domain.clone()).or_default() += 1;
+            let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
+            self.delta
+                .add_bin(second, s.event, attr.domain.clone(), attr.context, 1);
+            let key = AggKey {
+                event: s.event,
+                domain: attr.domain,
+                context: attr.context,
+                process: n.clone(),
+                image: n.clone(),
+                symbol: n,
+                stack: "".into(),
+            };
+            self.delta.add(key, 1, s.period.max(1));
+            return;
+        }
         let resolved = self.resolve(&attr.domain, &leaf);
         let stack: Arc<str> = if s.callchain.is_empty() {
             Arc::from("")
@@ -186,6 +214,13 @@ impl Converter {
             text.into()
         };
         *self.stats.domains.entry(attr.domain.clone()).or_default() += 1;
+        if attr.context.is_guest() {
+            *self
+                .stats
+                .guest_period
+                .entry((attr.domain.clone(), s.event))
+                .or_default() += s.period.max(1);
+        }
         let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
         self.delta
             .add_bin(second, s.event, attr.domain.clone(), attr.context, 1);

@@ -7,6 +7,8 @@
 
 mod convert;
 #[cfg(feature = "store")]
+pub mod guest;
+#[cfg(feature = "store")]
 pub mod import;
 #[cfg(feature = "store")]
 pub mod record;

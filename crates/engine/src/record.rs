@@ -1,13 +1,16 @@
 //! Live recording: perf_event rings → converter → session file, flushed
 //! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
 
+use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
 use crate::{Converter, EngineError};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vmscope_linux::{RecordOptions as RingOptions, Recorder, Target};
-use vmscope_model::{Domain, EventSpec, Role, SessionEvent, ThreadMap};
-use vmscope_store::{DomainRecord, SessionWriter};
+use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent, ThreadMap};
+use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
 /// What to record.
@@ -42,6 +45,14 @@ pub struct RecordOptions {
     pub flush_interval: Duration,
     /// Extra metadata (e.g. accelerator mode).
     pub meta: Vec<(String, String)>,
+    /// Agents of the active VMs.
+    pub guests: Vec<Box<dyn GuestProfiler>>,
+    /// How long the readiness barrier waits for each agent.
+    pub barrier_timeout: Duration,
+    /// VMs counted as one line each, not resolved.
+    pub unmonitored: Vec<String>,
+    /// Guest kernel symbols per VM (passive VMs' guest-kernel samples).
+    pub guest_kallsyms: Vec<(String, vmscope_symbols::Kallsyms)>,
 }
 
 /// What a recording produced.
@@ -52,6 +63,8 @@ pub struct RecordSummary {
     pub lost: u64,
     pub duration: Duration,
     pub command_status: Option<i32>,
+    /// Things the user should know (agents that did not answer, VMs lost).
+    pub notes: Vec<String>,
 }
 
 /// Called about once a second with (elapsed, samples so far).
@@ -309,6 +322,12 @@ pub fn record(
     let symbolizer = Symbolizer::new(opts.symbolizer.clone());
     let warnings = symbolizer.warnings();
     let mut conv = Converter::new(symbolizer, opts.threads.clone());
+    for vm in &opts.unmonitored {
+        conv.set_unmonitored(vm);
+    }
+    for (vm, k) in opts.guest_kallsyms {
+        conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
+    }
     // Existing processes: maps and names from /proc.
     let pids_filter: Option<Vec<u32>> = match &target {
         Target::AllCpus => None,
@@ -321,7 +340,66 @@ pub fn record(
     }
     conv.set_origin(vmscope_linux::clock_monotonic_ns());
 
+    // The readiness barrier: every active agent armed before the host starts.
+    let mut notes = Vec::new();
+    let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
+    let mut vm_detail: HashMap<String, (Domain, String)> = opts
+        .vms
+        .iter()
+        .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
+        .collect();
+    for a in arm_all(
+        opts.guests,
+        &opts.events,
+        opts.callchain,
+        opts.barrier_timeout,
+    ) {
+        let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
+            (
+                Domain {
+                    name: a.domain.to_string(),
+                    role: Role::Active,
+                    pid: None,
+                },
+                String::new(),
+            )
+        });
+        match a.result {
+            Ok(g) => {
+                dom.role = Role::Active;
+                writer.upsert_domain(&DomainRecord {
+                    domain: dom.clone(),
+                    status: "running".into(),
+                    ended_at: None,
+                    detail: det.clone(),
+                })?;
+                vm_detail.insert(dom.name.clone(), (dom, det));
+                active.push(g);
+            }
+            Err((_, why)) => {
+                let note = format!(
+                    "VM {}: its agent did not become ready within {:.0} s ({why}); continuing with it passive",
+                    a.domain,
+                    opts.barrier_timeout.as_secs_f64()
+                );
+                notes.push(note.clone());
+                dom.role = Role::Passive;
+                writer.upsert_domain(&DomainRecord {
+                    domain: dom.clone(),
+                    status: "running".into(),
+                    ended_at: None,
+                    detail: format!("{det}; {note}"),
+                })?;
+                vm_detail.insert(dom.name.clone(), (dom, det));
+            }
+        }
+    }
+
     rec.enable()?;
+    let t_enable = Instant::now();
+    let mut pollers = (!active.is_empty())
+        .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
+    let mut agents = AgentBook::default();
     if let Some(c) = child.as_mut() {
         c.release();
     }
@@ -340,8 +418,15 @@ pub fn record(
             }
             conv.push(r);
         }
+        if let Some(p) = &pollers {
+            for ev in p.events.try_iter() {
+                agents.take(ev, &mut writer, &vm_detail, &mut notes)?;
+            }
+        }
         if last_flush.elapsed() >= opts.flush_interval {
             writer.flush(&conv.take_delta())?;
+            agents.flush(&mut writer, &conv)?;
+            mark_ended_vms(&mut writer, &vm_detail, &mut agents, t0)?;
             writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
             progress(t0.elapsed(), conv.stats().samples);
             last_flush = Instant::now();
@@ -380,7 +465,14 @@ pub fn record(
         }
     }
     writer.flush(&conv.take_delta())?;
+    if let Some(p) = pollers.take() {
+        for ev in p.stop().try_iter() {
+            agents.take(ev, &mut writer, &vm_detail, &mut notes)?;
+        }
+    }
+    agents.flush(&mut writer, &conv)?;
     let mut all_warnings = warnings;
+    all_warnings.extend(notes.iter().cloned());
     all_warnings.extend(conv.symbolizer_mut().warnings());
     all_warnings.sort();
     all_warnings.dedup();
@@ -395,5 +487,117 @@ pub fn record(
         lost: stats.lost,
         duration,
         command_status: status,
+        notes,
     })
+}
+
+/// What the agents sent, waiting for the next flush, and their totals.
+#[derive(Default)]
+struct AgentBook {
+    delta: Profile,
+    /// (domain, event) → (busy period, samples) measured in the guest.
+    busy: HashMap<(Arc<str>, u32), (u64, u64)>,
+    lost: HashMap<Arc<str>, u64>,
+    gone: std::collections::HashSet<String>,
+}
+
+impl AgentBook {
+    fn take(
+        &mut self,
+        ev: GuestEvent,
+        writer: &mut SessionWriter,
+        vms: &HashMap<String, (Domain, String)>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), EngineError> {
+        match ev {
+            GuestEvent::Delta { domain, delta } => {
+                *self.lost.entry(domain.clone()).or_default() += delta.lost;
+                for r in delta.rows {
+                    // The guest's idle task is not host CPU: kept in the
+                    // agent's rows, left out of the scale.
+                    if r.process != "swapper" {
+                        let b = self.busy.entry((domain.clone(), r.event)).or_default();
+                        b.0 += r.period;
+                        b.1 += r.samples;
+                    }
+                    self.delta.add(
+                        AggKey {
+                            event: r.event,
+                            domain: domain.clone(),
+                            context: r.context,
+                            process: r.process.into(),
+                            image: r.image.into(),
+                            symbol: r.symbol.into(),
+                            stack: r.stack.into(),
+                        },
+                        r.samples,
+                        r.period,
+                    );
+                }
+            }
+            GuestEvent::Lost { domain, at, why } => {
+                notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));
+                self.gone.insert(domain.to_string());
+                if let Some((d, det)) = vms.get(&*domain) {
+                    writer.upsert_domain(&DomainRecord {
+                        domain: d.clone(),
+                        status: "lost".into(),
+                        ended_at: Some(at),
+                        detail: format!("{det}; agent lost: {why}"),
+                    })?;
+                }
+            }
+            GuestEvent::Stopped { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, writer: &mut SessionWriter, conv: &Converter) -> Result<(), EngineError> {
+        writer.flush_agent(&self.delta.take())?;
+        for ((domain, event), (busy, samples)) in &self.busy {
+            let host = conv
+                .stats()
+                .guest_period
+                .get(&(domain.clone(), *event))
+                .copied()
+                .unwrap_or(0);
+            writer.set_scale(&ScaleRow {
+                domain: domain.to_string(),
+                event: *event,
+                host_period: host,
+                agent_period: *busy,
+                agent_samples: *samples,
+                agent_lost: self.lost.get(domain).copied().unwrap_or(0),
+                factor: if *busy > 0 {
+                    host as f64 / *busy as f64
+                } else {
+                    0.0
+                },
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Mark VMs whose QEMU exited as ended (their data so far stays).
+fn mark_ended_vms(
+    writer: &mut SessionWriter,
+    vms: &HashMap<String, (Domain, String)>,
+    agents: &mut AgentBook,
+    t0: Instant,
+) -> Result<(), EngineError> {
+    for (name, (d, det)) in vms {
+        let Some(pid) = d.pid else { continue };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && agents.gone.insert(format!("ended:{name}"))
+        {
+            writer.upsert_domain(&DomainRecord {
+                domain: d.clone(),
+                status: "ended".into(),
+                ended_at: Some(t0.elapsed().as_secs_f64()),
+                detail: format!("{det}; QEMU process {pid} exited during the session"),
+            })?;
+        }
+    }
+    Ok(())
 }

@@ -12,7 +12,7 @@ pub use render::render;
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use vmscope_store::{Field, Session, StoreError};
+use vmscope_store::{Field, Session, StoreError, View};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -70,6 +70,8 @@ pub struct ReportOptions {
     pub full_paths: bool,
     /// Only rows whose field equals the value.
     pub filter: Vec<(Field, String)>,
+    /// Merged (default), host-only or agent-only measurements.
+    pub view: View,
 }
 
 impl Default for ReportOptions {
@@ -81,6 +83,7 @@ impl Default for ReportOptions {
             min_percent: 0.0,
             full_paths: false,
             filter: Vec::new(),
+            view: View::Merged,
         }
     }
 }
@@ -134,6 +137,24 @@ pub struct Report {
     /// Rows left out by --limit / --min-percent.
     pub omitted_rows: usize,
     pub stacks: Vec<StackLine>,
+    /// Which measurements the rows come from: merged, host or agent.
+    pub view: String,
+    /// Active VMs: what the agent measured and the scale applied.
+    pub scales: Vec<ScaleSummary>,
+}
+
+/// Coordinated profiling of one active VM for one event.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleSummary {
+    pub domain: String,
+    pub event: String,
+    pub agent_samples: u64,
+    pub agent_lost: u64,
+    /// Busy guest time the agent measured (event count).
+    pub agent_event_count: u64,
+    /// Guest time the host measured on the VM's vCPU threads.
+    pub host_event_count: u64,
+    pub factor: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,7 +176,7 @@ pub fn build(
     let meta = session.meta()?;
     let events = session.events()?;
     let lost = session.lost()?;
-    let totals = session.totals()?;
+    let totals = session.totals(opts.view)?;
     let domains: Vec<DomainSummary> = session
         .domains()?
         .into_iter()
@@ -217,7 +238,7 @@ pub fn build(
     let mut index: HashMap<Vec<String>, usize> = HashMap::new();
     let mut rows: Vec<Row> = Vec::new();
     for (ci, col) in columns.iter().enumerate() {
-        for g in session.grouped(col.index, &fields, &opts.filter)? {
+        for g in session.grouped(opts.view, col.index, &fields, &opts.filter)? {
             let values: Vec<String> = g
                 .values
                 .iter()
@@ -257,7 +278,7 @@ pub fn build(
     if want_stacks {
         let ev = columns.first().map(|c| c.index).unwrap_or(0);
         let mut agg: BTreeMap<String, u64> = BTreeMap::new();
-        for r in session.rows(Some(ev))? {
+        for r in session.rows(opts.view, Some(ev))? {
             if !opts
                 .filter
                 .iter()
@@ -279,7 +300,30 @@ pub fn build(
             .collect();
     }
 
+    let scales = session
+        .scales()?
+        .into_iter()
+        .map(|s| ScaleSummary {
+            event: events
+                .get(s.event as usize)
+                .map(|e| e.name.clone())
+                .unwrap_or_else(|| format!("#{}", s.event)),
+            domain: s.domain,
+            agent_samples: s.agent_samples,
+            agent_lost: s.agent_lost,
+            agent_event_count: s.agent_period,
+            host_event_count: s.host_period,
+            factor: s.factor,
+        })
+        .collect();
     Ok(Report {
+        view: match opts.view {
+            View::Merged => "merged",
+            View::Host => "host",
+            View::Agent => "agent",
+        }
+        .into(),
+        scales,
         file: session.path().display().to_string(),
         meta,
         domains,

@@ -121,6 +121,24 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             v.push(s);
         }
     }
+    for sc in &r.scales {
+        v.push(format!(
+            "# agent     {} ({}): {} samples in the guest ({} lost), guest busy {}; host measured {} on its vCPUs; scale x{:.3}",
+            sc.domain,
+            sc.event,
+            human_count(sc.agent_samples),
+            human_count(sc.agent_lost),
+            event_count_text(&sc.event, sc.agent_event_count),
+            event_count_text(&sc.event, sc.host_event_count),
+            sc.factor
+        ));
+    }
+    if r.view != "merged" {
+        v.push(format!(
+            "# view      {} measurements only (unscaled)",
+            r.view
+        ));
+    }
     for w in m("warnings").split('\n').filter(|w| !w.is_empty()) {
         v.push(format!("# note      {w}"));
     }

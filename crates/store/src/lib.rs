@@ -59,6 +59,55 @@ pub struct DomainRecord {
     pub detail: String,
 }
 
+/// Scale of an active VM's agent rows (DESIGN §4, coordinated profiling).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleRow {
+    pub domain: String,
+    pub event: u32,
+    /// Guest time the host measured on the VM's vCPU threads (sum of periods).
+    pub host_period: u64,
+    /// Busy (non-idle) time the agent measured inside the guest.
+    pub agent_period: u64,
+    pub agent_samples: u64,
+    pub agent_lost: u64,
+    /// host_period / agent_period: what one unit of agent period is worth.
+    pub factor: f64,
+}
+
+/// Which measurements a query reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum View {
+    /// The global profile: host samples, with each active VM's guest rows
+    /// replaced by its agent's rows scaled to the guest time the host
+    /// measured (so the profile adds up to what the physical CPUs did).
+    #[default]
+    Merged,
+    /// Only what the host's rings measured.
+    Host,
+    /// Only what agents measured inside their guests, unscaled.
+    Agent,
+}
+
+impl View {
+    /// The SQL row source of this view (columns as in `samples`).
+    fn source(self) -> &'static str {
+        match self {
+            View::Host => "samples",
+            View::Agent => "agent_samples",
+            View::Merged => {
+                "(SELECT event, domain, context, process, image, symbol, stack, samples, period FROM samples s \
+                  WHERE NOT (s.context IN ('guest', 'guest-user', 'guest-kernel') AND EXISTS \
+                    (SELECT 1 FROM domain_scale d WHERE d.domain = s.domain AND d.event = s.event)) \
+                  UNION ALL \
+                  SELECT a.event, a.domain, a.context, a.process, a.image, a.symbol, a.stack, a.samples, \
+                    CAST(ROUND(a.period * d.factor) AS INTEGER) AS period \
+                  FROM agent_samples a JOIN domain_scale d ON d.domain = a.domain AND d.event = a.event \
+                  WHERE a.process != 'swapper')"
+            }
+        }
+    }
+}
+
 /// Columns a report can group by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Field {
@@ -254,8 +303,40 @@ impl SessionWriter {
         Ok(id)
     }
 
-    /// Add a delta profile to the session, in one transaction.
+    /// Add a delta profile (host measurements) to the session, in one transaction.
     pub fn flush(&mut self, delta: &Profile) -> Result<()> {
+        self.flush_into(delta, "samples")
+    }
+
+    /// Add a delta of what active VMs' agents measured in their guests.
+    pub fn flush_agent(&mut self, delta: &Profile) -> Result<()> {
+        self.flush_into(delta, "agent_samples")
+    }
+
+    /// Record (replace) the scale of an active VM's agent rows for an event.
+    pub fn set_scale(&self, s: &ScaleRow) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO domain_scale(domain, event, host_period, agent_period, agent_samples, agent_lost, factor)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT(domain, event) DO UPDATE SET host_period = excluded.host_period,
+                   agent_period = excluded.agent_period, agent_samples = excluded.agent_samples,
+                   agent_lost = excluded.agent_lost, factor = excluded.factor",
+                params![
+                    s.domain,
+                    s.event,
+                    s.host_period as i64,
+                    s.agent_period as i64,
+                    s.agent_samples as i64,
+                    s.agent_lost as i64,
+                    s.factor
+                ],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
+    fn flush_into(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
         if delta.is_empty() {
             return Ok(());
         }
@@ -263,7 +344,7 @@ impl SessionWriter {
         self.conn
             .execute_batch("BEGIN IMMEDIATE")
             .map_err(sql_err(&path))?;
-        let r = self.flush_inner(delta);
+        let r = self.flush_inner(delta, table);
         match r {
             Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
             Err(e) => {
@@ -273,7 +354,7 @@ impl SessionWriter {
         }
     }
 
-    fn flush_inner(&mut self, delta: &Profile) -> Result<()> {
+    fn flush_inner(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
         let path = self.path.clone();
         let mut stacks = Vec::with_capacity(delta.rows.len());
         for key in delta.rows.keys() {
@@ -282,12 +363,12 @@ impl SessionWriter {
         {
             let mut st = self
                 .conn
-                .prepare_cached(
-                    "INSERT INTO samples(event, domain, context, process, image, symbol, stack, samples, period)
+                .prepare_cached(&format!(
+                    "INSERT INTO {table}(event, domain, context, process, image, symbol, stack, samples, period)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
                      ON CONFLICT(event, domain, context, process, image, symbol, stack)
-                     DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period",
-                )
+                     DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period"
+                ))
                 .map_err(sql_err(&path))?;
             for ((k, c), stack) in delta.rows.iter().zip(stacks) {
                 st.execute(params![
@@ -518,11 +599,12 @@ impl Session {
     }
 
     /// (samples, period) totals per event index.
-    pub fn totals(&self) -> Result<BTreeMap<u32, (u64, u64)>> {
-        let mut st = self
-            .conn
-            .prepare("SELECT event, SUM(samples), SUM(period) FROM samples GROUP BY event")
-            .map_err(sql_err(&self.path))?;
+    pub fn totals(&self, view: View) -> Result<BTreeMap<u32, (u64, u64)>> {
+        let sql = format!(
+            "SELECT event, SUM(samples), SUM(period) FROM {} GROUP BY event",
+            view.source()
+        );
+        let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let rows = st
             .query_map([], |r| {
                 Ok((
@@ -539,6 +621,7 @@ impl Session {
     /// `filter` restricts to rows whose field equals the value.
     pub fn grouped(
         &self,
+        view: View,
         event: u32,
         fields: &[Field],
         filter: &[(Field, String)],
@@ -559,7 +642,8 @@ impl Session {
             where_sql.push_str(&format!(" AND {} = ?{}", f.column(), i + 2));
         }
         let sql = format!(
-            "SELECT {select}, SUM(samples) AS s, SUM(period) FROM samples {where_sql} {group} ORDER BY s DESC, {select}"
+            "SELECT {select}, SUM(samples) AS s, SUM(period) FROM {} {where_sql} {group} ORDER BY s DESC, {select}",
+            view.source()
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let mut args: Vec<rusqlite::types::Value> = vec![(event as i64).into()];
@@ -583,15 +667,14 @@ impl Session {
     }
 
     /// Every stored row of one event (or all events), stacks as text.
-    pub fn rows(&self, event: Option<u32>) -> Result<Vec<ProfileRow>> {
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''), s.samples, s.period
-                 FROM samples s LEFT JOIN stacks k ON k.id = s.stack
-                 WHERE ?1 IS NULL OR s.event = ?1 ORDER BY s.samples DESC",
-            )
-            .map_err(sql_err(&self.path))?;
+    pub fn rows(&self, view: View, event: Option<u32>) -> Result<Vec<ProfileRow>> {
+        let sql = format!(
+            "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''), s.samples, s.period
+             FROM {} s LEFT JOIN stacks k ON k.id = s.stack
+             WHERE ?1 IS NULL OR s.event = ?1 ORDER BY s.samples DESC",
+            view.source()
+        );
+        let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let rows = st
             .query_map(params![event.map(|e| e as i64)], |r| {
                 let ctx: String = r.get(2)?;
@@ -607,6 +690,29 @@ impl Session {
                     },
                     samples: r.get::<_, i64>(7)? as u64,
                     period: r.get::<_, i64>(8)? as u64,
+                })
+            })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Scale rows of active VMs.
+    pub fn scales(&self) -> Result<Vec<ScaleRow>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT domain, event, host_period, agent_period, agent_samples, agent_lost, factor FROM domain_scale ORDER BY domain, event")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(ScaleRow {
+                    domain: r.get(0)?,
+                    event: r.get::<_, i64>(1)? as u32,
+                    host_period: r.get::<_, i64>(2)? as u64,
+                    agent_period: r.get::<_, i64>(3)? as u64,
+                    agent_samples: r.get::<_, i64>(4)? as u64,
+                    agent_lost: r.get::<_, i64>(5)? as u64,
+                    factor: r.get(6)?,
                 })
             })
             .map_err(sql_err(&self.path))?;

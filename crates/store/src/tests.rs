@@ -46,17 +46,22 @@ fn write_then_read_back() {
     let s = Session::open(&path).unwrap();
     assert_eq!(s.meta().unwrap()["clean_stop"], "1");
     assert_eq!(s.events().unwrap()[0].frequency, Some(999));
-    let g = s.grouped(0, &[Field::Symbol], &[]).unwrap();
+    let g = s.grouped(View::Merged, 0, &[Field::Symbol], &[]).unwrap();
     assert_eq!(g[0].values, vec!["alpha".to_string()]);
     assert_eq!(g[0].samples, 10);
     assert_eq!(g[1].samples, 6);
     assert_eq!(s.lost().unwrap()[&0], 4);
-    assert_eq!(s.totals().unwrap()[&0], (16, 160));
-    let rows = s.rows(Some(0)).unwrap();
+    assert_eq!(s.totals(View::Merged).unwrap()[&0], (16, 160));
+    let rows = s.rows(View::Merged, Some(0)).unwrap();
     assert!(rows.iter().any(|r| &*r.key.stack == "main;alpha"));
     assert_eq!(s.bins(0).unwrap()[0].3, 16);
     let filtered = s
-        .grouped(0, &[Field::Symbol], &[(Field::Symbol, "beta".into())])
+        .grouped(
+            View::Merged,
+            0,
+            &[Field::Symbol],
+            &[(Field::Symbol, "beta".into())],
+        )
         .unwrap();
     assert_eq!(filtered.len(), 1);
 }
@@ -136,4 +141,70 @@ fn unwritable_output_is_named() {
         e.contains("/proc/vmscope-nope/x.db") && e.contains("cannot write"),
         "{e}"
     );
+}
+
+#[test]
+fn merged_view_replaces_guest_rows_by_scaled_agent_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    let k = |domain: &str, ctx: Context, process: &str, sym: &str| AggKey {
+        event: 0,
+        domain: domain.into(),
+        context: ctx,
+        process: process.into(),
+        image: "i".into(),
+        symbol: sym.into(),
+        stack: "".into(),
+    };
+    let mut host = Profile::new();
+    host.add(k("host", Context::HostUser, "p", "h"), 10, 1000);
+    host.add(
+        k("vm1", Context::GuestTranslated, "CPU 0/TCG", "[anon]"),
+        40,
+        4000,
+    );
+    host.add(k("vm1", Context::VmmUser, "CPU 0/TCG", "qemu"), 10, 1000);
+    w.flush(&host).unwrap();
+    let mut agent = Profile::new();
+    agent.add(k("vm1", Context::GuestUser, "demo", "alpha"), 30, 300);
+    agent.add(k("vm1", Context::GuestKernel, "demo", "syscall"), 10, 100);
+    agent.add(k("vm1", Context::GuestKernel, "swapper", "idle"), 50, 500);
+    w.flush_agent(&agent).unwrap();
+    w.set_scale(&ScaleRow {
+        domain: "vm1".into(),
+        event: 0,
+        host_period: 4000,
+        agent_period: 400,
+        agent_samples: 40,
+        agent_lost: 0,
+        factor: 10.0,
+    })
+    .unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    // Merged: host 1000 + vmm 1000 + alpha 3000 + syscall 1000 = what the CPUs did.
+    assert_eq!(s.totals(View::Merged).unwrap()[&0].1, 6000);
+    assert_eq!(s.totals(View::Host).unwrap()[&0].1, 6000);
+    assert_eq!(s.totals(View::Agent).unwrap()[&0].1, 900);
+    let g = s.grouped(View::Merged, 0, &[Field::Symbol], &[]).unwrap();
+    let alpha = g.iter().find(|r| r.values[0] == "alpha").unwrap();
+    assert_eq!((alpha.samples, alpha.period), (30, 3000));
+    assert!(g
+        .iter()
+        .all(|r| r.values[0] != "[anon]" && r.values[0] != "idle"));
+    assert_eq!(s.scales().unwrap()[0].factor, 10.0);
+}
+
+#[test]
+fn version_1_sessions_are_migrated_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    write_session(&path, true);
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch("DROP TABLE agent_samples; DROP TABLE domain_scale; PRAGMA user_version = 1;")
+        .unwrap();
+    drop(c);
+    let s = Session::open(&path).unwrap();
+    assert_eq!(s.totals(View::Merged).unwrap()[&0], (16, 160));
 }

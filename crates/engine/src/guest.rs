@@ -1,0 +1,296 @@
+//! Active VMs in a recording (DESIGN §4, coordinated profiling): the
+//! recorder drives each VM's agent through [`GuestProfiler`], one thread per
+//! VM, so a slow or dead agent never stalls the host's rings. Like Xenoprof,
+//! sampling starts only when every active agent is ready (the barrier) and
+//! stops on the initiator's word.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use vmscope_model::{Context, EventSpec};
+
+/// One row an agent measured in its guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestRow {
+    /// Index into the session's events (agents get the same list).
+    pub event: u32,
+    /// `GuestUser` or `GuestKernel`.
+    pub context: Context,
+    pub process: String,
+    pub image: String,
+    pub symbol: String,
+    pub stack: String,
+    pub samples: u64,
+    pub period: u64,
+}
+
+/// What an agent measured since the last poll.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuestDelta {
+    pub rows: Vec<GuestRow>,
+    pub lost: u64,
+}
+
+/// The host's handle on one active VM's agent.
+pub trait GuestProfiler: Send {
+    /// The VM's domain name.
+    fn domain(&self) -> &str;
+    /// Arm sampling in the guest; returns once the agent says it is ready.
+    fn start(
+        &mut self,
+        events: &[EventSpec],
+        callchain: bool,
+        timeout: Duration,
+    ) -> Result<(), String>;
+    /// Rows measured since the last call.
+    fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, String>;
+    /// Stop sampling; the last rows.
+    fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, String>;
+}
+
+/// Messages from a VM's thread to the recorder.
+#[derive(Debug)]
+pub enum GuestEvent {
+    Delta {
+        domain: Arc<str>,
+        delta: GuestDelta,
+    },
+    /// The agent stopped answering or the VM died; `at` is seconds since start.
+    Lost {
+        domain: Arc<str>,
+        at: f64,
+        why: String,
+    },
+    Stopped {
+        domain: Arc<str>,
+    },
+}
+
+/// Outcome of the readiness barrier for one VM.
+pub struct Armed {
+    pub domain: Arc<str>,
+    pub result: Result<Box<dyn GuestProfiler>, (Box<dyn GuestProfiler>, String)>,
+}
+
+/// Start every agent in parallel and wait for all of them (the barrier).
+pub fn arm_all(
+    guests: Vec<Box<dyn GuestProfiler>>,
+    events: &[EventSpec],
+    callchain: bool,
+    timeout: Duration,
+) -> Vec<Armed> {
+    let handles: Vec<_> = guests
+        .into_iter()
+        .map(|mut g| {
+            let events = events.to_vec();
+            std::thread::spawn(move || {
+                let domain: Arc<str> = g.domain().into();
+                let result = match g.start(&events, callchain, timeout) {
+                    Ok(()) => Ok(g),
+                    Err(e) => Err((g, e)),
+                };
+                Armed { domain, result }
+            })
+        })
+        .collect();
+    handles.into_iter().filter_map(|h| h.join().ok()).collect()
+}
+
+/// The polling threads of the armed VMs.
+pub struct GuestPollers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    pub events: Receiver<GuestEvent>,
+}
+
+impl GuestPollers {
+    /// One thread per VM polls every `every` until [`GuestPollers::stop`].
+    pub fn spawn(
+        guests: Vec<Box<dyn GuestProfiler>>,
+        every: Duration,
+        t0: Instant,
+    ) -> GuestPollers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = channel();
+        let threads = guests
+            .into_iter()
+            .map(|g| {
+                let stop = stop.clone();
+                let tx: Sender<GuestEvent> = tx.clone();
+                std::thread::spawn(move || poll_loop(g, stop, tx, every, t0))
+            })
+            .collect();
+        GuestPollers {
+            stop,
+            threads,
+            events: rx,
+        }
+    }
+
+    /// Tell every agent to stop and wait for the last rows.
+    pub fn stop(mut self) -> Receiver<GuestEvent> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.events
+    }
+}
+
+fn poll_loop(
+    mut g: Box<dyn GuestProfiler>,
+    stop: Arc<AtomicBool>,
+    tx: Sender<GuestEvent>,
+    every: Duration,
+    t0: Instant,
+) {
+    let domain: Arc<str> = g.domain().into();
+    let timeout = Duration::from_secs(5);
+    loop {
+        let deadline = Instant::now() + every;
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if stop.load(Ordering::Relaxed) {
+            match g.stop(timeout) {
+                Ok(delta) => {
+                    let _ = tx.send(GuestEvent::Delta {
+                        domain: domain.clone(),
+                        delta,
+                    });
+                    let _ = tx.send(GuestEvent::Stopped { domain });
+                }
+                Err(why) => {
+                    let _ = tx.send(GuestEvent::Lost {
+                        domain,
+                        at: t0.elapsed().as_secs_f64(),
+                        why,
+                    });
+                }
+            }
+            return;
+        }
+        match g.poll(timeout) {
+            Ok(delta) => {
+                if tx
+                    .send(GuestEvent::Delta {
+                        domain: domain.clone(),
+                        delta,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(why) => {
+                let _ = tx.send(GuestEvent::Lost {
+                    domain,
+                    at: t0.elapsed().as_secs_f64(),
+                    why,
+                });
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        name: String,
+        ready: bool,
+        polls: u32,
+        die_after: Option<u32>,
+    }
+
+    impl GuestProfiler for Fake {
+        fn domain(&self) -> &str {
+            &self.name
+        }
+        fn start(&mut self, _: &[EventSpec], _: bool, _: Duration) -> Result<(), String> {
+            if self.ready {
+                Ok(())
+            } else {
+                Err("no answer".into())
+            }
+        }
+        fn poll(&mut self, _: Duration) -> Result<GuestDelta, String> {
+            self.polls += 1;
+            if self.die_after.is_some_and(|n| self.polls > n) {
+                return Err("agent hung up".into());
+            }
+            Ok(GuestDelta {
+                rows: vec![GuestRow {
+                    event: 0,
+                    context: Context::GuestUser,
+                    process: "p".into(),
+                    image: "i".into(),
+                    symbol: "s".into(),
+                    stack: String::new(),
+                    samples: 1,
+                    period: 10,
+                }],
+                lost: 0,
+            })
+        }
+        fn stop(&mut self, _: Duration) -> Result<GuestDelta, String> {
+            Ok(GuestDelta::default())
+        }
+    }
+
+    fn fake(name: &str, ready: bool, die_after: Option<u32>) -> Box<dyn GuestProfiler> {
+        Box::new(Fake {
+            name: name.into(),
+            ready,
+            polls: 0,
+            die_after,
+        })
+    }
+
+    #[test]
+    fn barrier_names_the_vm_that_did_not_answer() {
+        let armed = arm_all(
+            vec![fake("a", true, None), fake("b", false, None)],
+            &[],
+            false,
+            Duration::from_millis(10),
+        );
+        let failed: Vec<_> = armed
+            .iter()
+            .filter_map(|a| {
+                a.result
+                    .as_ref()
+                    .err()
+                    .map(|(_, e)| (a.domain.to_string(), e.clone()))
+            })
+            .collect();
+        assert_eq!(failed, vec![("b".to_string(), "no answer".to_string())]);
+    }
+
+    #[test]
+    fn a_dying_agent_is_reported_lost_and_others_go_on() {
+        let p = GuestPollers::spawn(
+            vec![fake("ok", true, None), fake("dies", true, Some(1))],
+            Duration::from_millis(10),
+            Instant::now(),
+        );
+        std::thread::sleep(Duration::from_millis(150));
+        let rx = p.stop();
+        let events: Vec<GuestEvent> = rx.try_iter().collect();
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, GuestEvent::Lost { domain, .. } if &**domain == "dies")));
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, GuestEvent::Stopped { domain } if &**domain == "ok")));
+        let ok_rows = events
+            .iter()
+            .filter(|e| matches!(e, GuestEvent::Delta { domain, delta } if &**domain == "ok" && !delta.rows.is_empty()))
+            .count();
+        assert!(ok_rows >= 3, "{ok_rows}");
+    }
+}
