@@ -82,7 +82,7 @@ fn import_into(
     let info = vmscope_perfdata::import(perf_data, &mut |rec| {
         conv.push(rec);
         n += 1;
-        if n % FLUSH_EVERY == 0 && flush_err.is_none() {
+        if n.is_multiple_of(FLUSH_EVERY) && flush_err.is_none() {
             if let Err(e) = writer.flush(&conv.take_delta()) {
                 flush_err = Some(e);
             }

@@ -378,9 +378,8 @@ pub fn record(
             }
             Err((_, why)) => {
                 let note = format!(
-                    "VM {}: its agent did not become ready within {:.0} s ({why}); continuing with it passive",
-                    a.domain,
-                    opts.barrier_timeout.as_secs_f64()
+                    "VM {}: its agent is not profiling ({why}); continuing with it passive",
+                    a.domain
                 );
                 notes.push(note.clone());
                 dom.role = Role::Passive;
@@ -472,7 +471,6 @@ pub fn record(
     }
     agents.flush(&mut writer, &conv)?;
     let mut all_warnings = warnings;
-    all_warnings.extend(notes.iter().cloned());
     all_warnings.extend(conv.symbolizer_mut().warnings());
     all_warnings.sort();
     all_warnings.dedup();

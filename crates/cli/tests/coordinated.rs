@@ -1,0 +1,338 @@
+//! Issue 5, lab test: coordinated profiling of the host and two TCG VMs.
+//! VM `act` runs the known-answer workload (vmscope_demo_alpha/beta/gamma at
+//! 50/30/20 %) under an active agent; VM `pas` burns CPU in a shell loop and
+//! is passive. After `vmscope record -a -g -d 5`:
+//! - the hot functions appear under `act` as guest-user, their shares within
+//!   5 points of what the agent measured (unscaled view) and of the truth;
+//! - the host-measured CPU split between the VMs' vCPU threads agrees with
+//!   `pidstat -t` over the same interval within 5 points;
+//! - call stacks through the hot functions appear with -g.
+//! Skips with a printed reason without root, QEMU, pidstat or the agent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
+
+fn which(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool} >/dev/null"))
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+struct Lab {
+    cache: PathBuf,
+    run: PathBuf,
+}
+
+impl Lab {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(VMSCOPE);
+        c.arg("lab")
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .arg("--run-dir")
+            .arg(&self.run)
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    }
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cmd(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "lab {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["down", "ci-coord"]).output();
+    }
+}
+
+fn report(db: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(VMSCOPE)
+        .arg("report")
+        .arg(db)
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn rows(v: &serde_json::Value) -> Vec<(Vec<String>, u64, f64)> {
+    v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["values"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap().to_string())
+                    .collect(),
+                r["samples"][0].as_u64().unwrap(),
+                r["percent"][0].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Shares (percent of their sum) of the three demo functions among `rows`
+/// whose last value is the symbol.
+fn demo_shares(rows: &[(Vec<String>, u64, f64)]) -> [f64; 3] {
+    let names = [
+        "vmscope_demo_alpha",
+        "vmscope_demo_beta",
+        "vmscope_demo_gamma",
+    ];
+    let w: Vec<f64> = names
+        .iter()
+        .map(|n| {
+            rows.iter()
+                .filter(|r| r.0.last().map(|s| s.as_str()) == Some(*n))
+                .map(|r| r.2)
+                .sum()
+        })
+        .collect();
+    let total: f64 = w.iter().sum();
+    assert!(total > 0.0, "no demo function in {rows:?}");
+    [
+        100.0 * w[0] / total,
+        100.0 * w[1] / total,
+        100.0 * w[2] / total,
+    ]
+}
+
+/// pidstat -t "Average:" %CPU per thread id.
+fn pidstat_threads(text: &str) -> Vec<(u32, f64, String)> {
+    let mut v = Vec::new();
+    let mut cols: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.first() != Some(&"Average:") {
+            continue;
+        }
+        if f.contains(&"TID") {
+            cols = f.iter().map(|s| s.to_string()).collect();
+            continue;
+        }
+        let (Some(ti), Some(ci)) = (
+            cols.iter().position(|c| c == "TID"),
+            cols.iter().position(|c| c == "%CPU"),
+        ) else {
+            continue;
+        };
+        if f.len() <= ci || f[ti] == "-" {
+            continue;
+        }
+        let (Ok(tid), Ok(cpu)) = (f[ti].parse::<u32>(), f[ci].parse::<f64>()) else {
+            continue;
+        };
+        v.push((tid, cpu, f[ci + 2..].join(" ")));
+    }
+    v
+}
+
+#[test]
+fn active_and_passive_vms_in_one_session() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: needs root");
+        return;
+    }
+    for t in ["qemu-system-x86_64", "busybox", "pidstat"] {
+        if !which(t) {
+            eprintln!("SKIP: {t} is not installed (scripts/setup.sh installs it)");
+            return;
+        }
+    }
+    if let Err(e) = vmscope_lab::image::find_agent(None) {
+        eprintln!("SKIP: no static guest agent: {e}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let lab = Lab {
+        cache: std::env::var_os("VMSCOPE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| base.join("lab-cache")),
+        run: base.join("lc"),
+    };
+    std::fs::create_dir_all(&lab.run).unwrap();
+    let spec = tmp.path().join("ci-coord.toml");
+    std::fs::write(
+        &spec,
+        "name = \"ci-coord\"\naccel = \"auto\"\n\n[[vm]]\nname = \"act\"\nvcpus = 1\nmemory_mib = 192\n\n[[vm]]\nname = \"pas\"\nvcpus = 1\nmemory_mib = 192\n",
+    )
+    .unwrap();
+    lab.ok(&["up", spec.to_str().unwrap()]);
+    // Workloads, detached so the agent channel stays free for the recorder.
+    lab.ok(&[
+        "exec",
+        "act",
+        "--",
+        "sh",
+        "-c",
+        "/usr/bin/vmscope-agent demo -d 30 </dev/null >/dev/null 2>&1 &",
+    ]);
+    lab.ok(&[
+        "exec",
+        "pas",
+        "--",
+        "sh",
+        "-c",
+        "timeout 30 sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &",
+    ]);
+    let status: serde_json::Value =
+        serde_json::from_str(&lab.ok(&["status", "--format", "json"])).unwrap();
+    let pids: Vec<(String, u64)> = status
+        .as_array()
+        .and_then(|labs| labs.iter().find(|l| l["name"] == "ci-coord"))
+        .or(Some(&status))
+        .and_then(|l| l["vms"].as_array())
+        .expect("vms in lab status")
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_string(),
+                v["pid"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let pid_list = pids
+        .iter()
+        .map(|(_, p)| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+
+    let db = tmp.path().join("coord.db");
+    let pidstat = Command::new("pidstat")
+        .args(["-t", "-p", &pid_list, "1", "5"])
+        .env("LC_ALL", "C")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rec = Command::new(VMSCOPE)
+        .args([
+            "record",
+            "-a",
+            "-g",
+            "-F",
+            "1000",
+            "-d",
+            "5",
+            "--vm",
+            "act=active",
+            "--vm",
+            "pas=passive",
+            "-o",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let pidstat = pidstat.wait_with_output().unwrap();
+    assert!(
+        rec.status.success(),
+        "record: {}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+
+    // 1. Guest functions of the active VM, merged vs the agent's own view vs truth.
+    let merged = rows(&report(
+        &db,
+        &[
+            "--by",
+            "symbol",
+            "--domain",
+            "act",
+            "--context",
+            "guest-user",
+        ],
+    ));
+    let agent = rows(&report(
+        &db,
+        &["--by", "symbol", "--domain", "act", "--view", "agent"],
+    ));
+    let (m, a) = (demo_shares(&merged), demo_shares(&agent));
+    eprintln!("demo shares merged {m:.1?} agent {a:.1?} truth [50, 30, 20]");
+    for i in 0..3 {
+        assert!((m[i] - a[i]).abs() <= 5.0, "merged {m:?} vs agent {a:?}");
+        assert!(
+            (m[i] - [50.0, 30.0, 20.0][i]).abs() <= 5.0,
+            "merged {m:?} vs truth"
+        );
+    }
+    let full = report(&db, &[]);
+    assert!(
+        full["scales"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x["domain"] == "act")),
+        "no scale row for act: {}",
+        full["scales"]
+    );
+
+    // 2. Host-measured split between the VMs' vCPU threads vs pidstat -t.
+    let host = rows(&report(&db, &["--by", "domain,process", "--view", "host"]));
+    let vcpu_share = |vm: &str| -> f64 {
+        host.iter()
+            .filter(|r| r.0[0] == vm && r.0[1].starts_with("CPU "))
+            .map(|r| r.2)
+            .sum()
+    };
+    let (ha, hp) = (vcpu_share("act"), vcpu_share("pas"));
+    let threads = pidstat_threads(&String::from_utf8_lossy(&pidstat.stdout));
+    let ps_share = |vm: &str| -> f64 {
+        let pid = pids.iter().find(|(n, _)| n == vm).unwrap().1;
+        let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        threads
+            .iter()
+            .filter(|(t, _, c)| tids.contains(t) && c.contains("CPU "))
+            .map(|x| x.1)
+            .sum()
+    };
+    let (pa, pp) = (ps_share("act"), ps_share("pas"));
+    let ours = 100.0 * ha / (ha + hp);
+    let theirs = 100.0 * pa / (pa + pp);
+    eprintln!("act share of the two VMs' vCPU time: vmscope {ours:.1}% pidstat {theirs:.1}% (vmscope {ha:.1}/{hp:.1}, pidstat {pa:.1}/{pp:.1} %CPU)");
+    assert!(ha + hp > 0.0 && pa + pp > 0.0, "no vCPU time measured");
+    assert!(
+        (ours - theirs).abs() <= 5.0,
+        "split differs by more than 5 points"
+    );
+
+    // 3. Guest call stacks through the hot functions.
+    let out = Command::new(VMSCOPE)
+        .arg("report")
+        .arg(&db)
+        .args(["--format", "collapsed", "--domain", "act"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains(";vmscope_demo_alpha ") && l.matches(';').count() >= 3),
+        "no guest stack through vmscope_demo_alpha:\n{}",
+        text.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
+    lab.ok(&["down", "ci-coord"]);
+}
