@@ -36,6 +36,7 @@ pub const DEFAULT_NAME: &str = "vmscope.agent";
 /// Usage text.
 pub const USAGE: &str = "\
 usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--allow-write] [--once] [--log FILE]
+       vmscope-agent demo [-d SECONDS] [-t THREADS]
 
 Answers the vmscope host over a virtio-serial port.
   --name NAME     serve the virtio-serial port named NAME (default vmscope.agent),
@@ -47,7 +48,50 @@ Answers the vmscope host over a virtio-serial port.
   --once          exit when the first host connection ends
   --log FILE      append log lines to FILE instead of stderr
   --version       print the version
+
+`demo` runs the known-answer workload (vmscope_demo_alpha/beta/gamma take
+50/30/20 % of its CPU) for SECONDS (default 10) on THREADS threads (default 1)
+and prints the rounds done and the rounds per second.
 ";
+
+/// Options of `vmscope-agent demo`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DemoOptions {
+    /// How long to run, in seconds.
+    pub seconds: f64,
+    /// Worker threads.
+    pub threads: usize,
+}
+
+/// Parses the arguments after `demo`.
+pub fn parse_demo<I: IntoIterator<Item = String>>(args: I) -> Result<DemoOptions, String> {
+    let mut o = DemoOptions {
+        seconds: 10.0,
+        threads: 1,
+    };
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match a.as_str() {
+            "-d" | "--duration" => {
+                let v = value("-d")?;
+                o.seconds = match v.parse::<f64>() {
+                    Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => s,
+                    _ => return Err(format!("-d wants seconds in (0, 86400], not `{v}`")),
+                };
+            }
+            "-t" | "--threads" => {
+                let v = value("-t")?;
+                o.threads = match v.parse::<usize>() {
+                    Ok(n) if (1..=1024).contains(&n) => n,
+                    _ => return Err(format!("-t wants 1..=1024 threads, not `{v}`")),
+                };
+            }
+            other => return Err(format!("unknown demo argument `{other}`")),
+        }
+    }
+    Ok(o)
+}
 
 /// Parses `args` (without the program name). `Err` carries the message to print.
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, String> {
@@ -122,5 +166,33 @@ mod tests {
         assert!(p(&["--port"]).is_err());
         assert!(p(&["--bogus"]).is_err());
         assert!(p(&["--stdio", "--name", "x"]).is_err());
+    }
+
+    #[test]
+    fn demo_flags() {
+        let d = |a: &[&str]| parse_demo(a.iter().map(|s| s.to_string()));
+        assert_eq!(
+            d(&[]).unwrap(),
+            DemoOptions {
+                seconds: 10.0,
+                threads: 1
+            }
+        );
+        assert_eq!(
+            d(&["-d", "2.5", "-t", "3"]).unwrap(),
+            DemoOptions {
+                seconds: 2.5,
+                threads: 3
+            }
+        );
+        for bad in [
+            &["-d", "0"][..],
+            &["-d", "x"],
+            &["-t", "0"],
+            &["-t"],
+            &["-x"],
+        ] {
+            assert!(d(bad).is_err(), "{bad:?}");
+        }
     }
 }

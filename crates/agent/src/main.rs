@@ -1,11 +1,14 @@
 //! `vmscope-agent`: the guest side of vmscope. Finds its virtio-serial port,
 //! then answers the host's requests (hello, ping, and, when allowed, exec
-//! and file copies) until stopped. See docs/protocol.md.
+//! and file copies, profiling, kernel symbols) until stopped. See
+//! docs/protocol.md. `vmscope-agent demo` runs the known-answer workload.
 
 mod args;
 mod exec;
+mod kallsyms;
 mod log;
 mod port;
+mod profile;
 mod putfile;
 mod server;
 mod sysinfo;
@@ -59,11 +62,34 @@ fn open_channel(opts: &args::Options) -> io::Result<ChannelFds> {
     })
 }
 
+/// `vmscope-agent demo`: the 50/30/20 workload, with its throughput.
+fn demo(args: impl Iterator<Item = String>) -> ExitCode {
+    let o = match args::parse_demo(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vmscope-agent demo: {e}\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let rounds = vmscope_workload::run(Duration::from_secs_f64(o.seconds), o.threads);
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "rounds {rounds} seconds {secs:.3} threads {} rounds_per_s {:.2}",
+        o.threads,
+        rounds as f64 / secs.max(1e-9)
+    );
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.iter().any(|a| a == "--help" || a == "-h") {
         print!("{}", args::USAGE);
         return ExitCode::SUCCESS;
+    }
+    if argv.first().map(String::as_str) == Some("demo") {
+        return demo(argv.into_iter().skip(1));
     }
     if argv.iter().any(|a| a == "--version") {
         println!("vmscope-agent {}", env!("CARGO_PKG_VERSION"));

@@ -7,7 +7,8 @@
 //! POLLHUP and reads return 0: the loop then drops the connection's state
 //! (partial frame, queued answers, file transfer), sleeps 100 ms on the
 //! wake-up pipe only, and looks again. Exec requests run on worker threads
-//! that hand their result back through a channel and wake the loop.
+//! that hand their result back through a channel and wake the loop; so do
+//! the profiling worker (`profile`) and the kallsyms reader (`kallsyms`).
 //! Requests are answered only on the channel they came from; nothing runs
 //! that the protocol did not ask for.
 
@@ -22,9 +23,28 @@ use vmscope_protocol::{
     Response, MAX_ERROR_MESSAGE, MAX_STRING, PROTOCOL_VERSION,
 };
 
+use crate::kallsyms::{self, Snapshot};
 use crate::log;
+use crate::profile::{self, Session};
 use crate::putfile::PutFiles;
 use crate::{exec, sysinfo};
+
+/// What a worker thread hands back to the loop.
+enum Outcome {
+    /// An exec result (counted in `running`).
+    Exec(Response),
+    /// A profiling answer.
+    Profile(Response),
+    /// A kallsyms snapshot, or why there is none (counted in `running`).
+    Kallsyms(Result<Arc<Snapshot>, Response>),
+}
+
+/// A worker's answer to request `id` of connection `epoch`.
+struct Done {
+    epoch: u64,
+    id: u64,
+    outcome: Outcome,
+}
 
 /// Most exec requests running at once; more are answered `busy`.
 pub const MAX_RUNNING_EXECS: usize = 8;
@@ -66,11 +86,13 @@ struct Server {
     out_pos: usize,
     epoch: u64,
     running: usize,
-    tx: Sender<(u64, u64, Response)>,
-    rx: Receiver<(u64, u64, Response)>,
+    tx: Sender<Done>,
+    rx: Receiver<Done>,
     wake_r: OwnedFd,
     wake_w: Arc<OwnedFd>,
     puts: PutFiles,
+    profile: Option<Session>,
+    kallsyms: Option<Arc<Snapshot>>,
     connected: bool,
     served: bool,
     bad_frames: u64,
@@ -91,6 +113,12 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Wakes the event loop from a worker thread.
+fn wake_loop(wake: &OwnedFd) {
+    // SAFETY: one byte from a valid buffer to a pipe the caller keeps alive.
+    unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+}
+
 fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
     // SAFETY: valid slice of pollfd.
     let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
@@ -103,7 +131,8 @@ fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
     Ok(())
 }
 
-fn cut(mut s: String, max: usize) -> String {
+/// `s` cut to at most `max` bytes at a character boundary.
+pub fn cut(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {
@@ -131,6 +160,8 @@ pub fn serve(ch: ChannelFds, policy: Policy) -> io::Result<()> {
         wake_r,
         wake_w: Arc::new(wake_w),
         puts: PutFiles::default(),
+        profile: None,
+        kallsyms: None,
         connected: false,
         served: false,
         bad_frames: 0,
@@ -237,6 +268,10 @@ impl Server {
         self.out.clear();
         self.out_pos = 0;
         self.puts.abort();
+        if self.profile.take().is_some() {
+            log!("host gone: dropping the profiling session");
+        }
+        self.kallsyms = None;
         self.epoch += 1;
         self.ch.ends_on_eof || (self.policy.once && was_served)
     }
@@ -304,10 +339,28 @@ impl Server {
             )
         } > 0
         {}
-        while let Ok((epoch, id, resp)) = self.rx.try_recv() {
-            self.running = self.running.saturating_sub(1);
-            if epoch == self.epoch {
-                self.enqueue(id, resp);
+        while let Ok(done) = self.rx.try_recv() {
+            let resp = match done.outcome {
+                Outcome::Exec(r) => {
+                    self.running = self.running.saturating_sub(1);
+                    r
+                }
+                Outcome::Profile(r) => r,
+                Outcome::Kallsyms(r) => {
+                    self.running = self.running.saturating_sub(1);
+                    match r {
+                        Ok(snap) if done.epoch == self.epoch => {
+                            let first = kallsyms::slice(&snap, 0);
+                            self.kallsyms = Some(snap);
+                            first
+                        }
+                        Ok(_) => continue,
+                        Err(e) => e,
+                    }
+                }
+            };
+            if done.epoch == self.epoch {
+                self.enqueue(done.id, resp);
             }
         }
     }
@@ -373,6 +426,8 @@ impl Server {
         if self.policy.allow_exec || self.policy.allow_write {
             caps.push(capability::PUT_FILE.to_string());
         }
+        caps.push(capability::PROFILE.to_string());
+        caps.push(capability::KALLSYMS.to_string());
         caps
     }
 
@@ -433,12 +488,72 @@ impl Server {
                     }
                 }
             }
-            Request::ProfileStart { .. }
-            | Request::ProfilePoll {}
-            | Request::ProfileStop {}
-            | Request::GetKallsyms { .. } => Response::Error {
-                kind: ErrorKind::Unsupported,
-                message: "profiling is not implemented in this agent build yet".into(),
+            Request::ProfileStart {
+                events,
+                frequency,
+                callchain,
+            } => {
+                if self.profile.as_ref().is_some_and(|p| !p.finished()) {
+                    Response::Error {
+                        kind: ErrorKind::Busy,
+                        message: "a profiling session is already running: send profile_stop first"
+                            .into(),
+                    }
+                } else {
+                    let cfg = profile::Config {
+                        events,
+                        frequency,
+                        callchain,
+                    };
+                    match Session::start(id, cfg, self.reply_fn()) {
+                        Ok(s) => {
+                            self.profile = Some(s);
+                            return;
+                        }
+                        Err(e) => Response::Error {
+                            kind: ErrorKind::Io,
+                            message: format!("cannot start the profiling thread: {e}"),
+                        },
+                    }
+                }
+            }
+            Request::ProfilePoll {} | Request::ProfileStop {} => {
+                let stop = matches!(env.msg, Request::ProfileStop {});
+                let sent = match &self.profile {
+                    Some(p) if !p.finished() => {
+                        if stop {
+                            p.stop(id)
+                        } else {
+                            p.poll(id)
+                        }
+                    }
+                    _ => false,
+                };
+                if sent {
+                    return;
+                }
+                Response::Error {
+                    kind: ErrorKind::NotRunning,
+                    message: "no profiling session is running: send profile_start first".into(),
+                }
+            }
+            Request::GetKallsyms { offset: 0 } => {
+                if self.running >= MAX_RUNNING_EXECS {
+                    Response::Error {
+                        kind: ErrorKind::Busy,
+                        message: format!("{MAX_RUNNING_EXECS} requests are already running"),
+                    }
+                } else {
+                    self.spawn_kallsyms(id);
+                    return;
+                }
+            }
+            Request::GetKallsyms { offset } => match &self.kallsyms {
+                Some(snap) => kallsyms::slice(snap, offset),
+                None => Response::Error {
+                    kind: ErrorKind::BadRequest,
+                    message: "no kallsyms snapshot on this connection: start at offset 0".into(),
+                },
             },
             Request::Unknown { type_name } => Response::Error {
                 kind: ErrorKind::Unsupported,
@@ -451,6 +566,49 @@ impl Server {
         self.enqueue(id, resp);
     }
 
+    /// Sends a worker's answers to this connection's queue and wakes the loop.
+    fn reply_fn(&self) -> profile::Reply {
+        let tx = self.tx.clone();
+        let wake = Arc::clone(&self.wake_w);
+        let epoch = self.epoch;
+        Box::new(move |id, resp| {
+            let _ = tx.send(Done {
+                epoch,
+                id,
+                outcome: Outcome::Profile(resp),
+            });
+            wake_loop(&wake);
+        })
+    }
+
+    fn spawn_kallsyms(&mut self, id: u64) {
+        self.running += 1;
+        let tx = self.tx.clone();
+        let wake = Arc::clone(&self.wake_w);
+        let epoch = self.epoch;
+        let spawned = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(move || {
+                let snap = kallsyms::read(std::path::Path::new("/proc")).map(Arc::new);
+                let _ = tx.send(Done {
+                    epoch,
+                    id,
+                    outcome: Outcome::Kallsyms(snap),
+                });
+                wake_loop(&wake);
+            });
+        if let Err(e) = spawned {
+            self.running -= 1;
+            self.enqueue(
+                id,
+                Response::Error {
+                    kind: ErrorKind::Io,
+                    message: format!("cannot start a worker thread: {e}"),
+                },
+            );
+        }
+    }
+
     fn spawn_exec(&mut self, id: u64, argv: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u64) {
         log!("exec {argv:?} (timeout {timeout_ms} ms)");
         self.running += 1;
@@ -461,9 +619,12 @@ impl Server {
             .name("exec".into())
             .spawn(move || {
                 let resp = exec::run(&argv, stdin, Duration::from_millis(timeout_ms));
-                let _ = tx.send((epoch, id, resp));
-                // SAFETY: one byte from a valid buffer to a pipe this thread keeps alive.
-                unsafe { libc::write(wake.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+                let _ = tx.send(Done {
+                    epoch,
+                    id,
+                    outcome: Outcome::Exec(resp),
+                });
+                wake_loop(&wake);
             });
         if let Err(e) = spawned {
             self.running -= 1;

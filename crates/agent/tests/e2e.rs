@@ -91,8 +91,12 @@ fn hello_describes_this_machine() {
     assert_eq!(h.mem_bytes, kb * 1024);
     assert_eq!(
         h.capabilities,
-        vec!["ping".to_string()],
-        "nothing else by default"
+        vec![
+            "ping".to_string(),
+            "profile".to_string(),
+            "kallsyms".to_string()
+        ],
+        "no exec, no file writes by default"
     );
 }
 
@@ -100,7 +104,7 @@ fn hello_describes_this_machine() {
 fn ping_and_unknown_requests_keep_the_connection() {
     let mut a = spawn(&[]);
     a.client.ping(T).unwrap();
-    for name in ["profile_start", "kallsyms", "stats"] {
+    for name in ["stats", "histogram", "profile_config"] {
         match a.client.request(
             &Request::Unknown {
                 type_name: name.into(),
