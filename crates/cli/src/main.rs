@@ -3,11 +3,14 @@
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
 mod agents;
+mod cmd_account;
 mod cmd_demo;
 mod cmd_import;
 mod cmd_lab;
 mod cmd_record;
 mod cmd_report;
+mod cmd_serve;
+mod cmd_stat;
 mod cmd_vms;
 mod vmmap;
 
@@ -36,6 +39,12 @@ enum Command {
     Lab(cmd_lab::LabArgs),
     /// List every QEMU VM on this host: threads, disks, taps, QMP.
     Vms(cmd_vms::VmsArgs),
+    /// vm-stat: each host CPU's busy % per interval, split by VM vCPU.
+    Stat(cmd_stat::StatArgs),
+    /// Per VM and interval: vCPU run/steal/halt, direct and shared I/O CPU.
+    Account(cmd_account::AccountArgs),
+    /// Serve Prometheus metrics (/metrics) of every VM on this host.
+    Serve(cmd_serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +56,9 @@ fn main() -> ExitCode {
         Command::Demo(a) => cmd_demo::run(a),
         Command::Lab(a) => cmd_lab::run(a),
         Command::Vms(a) => cmd_vms::run(a),
+        Command::Stat(a) => cmd_stat::run(a),
+        Command::Account(a) => cmd_account::run(a),
+        Command::Serve(a) => cmd_serve::run(a),
     };
     match result {
         Ok(code) => code,

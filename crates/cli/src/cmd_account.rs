@@ -1,0 +1,53 @@
+//! `vmscope account`: per VM and interval, vCPU run / steal / halt, direct
+//! and shared I/O CPU, I/O operations and the reconciliation with the
+//! host's CPU (see `vmscope_stat::account`).
+
+use crate::cmd_stat::OutFormat;
+use anyhow::{Context, Result};
+use clap::Args;
+use std::process::ExitCode;
+use std::time::Instant;
+use vmscope_stat::account::{AccountOptions, Accountant};
+use vmscope_stat::render::{self, Format};
+
+#[derive(Args)]
+pub struct AccountArgs {
+    /// Interval (100ms, 1s, ...).
+    #[arg(short, long, default_value = "100ms", value_parser = vmscope_stat::parse_interval)]
+    interval: std::time::Duration,
+    /// Number of intervals (default: until interrupted).
+    #[arg(short = 'n', long)]
+    count: Option<u64>,
+    #[arg(long, value_enum, default_value = "text")]
+    format: OutFormat,
+    /// A process whose CPU is shared I/O work for all VMs (repeatable).
+    #[arg(long = "shared-io", value_name = "PID")]
+    shared_io: Vec<u32>,
+    /// Do not ask QMP for disk requests (use /proc/PID/io).
+    #[arg(long)]
+    no_qmp: bool,
+}
+
+pub fn run(a: AccountArgs) -> Result<ExitCode> {
+    let mut acc = Accountant::new(AccountOptions {
+        shared_io_pids: a.shared_io,
+        use_qmp: !a.no_qmp,
+        ..AccountOptions::default()
+    });
+    let fmt: Format = a.format.into();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    render::account_header(&mut out, fmt, a.interval.as_secs_f64())?;
+    let mut next = Instant::now();
+    acc.sample().context("first sample")?;
+    let mut n = 0;
+    while a.count.is_none_or(|c| n < c) {
+        next += a.interval;
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        if let (Some(iv), _) = acc.sample().context("sampling")? {
+            render::account_interval(&mut out, fmt, &iv)?;
+            n += 1;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,82 @@
+//! `vmscope stat`: vm-stat, each host CPU's busy % per interval split by
+//! VM vCPU (see `vmscope_stat::stat`).
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::process::ExitCode;
+use vmscope_stat::render::{self, Format};
+use vmscope_stat::stat::{Source, Stat, StatOptions};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum OutFormat {
+    Text,
+    Json,
+    Csv,
+}
+
+impl From<OutFormat> for Format {
+    fn from(f: OutFormat) -> Format {
+        match f {
+            OutFormat::Text => Format::Text,
+            OutFormat::Json => Format::Json,
+            OutFormat::Csv => Format::Csv,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SourceArg {
+    /// sched:sched_switch tracepoint rings, falling back to schedstat.
+    Auto,
+    /// sched:sched_switch only (fails when tracepoints are unavailable).
+    SchedSwitch,
+    /// /proc/PID/task/TID/schedstat and /proc/stat.
+    Schedstat,
+}
+
+#[derive(Args)]
+pub struct StatArgs {
+    /// Interval (100ms, 1s, ...).
+    #[arg(short, long, default_value = "1s", value_parser = vmscope_stat::parse_interval)]
+    interval: std::time::Duration,
+    /// Number of intervals (default: until interrupted).
+    #[arg(short = 'n', long)]
+    count: Option<u64>,
+    #[arg(long, value_enum, default_value = "text")]
+    format: OutFormat,
+    #[arg(long, value_enum, default_value = "auto")]
+    source: SourceArg,
+    /// Root of the proc tree.
+    #[arg(long, default_value = "/proc", hide = true)]
+    proc_root: std::path::PathBuf,
+}
+
+pub fn run(a: StatArgs) -> Result<ExitCode> {
+    let source = match a.source {
+        SourceArg::Auto => None,
+        SourceArg::SchedSwitch => Some(Source::SchedSwitch),
+        SourceArg::Schedstat => Some(Source::Schedstat),
+    };
+    let mut stat = Stat::new(StatOptions {
+        proc_root: a.proc_root,
+        source,
+    })
+    .context("starting stat")?;
+    let fmt: Format = a.format.into();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut desc = stat.source().describe().to_string();
+    if let Some(why) = &stat.fallback_reason {
+        desc.push_str(&format!("; sched_switch unavailable: {why}"));
+    }
+    render::stat_header(&mut out, fmt, &desc, a.interval.as_secs_f64())?;
+    out.flush()?;
+    let mut n = 0;
+    while a.count.is_none_or(|c| n < c) {
+        let iv = stat.next(a.interval).context("sampling")?;
+        render::stat_interval(&mut out, fmt, &iv)?;
+        n += 1;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,89 @@
+//! A synthetic "QEMU" for tests and the overhead benchmark: a process whose
+//! argv[0] is `qemu-system-x86_64` (so discovery takes it) with N threads
+//! named `CPU n/KVM`. Each thread wakes every `--period-ms` and spins for
+//! `--spin-us`, so its schedstat moves.
+//!
+//! `fake_qemu --vcpus 500 [--name NAME] [--tap IFNAME] [--period-ms 100]
+//! [--spin-us 0]`: prints `ready PID` once every thread is named, then runs
+//! until killed.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if std::env::var_os("FAKE_QEMU_CHILD").is_none() {
+        // Re-exec under QEMU's name, keeping the pid.
+        let vcpus = arg(&args, "--vcpus").unwrap_or_else(|| "4".into());
+        let name = arg(&args, "--name").unwrap_or_else(|| "fake".into());
+        let mut qemu_args = vec![
+            "-name".to_string(),
+            format!("guest={name},debug-threads=on"),
+            "-smp".into(),
+            vcpus.clone(),
+            "-accel".into(),
+            "kvm".into(),
+        ];
+        if let Some(tap) = arg(&args, "--tap") {
+            qemu_args.push("-netdev".into());
+            qemu_args.push(format!("tap,id=n0,ifname={tap},script=no,downscript=no"));
+        }
+        for k in ["--period-ms", "--spin-us"] {
+            if let Some(v) = arg(&args, k) {
+                qemu_args.push(k.into());
+                qemu_args.push(v);
+            }
+        }
+        let err = std::process::Command::new("/proc/self/exe")
+            .arg0("qemu-system-x86_64")
+            .args(&qemu_args)
+            .env("FAKE_QEMU_CHILD", "1")
+            .exec();
+        eprintln!("fake_qemu: exec: {err}");
+        std::process::exit(1);
+    }
+    let vcpus: usize = arg(&args, "-smp").and_then(|v| v.parse().ok()).unwrap_or(4);
+    let period = Duration::from_millis(
+        arg(&args, "--period-ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100),
+    );
+    let spin = Duration::from_micros(
+        arg(&args, "--spin-us")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..vcpus {
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("CPU {i}/KVM"))
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let _ = tx.send(());
+                loop {
+                    std::thread::sleep(period);
+                    let t = Instant::now();
+                    while t.elapsed() < spin {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+            .expect("spawn thread");
+    }
+    for _ in 0..vcpus {
+        let _ = rx.recv();
+    }
+    println!("ready {}", std::process::id());
+    let _ = std::io::stdout().flush();
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,488 @@
+//! `account`: per VM and interval, Cherkasova's accounting on KVM/QEMU
+//! (DESIGN §5): vCPU run / runnable (steal) / blocked from `schedstat`,
+//! direct I/O (the VM's own non-vCPU threads), I/O operations (tap packets;
+//! virtio disk requests from QMP `query-blockstats`, else `/proc/PID/io`
+//! syscalls), the VM's charge for shared host I/O work (softirq time,
+//! `ksoftirqd` threads, `--shared-io` processes) and the reconciliation with
+//! the host's measured CPU. [`Accountant`] does the sampling; the numbers
+//! come from [`crate::math`].
+
+use crate::domains::{Change, Domain, Domains};
+use crate::math::{self, Reconciliation};
+use crate::procfs::{self, ProcStat, SchedStat};
+use crate::StatError;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What to sample and where.
+#[derive(Debug, Clone)]
+pub struct AccountOptions {
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+    /// Processes whose CPU is shared I/O work (a storage or switch daemon).
+    pub shared_io_pids: Vec<u32>,
+    /// Ask QMP `query-blockstats` for disk requests when a socket is known.
+    pub use_qmp: bool,
+    pub qmp_timeout: Duration,
+}
+
+impl Default for AccountOptions {
+    fn default() -> Self {
+        AccountOptions {
+            proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
+            shared_io_pids: Vec::new(),
+            use_qmp: true,
+            qmp_timeout: Duration::from_millis(200),
+        }
+    }
+}
+
+/// One vCPU in one interval, seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct VcpuAccount {
+    pub index: u32,
+    pub tid: u32,
+    pub run_s: f64,
+    pub runnable_s: f64,
+    pub blocked_s: f64,
+}
+
+/// I/O operations of one device in one interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceOps {
+    /// `tap:NAME`, `disk:ID` or `proc-io`.
+    pub device: String,
+    pub ops: u64,
+    pub bytes: u64,
+}
+
+/// One VM in one interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmAccount {
+    pub domain: u32,
+    pub name: String,
+    pub pid: u32,
+    pub vcpus: Vec<VcpuAccount>,
+    pub vcpu_run_s: f64,
+    pub vcpu_runnable_s: f64,
+    pub vcpu_blocked_s: f64,
+    pub direct_io_s: f64,
+    pub devices: Vec<DeviceOps>,
+    /// N_i: packets on its taps + requests on its disks.
+    pub io_ops: u64,
+    pub net_packets: u64,
+    pub disk_ops: u64,
+    pub disk_bytes: u64,
+    /// Where disk requests came from: `qmp`, `proc-io` or `none`.
+    pub disk_source: &'static str,
+    pub shared_io_s: f64,
+    /// vCPU run + direct I/O + shared I/O charge.
+    pub total_s: f64,
+    /// What happened to the VM in this interval (started, exited, ...).
+    pub notes: Vec<String>,
+}
+
+/// One interval of the whole host.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccountInterval {
+    /// Seconds since the first sample.
+    pub time_s: f64,
+    pub interval_s: f64,
+    pub vms: Vec<VmAccount>,
+    /// T: shared host I/O time (softirq + ksoftirqd + `--shared-io`).
+    pub shared_io_s: f64,
+    pub shared_ops: u64,
+    /// T / ΣN, seconds per operation.
+    pub cost_per_op_s: f64,
+    pub measured_host_s: f64,
+    pub unattributed_s: f64,
+    /// Online CPUs × interval.
+    pub capacity_s: f64,
+    /// Busy seconds per host CPU, from `/proc/stat`.
+    pub cpu_busy_s: Vec<(u32, f64)>,
+    pub notes: Vec<String>,
+}
+
+impl AccountInterval {
+    pub fn reconciliation(&self) -> Reconciliation {
+        Reconciliation {
+            measured: self.measured_host_s,
+            vms: self.vms.iter().map(|v| v.total_s).sum(),
+            unattributed: self.unattributed_s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct VmCounters {
+    devices: HashMap<String, (u64, u64)>,
+    disk_source: &'static str,
+}
+
+struct Snapshot {
+    at: Instant,
+    stat: ProcStat,
+    /// (pid, tid) -> schedstat, for every thread read.
+    threads: HashMap<(u32, u32), SchedStat>,
+    io: HashMap<u32, VmCounters>,
+    domains: Vec<Domain>,
+}
+
+/// Samples the host; each [`Accountant::sample`] after the first returns
+/// the interval since the previous one.
+pub struct Accountant {
+    opts: AccountOptions,
+    domains: Domains,
+    ksoftirqd: Vec<u32>,
+    prev: Option<Snapshot>,
+    first: Option<Instant>,
+    /// Notes about devices that vanished, reported once.
+    gone_devices: HashMap<u32, Vec<String>>,
+}
+
+impl Accountant {
+    pub fn new(opts: AccountOptions) -> Accountant {
+        let ksoftirqd = procfs::pids_by_comm_prefix(&opts.proc_root, "ksoftirqd/");
+        Accountant {
+            domains: Domains::new(&opts.proc_root),
+            opts,
+            ksoftirqd,
+            prev: None,
+            first: None,
+            gone_devices: HashMap::new(),
+        }
+    }
+
+    pub fn domains(&self) -> &Domains {
+        &self.domains
+    }
+
+    /// Take a sample. Returns `None` on the first call (the baseline),
+    /// otherwise the interval since the previous sample.
+    pub fn sample(&mut self) -> Result<(Option<AccountInterval>, Vec<Change>), StatError> {
+        let changes = self.domains.refresh()?;
+        let snap = self.snapshot()?;
+        let first = *self.first.get_or_insert(snap.at);
+        let prev = self.prev.take();
+        let out = prev
+            .as_ref()
+            .map(|prev| self.interval(prev, &snap, &changes, first));
+        self.prev = Some(snap);
+        Ok((out, changes))
+    }
+
+    fn snapshot(&mut self) -> Result<Snapshot, StatError> {
+        let root = &self.opts.proc_root;
+        let stat = procfs::proc_stat(root)?;
+        let at = Instant::now();
+        let mut threads = HashMap::new();
+        let mut io = HashMap::new();
+        let read = |threads: &mut HashMap<(u32, u32), SchedStat>, pid: u32, tid: u32| {
+            if let Ok(s) = procfs::schedstat(root, pid, tid) {
+                threads.insert((pid, tid), s);
+            }
+        };
+        for d in self.domains.current() {
+            for (_, t) in &d.vcpus {
+                read(&mut threads, t.pid, t.tid);
+            }
+            for t in &d.io {
+                read(&mut threads, t.pid, t.tid);
+            }
+            // Unnamed threads of the QEMU process are the VM's too.
+            if let Ok(tids) = procfs::tids(root, d.pid) {
+                for tid in tids {
+                    if !threads.contains_key(&(d.pid, tid)) {
+                        read(&mut threads, d.pid, tid);
+                    }
+                }
+            }
+        }
+        for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
+            for tid in procfs::tids(root, pid).unwrap_or_default() {
+                read(&mut threads, pid, tid);
+            }
+        }
+        for d in self.domains.current() {
+            let mut c = VmCounters::default();
+            for tap in &d.taps {
+                match procfs::net_stats(&self.opts.sys_root, tap) {
+                    Ok(n) => {
+                        c.devices.insert(
+                            format!("tap:{tap}"),
+                            (n.rx_packets + n.tx_packets, n.rx_bytes + n.tx_bytes),
+                        );
+                    }
+                    Err(_) => {
+                        let notes = self.gone_devices.entry(d.id).or_default();
+                        let note = format!("tap {tap} unavailable");
+                        if !notes.contains(&note) {
+                            notes.push(note);
+                        }
+                    }
+                }
+            }
+            let disks = if self.opts.use_qmp {
+                d.qmp
+                    .as_ref()
+                    .and_then(|q| blockstats(q, self.opts.qmp_timeout))
+            } else {
+                None
+            };
+            match disks {
+                Some(list) => {
+                    c.disk_source = "qmp";
+                    for (dev, ops, bytes) in list {
+                        c.devices.insert(format!("disk:{dev}"), (ops, bytes));
+                    }
+                }
+                None => match procfs::proc_io(root, d.pid) {
+                    Ok(p) => {
+                        c.disk_source = "proc-io";
+                        c.devices
+                            .insert("proc-io".into(), (p.syscr + p.syscw, p.rchar + p.wchar));
+                    }
+                    Err(_) => c.disk_source = "none",
+                },
+            }
+            io.insert(d.id, c);
+        }
+        Ok(Snapshot {
+            at,
+            stat,
+            threads,
+            io,
+            domains: self.domains.current().to_vec(),
+        })
+    }
+
+    fn interval(
+        &mut self,
+        prev: &Snapshot,
+        cur: &Snapshot,
+        changes: &[Change],
+        first: Instant,
+    ) -> AccountInterval {
+        let dt = cur.at.duration_since(prev.at).as_secs_f64();
+        let prev_ids: HashMap<u32, &Domain> = prev.domains.iter().map(|d| (d.id, d)).collect();
+        // A thread missing from the previous sample appeared during the
+        // interval (a new worker, a VM that just started): all the time it
+        // has counted is inside the interval.
+        let run_of = |key: (u32, u32), _new_vm: bool| -> Option<(Option<SchedStat>, SchedStat)> {
+            let c = *cur.threads.get(&key)?;
+            Some((prev.threads.get(&key).copied(), c))
+        };
+        let mut vms = Vec::new();
+        for d in &cur.domains {
+            let is_new = !prev_ids.contains_key(&d.id);
+            let mut v = VmAccount {
+                domain: d.id,
+                name: d.name.clone(),
+                pid: d.pid,
+                vcpus: Vec::new(),
+                vcpu_run_s: 0.0,
+                vcpu_runnable_s: 0.0,
+                vcpu_blocked_s: 0.0,
+                direct_io_s: 0.0,
+                devices: Vec::new(),
+                io_ops: 0,
+                net_packets: 0,
+                disk_ops: 0,
+                disk_bytes: 0,
+                disk_source: "none",
+                shared_io_s: 0.0,
+                total_s: 0.0,
+                notes: Vec::new(),
+            };
+            let mut vcpu_tids = Vec::new();
+            for (index, t) in &d.vcpus {
+                vcpu_tids.push(t.tid);
+                let Some((p, c)) = run_of((t.pid, t.tid), is_new) else {
+                    v.notes.push(format!("vCPU {index} thread {} gone", t.tid));
+                    continue;
+                };
+                // A vCPU that started mid-interval was not there before it.
+                let span = if is_new {
+                    dt.min(c.run_ns as f64 / 1e9 + c.wait_ns as f64 / 1e9)
+                } else {
+                    dt
+                };
+                let s = math::vcpu_split(p, c, span);
+                v.vcpus.push(VcpuAccount {
+                    index: *index,
+                    tid: t.tid,
+                    run_s: s.run,
+                    runnable_s: s.runnable,
+                    blocked_s: s.blocked,
+                });
+                v.vcpu_run_s += s.run;
+                v.vcpu_runnable_s += s.runnable;
+                v.vcpu_blocked_s += s.blocked;
+            }
+            for (&(pid, tid), _) in cur.threads.iter().filter(|((pid, tid), _)| {
+                (*pid == d.pid || d.io.iter().any(|t| t.pid == *pid && t.tid == *tid))
+                    && !vcpu_tids.contains(tid)
+            }) {
+                if let Some((p, c)) = run_of((pid, tid), is_new) {
+                    v.direct_io_s += math::run_seconds(p, c);
+                }
+            }
+            // Threads that exited during the interval: their last time is lost.
+            let c_io = cur.io.get(&d.id).cloned().unwrap_or_default();
+            let p_io = prev.io.get(&d.id);
+            v.disk_source = c_io.disk_source;
+            let mut devs: Vec<_> = c_io.devices.iter().collect();
+            devs.sort_by(|a, b| a.0.cmp(b.0));
+            for (dev, &(ops, bytes)) in devs {
+                let (pops, pbytes) = match p_io.and_then(|p| p.devices.get(dev)) {
+                    Some(&x) => x,
+                    None if is_new => (0, 0),
+                    None => (ops, bytes),
+                };
+                let (o, b) = match (math::delta(pops, ops), math::delta(pbytes, bytes)) {
+                    (Some(o), Some(b)) => (o, b),
+                    _ => {
+                        v.notes.push(format!("{dev} counters reset"));
+                        (0, 0)
+                    }
+                };
+                if dev.starts_with("tap:") {
+                    v.net_packets += o;
+                } else {
+                    v.disk_ops += o;
+                    v.disk_bytes += b;
+                }
+                v.devices.push(DeviceOps {
+                    device: dev.clone(),
+                    ops: o,
+                    bytes: b,
+                });
+            }
+            if let Some(p) = p_io {
+                for dev in p.devices.keys() {
+                    if !c_io.devices.contains_key(dev) {
+                        v.notes.push(format!("{dev} disappeared"));
+                    }
+                }
+            }
+            if let Some(notes) = self.gone_devices.remove(&d.id) {
+                v.notes.extend(notes);
+            }
+            v.io_ops = v.net_packets + v.disk_ops;
+            vms.push(v);
+        }
+        // VMs that exited: a row saying so.
+        let mut exited_notes = Vec::new();
+        for c in changes {
+            match c {
+                Change::Started { id, .. } => {
+                    if let Some(v) = vms.iter_mut().find(|v| v.domain == *id) {
+                        v.notes.push("started during the interval".into());
+                    }
+                }
+                Change::Exited { id, name, pid } => {
+                    vms.push(VmAccount {
+                        domain: *id,
+                        name: name.clone(),
+                        pid: *pid,
+                        vcpus: Vec::new(),
+                        vcpu_run_s: 0.0,
+                        vcpu_runnable_s: 0.0,
+                        vcpu_blocked_s: 0.0,
+                        direct_io_s: 0.0,
+                        devices: Vec::new(),
+                        io_ops: 0,
+                        net_packets: 0,
+                        disk_ops: 0,
+                        disk_bytes: 0,
+                        disk_source: "none",
+                        shared_io_s: 0.0,
+                        total_s: 0.0,
+                        notes: vec![
+                            "exited during the interval (its last CPU time is not counted)".into(),
+                        ],
+                    });
+                }
+                Change::PidReused { old, new, pid } => {
+                    exited_notes.push(c.to_string());
+                    if let Some(v) = vms.iter_mut().find(|v| v.domain == *new) {
+                        v.notes.push(format!("pid {pid} reused (was d{old})"));
+                    }
+                }
+                Change::Renamed { id, .. } => {
+                    if let Some(v) = vms.iter_mut().find(|v| v.domain == *id) {
+                        v.notes.push(c.to_string());
+                    }
+                }
+            }
+        }
+        // Shared I/O work: softirq time of every CPU, ksoftirqd threads and
+        // the --shared-io processes.
+        let softirq = (cur.stat.all.softirq - prev.stat.all.softirq).max(0.0);
+        let mut threads_t = 0.0;
+        for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
+            for (&(p, tid), c) in cur.threads.iter().filter(|((p, _), _)| *p == pid) {
+                threads_t += math::run_seconds(prev.threads.get(&(p, tid)).copied(), *c);
+            }
+        }
+        let shared = softirq + threads_t;
+        let ops: Vec<u64> = vms.iter().map(|v| v.io_ops).collect();
+        let (cost, charges) = math::charge(shared, &ops);
+        for (v, c) in vms.iter_mut().zip(charges) {
+            v.shared_io_s = c;
+            v.total_s = v.vcpu_run_s + v.direct_io_s + c;
+        }
+        let measured = (cur.stat.all.busy() - prev.stat.all.busy()).max(0.0);
+        let totals: Vec<f64> = vms.iter().map(|v| v.total_s).collect();
+        let rec = Reconciliation::new(measured, &totals);
+        let cpu_busy_s = cur
+            .stat
+            .cpus
+            .iter()
+            .map(|(cpu, t)| {
+                let p = prev.stat.cpu(*cpu).map(|p| p.busy()).unwrap_or(t.busy());
+                (*cpu, (t.busy() - p).max(0.0))
+            })
+            .collect();
+        AccountInterval {
+            time_s: cur.at.duration_since(first).as_secs_f64(),
+            interval_s: dt,
+            shared_ops: ops.iter().sum(),
+            vms,
+            shared_io_s: shared,
+            cost_per_op_s: cost,
+            measured_host_s: measured,
+            unattributed_s: rec.unattributed,
+            capacity_s: dt * cur.stat.cpus.len() as f64,
+            cpu_busy_s,
+            notes: exited_notes,
+        }
+    }
+}
+
+/// `query-blockstats`: (device, requests, bytes) per disk, `None` when QMP
+/// is not reachable.
+fn blockstats(sock: &std::path::Path, timeout: Duration) -> Option<Vec<(String, u64, u64)>> {
+    let mut q = vmscope_discover::qmp::Qmp::connect(sock, timeout).ok()?;
+    let v = q.execute("query-blockstats", None).ok()?;
+    let list = v.as_array()?;
+    let mut out = Vec::new();
+    for (i, d) in list.iter().enumerate() {
+        let name = ["device", "qdev", "node-name"]
+            .iter()
+            .find_map(|k| d.get(*k).and_then(|x| x.as_str()).filter(|s| !s.is_empty()))
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("#{i}"));
+        let s = d.get("stats")?;
+        let n = |k: &str| s.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        out.push((
+            name,
+            n("rd_operations") + n("wr_operations") + n("flush_operations"),
+            n("rd_bytes") + n("wr_bytes"),
+        ));
+    }
+    Some(out)
+}

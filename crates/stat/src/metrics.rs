@@ -1,0 +1,201 @@
+//! Prometheus counters for `serve` (DESIGN §9): base units, `_total`
+//! counters accumulated from [`crate::account`] intervals, encoded with
+//! the `prometheus-client` crate. Per-host-CPU series only when asked.
+
+use crate::account::AccountInterval;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(String, String)>;
+type F64Counter = Counter<f64, AtomicU64>;
+
+/// Running totals since `serve` started, by label set.
+#[derive(Debug, Default)]
+pub struct Totals {
+    vcpu_run: BTreeMap<Labels, f64>,
+    vcpu_runnable: BTreeMap<Labels, f64>,
+    vcpu_blocked: BTreeMap<Labels, f64>,
+    io_seconds: BTreeMap<Labels, f64>,
+    io_ops: BTreeMap<Labels, f64>,
+    cpu_busy: BTreeMap<Labels, f64>,
+    per_cpu: bool,
+}
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Totals {
+    pub fn new(per_cpu: bool) -> Totals {
+        Totals {
+            per_cpu,
+            ..Totals::default()
+        }
+    }
+
+    /// Add one interval.
+    pub fn add(&mut self, a: &AccountInterval) {
+        for v in &a.vms {
+            let dom = v.name.as_str();
+            for c in &v.vcpus {
+                let idx = c.index.to_string();
+                let k = l(&[("domain", dom), ("vcpu", &idx)]);
+                *self.vcpu_run.entry(k.clone()).or_default() += c.run_s;
+                *self.vcpu_runnable.entry(k.clone()).or_default() += c.runnable_s;
+                *self.vcpu_blocked.entry(k).or_default() += c.blocked_s;
+            }
+            *self
+                .io_seconds
+                .entry(l(&[("domain", dom), ("kind", "direct")]))
+                .or_default() += v.direct_io_s;
+            *self
+                .io_seconds
+                .entry(l(&[("domain", dom), ("kind", "shared")]))
+                .or_default() += v.shared_io_s;
+            for d in &v.devices {
+                *self
+                    .io_ops
+                    .entry(l(&[("domain", dom), ("device", &d.device)]))
+                    .or_default() += d.ops as f64;
+            }
+        }
+        if self.per_cpu {
+            for (cpu, busy) in &a.cpu_busy_s {
+                *self
+                    .cpu_busy
+                    .entry(l(&[("cpu", &cpu.to_string())]))
+                    .or_default() += busy;
+            }
+        }
+    }
+
+    /// The exposition text (OpenMetrics, which Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut reg = Registry::default();
+        let fam = |m: &BTreeMap<Labels, f64>| {
+            let f = Family::<Labels, F64Counter>::default();
+            for (k, v) in m {
+                f.get_or_create(k).inc_by(*v);
+            }
+            f
+        };
+        reg.register_with_unit(
+            "vmscope_vcpu_run",
+            "Time vCPU threads ran on a host CPU",
+            Unit::Seconds,
+            fam(&self.vcpu_run),
+        );
+        reg.register_with_unit(
+            "vmscope_vcpu_runnable",
+            "Time vCPU threads waited for a host CPU (the guest's steal time)",
+            Unit::Seconds,
+            fam(&self.vcpu_runnable),
+        );
+        reg.register_with_unit(
+            "vmscope_vcpu_blocked",
+            "Time vCPU threads were neither running nor runnable (halted)",
+            Unit::Seconds,
+            fam(&self.vcpu_blocked),
+        );
+        reg.register_with_unit(
+            "vmscope_domain_io",
+            "Host CPU for a VM's I/O: its own non-vCPU threads (direct) and its charge for shared work (shared)",
+            Unit::Seconds,
+            fam(&self.io_seconds),
+        );
+        reg.register(
+            "vmscope_domain_io_operations",
+            "I/O operations of a VM: packets on its taps, requests on its disks",
+            fam(&self.io_ops),
+        );
+        if self.per_cpu {
+            reg.register_with_unit(
+                "vmscope_cpu_busy",
+                "Busy time of a host CPU (/proc/stat)",
+                Unit::Seconds,
+                fam(&self.cpu_busy),
+            );
+        }
+        let mut s = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut s, &reg);
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::{DeviceOps, VcpuAccount, VmAccount};
+
+    #[test]
+    fn counters_accumulate_and_encode() {
+        let vm = VmAccount {
+            domain: 1,
+            name: "t0".into(),
+            pid: 10,
+            vcpus: vec![VcpuAccount {
+                index: 0,
+                tid: 11,
+                run_s: 0.25,
+                runnable_s: 0.05,
+                blocked_s: 0.7,
+            }],
+            vcpu_run_s: 0.25,
+            vcpu_runnable_s: 0.05,
+            vcpu_blocked_s: 0.7,
+            direct_io_s: 0.01,
+            devices: vec![DeviceOps {
+                device: "tap:vmst0".into(),
+                ops: 12,
+                bytes: 1000,
+            }],
+            io_ops: 12,
+            net_packets: 12,
+            disk_ops: 0,
+            disk_bytes: 0,
+            disk_source: "none",
+            shared_io_s: 0.002,
+            total_s: 0.262,
+            notes: vec![],
+        };
+        let a = AccountInterval {
+            time_s: 1.0,
+            interval_s: 1.0,
+            vms: vec![vm],
+            shared_io_s: 0.002,
+            shared_ops: 12,
+            cost_per_op_s: 0.002 / 12.0,
+            measured_host_s: 0.5,
+            unattributed_s: 0.238,
+            capacity_s: 2.0,
+            cpu_busy_s: vec![(0, 0.3), (1, 0.2)],
+            notes: vec![],
+        };
+        let mut t = Totals::new(false);
+        t.add(&a);
+        t.add(&a);
+        let s = t.encode();
+        assert!(
+            s.contains("vmscope_vcpu_run_seconds_total{domain=\"t0\",vcpu=\"0\"} 0.5"),
+            "{s}"
+        );
+        assert!(s.contains("vmscope_domain_io_seconds_total{domain=\"t0\",kind=\"shared\"} 0.004"));
+        assert!(
+            s.contains("vmscope_domain_io_operations_total{domain=\"t0\",device=\"tap:vmst0\"} 24")
+        );
+        assert!(!s.contains("vmscope_cpu_busy"));
+        let mut t = Totals::new(true);
+        t.add(&a);
+        assert!(t
+            .encode()
+            .contains("vmscope_cpu_busy_seconds_total{cpu=\"1\"} 0.2"));
+    }
+}

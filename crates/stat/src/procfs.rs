@@ -1,0 +1,360 @@
+//! Rooted readers of the `/proc` and `/sys` files `stat`, `account` and
+//! `serve` sample: `/proc/stat` CPU times, per-thread `schedstat` and `stat`
+//! (last CPU), `/proc/PID/io`, tap counters under `/sys/class/net`. Every
+//! reader takes the root it reads under, so tests run on fixture trees.
+//! Nothing here panics on malformed data: it becomes [`StatError::Parse`].
+
+use crate::StatError;
+use std::path::{Path, PathBuf};
+
+fn read(path: PathBuf) -> Result<String, StatError> {
+    std::fs::read_to_string(&path).map_err(|source| StatError::Read { path, source })
+}
+
+fn parse_err(path: PathBuf, msg: impl Into<String>) -> StatError {
+    StatError::Parse {
+        path,
+        msg: msg.into(),
+    }
+}
+
+/// Kernel clock ticks per second of `/proc/stat` (`USER_HZ`).
+pub fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// One CPU line of `/proc/stat`, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTimes {
+    pub user: f64,
+    pub nice: f64,
+    pub system: f64,
+    pub idle: f64,
+    pub iowait: f64,
+    pub irq: f64,
+    pub softirq: f64,
+    pub steal: f64,
+}
+
+impl CpuTimes {
+    /// Time this CPU did work for this host: user (guest time included),
+    /// nice, system, hard and soft interrupts. Idle, iowait and steal (time
+    /// an outer hypervisor took away) are not busy.
+    pub fn busy(&self) -> f64 {
+        self.user + self.nice + self.system + self.irq + self.softirq
+    }
+    /// Every state, the wall time the CPU was online.
+    pub fn total(&self) -> f64 {
+        self.busy() + self.idle + self.iowait + self.steal
+    }
+}
+
+/// `/proc/stat`: the all-CPU line and each `cpuN` line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcStat {
+    pub all: CpuTimes,
+    /// By CPU number.
+    pub cpus: Vec<(u32, CpuTimes)>,
+}
+
+impl ProcStat {
+    pub fn cpu(&self, cpu: u32) -> Option<&CpuTimes> {
+        self.cpus.iter().find(|(c, _)| *c == cpu).map(|(_, t)| t)
+    }
+}
+
+/// Parse `/proc/stat` text (`tck` ticks per second).
+pub fn parse_proc_stat(text: &str, tck: f64, path: &Path) -> Result<ProcStat, StatError> {
+    let mut out = ProcStat::default();
+    let mut seen_all = false;
+    for line in text.lines() {
+        let mut it = line.split_ascii_whitespace();
+        let Some(name) = it.next() else { continue };
+        let Some(rest) = name.strip_prefix("cpu") else {
+            continue;
+        };
+        let v: Vec<f64> = it
+            .map(|x| x.parse::<u64>().map(|n| n as f64 / tck))
+            .collect::<Result<_, _>>()
+            .map_err(|e| parse_err(path.into(), format!("{name}: {e}")))?;
+        if v.len() < 4 {
+            return Err(parse_err(
+                path.into(),
+                format!("{name}: {} fields", v.len()),
+            ));
+        }
+        let g = |i: usize| v.get(i).copied().unwrap_or(0.0);
+        let t = CpuTimes {
+            user: g(0),
+            nice: g(1),
+            system: g(2),
+            idle: g(3),
+            iowait: g(4),
+            irq: g(5),
+            softirq: g(6),
+            steal: g(7),
+        };
+        if rest.is_empty() {
+            out.all = t;
+            seen_all = true;
+        } else {
+            let cpu = rest
+                .parse()
+                .map_err(|_| parse_err(path.into(), format!("bad cpu name {name}")))?;
+            out.cpus.push((cpu, t));
+        }
+    }
+    if !seen_all {
+        return Err(parse_err(path.into(), "no cpu line"));
+    }
+    Ok(out)
+}
+
+/// Read `<proc>/stat`.
+pub fn proc_stat(proc: &Path) -> Result<ProcStat, StatError> {
+    let path = proc.join("stat");
+    let text = read(path.clone())?;
+    parse_proc_stat(&text, clk_tck(), &path)
+}
+
+/// `/proc/PID/task/TID/schedstat`: nanoseconds on CPU, nanoseconds waiting
+/// on a run queue (run_delay: a vCPU's steal time), timeslices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedStat {
+    pub run_ns: u64,
+    pub wait_ns: u64,
+    pub slices: u64,
+}
+
+fn task_dir(proc: &Path, pid: u32, tid: u32) -> PathBuf {
+    proc.join(pid.to_string())
+        .join("task")
+        .join(tid.to_string())
+}
+
+pub fn parse_schedstat(text: &str, path: &Path) -> Result<SchedStat, StatError> {
+    let mut it = text.split_ascii_whitespace().map(|x| x.parse::<u64>());
+    let mut next = |what: &str| -> Result<u64, StatError> {
+        it.next()
+            .and_then(Result::ok)
+            .ok_or_else(|| parse_err(path.into(), format!("no {what}")))
+    };
+    Ok(SchedStat {
+        run_ns: next("run time")?,
+        wait_ns: next("run delay")?,
+        slices: next("timeslices")?,
+    })
+}
+
+pub fn schedstat(proc: &Path, pid: u32, tid: u32) -> Result<SchedStat, StatError> {
+    let path = task_dir(proc, pid, tid).join("schedstat");
+    let text = read(path.clone())?;
+    parse_schedstat(&text, &path)
+}
+
+/// What `/proc/PID/task/TID/stat` says that we use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStat {
+    pub comm: String,
+    /// Field 39: the CPU the thread last ran on.
+    pub processor: u32,
+    /// Field 22: start time in ticks since boot (tells a reused id apart).
+    pub starttime: u64,
+}
+
+pub fn parse_task_stat(text: &str, path: &Path) -> Result<TaskStat, StatError> {
+    // The comm may contain spaces and parentheses: it ends at the last ')'.
+    let open = text
+        .find('(')
+        .ok_or_else(|| parse_err(path.into(), "no '('"))?;
+    let close = text
+        .rfind(')')
+        .ok_or_else(|| parse_err(path.into(), "no ')'"))?;
+    let comm = text
+        .get(open + 1..close)
+        .ok_or_else(|| parse_err(path.into(), "bad comm"))?
+        .to_string();
+    let rest: Vec<&str> = text
+        .get(close + 1..)
+        .unwrap_or_default()
+        .split_ascii_whitespace()
+        .collect();
+    // rest[0] is field 3 (state): field n is rest[n - 3].
+    let field = |n: usize| -> Result<u64, StatError> {
+        rest.get(n - 3)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| parse_err(path.into(), format!("no field {n}")))
+    };
+    Ok(TaskStat {
+        comm,
+        processor: field(39)? as u32,
+        starttime: field(22)?,
+    })
+}
+
+pub fn task_stat(proc: &Path, pid: u32, tid: u32) -> Result<TaskStat, StatError> {
+    let path = task_dir(proc, pid, tid).join("stat");
+    let text = read(path.clone())?;
+    parse_task_stat(&text, &path)
+}
+
+/// Thread ids of a process.
+pub fn tids(proc: &Path, pid: u32) -> Result<Vec<u32>, StatError> {
+    let path = proc.join(pid.to_string()).join("task");
+    let rd = std::fs::read_dir(&path).map_err(|source| StatError::Read { path, source })?;
+    let mut v: Vec<u32> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// `/proc/PID/io` counters (syscalls and bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcIo {
+    pub syscr: u64,
+    pub syscw: u64,
+    pub rchar: u64,
+    pub wchar: u64,
+}
+
+pub fn parse_proc_io(text: &str, path: &Path) -> Result<ProcIo, StatError> {
+    let mut io = ProcIo::default();
+    let mut found = 0;
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let Ok(v) = v.trim().parse::<u64>() else {
+            continue;
+        };
+        match k.trim() {
+            "syscr" => io.syscr = v,
+            "syscw" => io.syscw = v,
+            "rchar" => io.rchar = v,
+            "wchar" => io.wchar = v,
+            _ => continue,
+        }
+        found += 1;
+    }
+    if found == 0 {
+        return Err(parse_err(path.into(), "no counters"));
+    }
+    Ok(io)
+}
+
+pub fn proc_io(proc: &Path, pid: u32) -> Result<ProcIo, StatError> {
+    let path = proc.join(pid.to_string()).join("io");
+    let text = read(path.clone())?;
+    parse_proc_io(&text, &path)
+}
+
+/// Packet and byte counters of a network interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// `<sys>/class/net/DEV/statistics/*`.
+pub fn net_stats(sys: &Path, dev: &str) -> Result<NetStats, StatError> {
+    let dir = sys.join("class/net").join(dev).join("statistics");
+    let get = |name: &str| -> Result<u64, StatError> {
+        let path = dir.join(name);
+        let text = read(path.clone())?;
+        text.trim()
+            .parse()
+            .map_err(|_| parse_err(path, format!("'{}' is not a counter", text.trim())))
+    };
+    Ok(NetStats {
+        rx_packets: get("rx_packets")?,
+        tx_packets: get("tx_packets")?,
+        rx_bytes: get("rx_bytes")?,
+        tx_bytes: get("tx_bytes")?,
+    })
+}
+
+/// Processes whose `comm` starts with `prefix` (e.g. `ksoftirqd/`).
+pub fn pids_by_comm_prefix(proc: &Path, prefix: &str) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(proc) else {
+        return Vec::new();
+    };
+    let mut v: Vec<u32> = rd
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(proc.join(pid.to_string()).join("comm"))
+                .map(|c| c.starts_with(prefix))
+                .unwrap_or(false)
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    }
+
+    #[test]
+    fn proc_stat_fixture() {
+        let s = parse_proc_stat(
+            &std::fs::read_to_string(fixtures().join("proc/stat")).unwrap(),
+            100.0,
+            Path::new("stat"),
+        )
+        .unwrap();
+        assert_eq!(s.cpus.len(), 2);
+        let c1 = s.cpu(1).unwrap();
+        assert!((c1.user - 20.0).abs() < 1e-9);
+        assert!((c1.busy() - (20.0 + 0.5 + 3.0 + 0.1 + 0.4)).abs() < 1e-9);
+        assert!(parse_proc_stat("intr 1 2\n", 100.0, Path::new("x")).is_err());
+        assert!(parse_proc_stat("cpu 1 x 3 4\n", 100.0, Path::new("x")).is_err());
+    }
+
+    #[test]
+    fn task_files_fixture() {
+        let p = fixtures().join("proc");
+        let s = schedstat(&p, 100, 101).unwrap();
+        assert_eq!(s.run_ns, 5_000_000_000);
+        assert_eq!(s.wait_ns, 250_000_000);
+        let t = task_stat(&p, 100, 101).unwrap();
+        assert_eq!(t.comm, "CPU 0/TCG");
+        assert_eq!(t.processor, 1);
+        assert_eq!(tids(&p, 100).unwrap(), vec![100, 101]);
+        let io = proc_io(&p, 100).unwrap();
+        assert_eq!((io.syscr, io.syscw), (40, 60));
+        let n = net_stats(&fixtures().join("sys"), "tap0").unwrap();
+        assert_eq!(n.rx_packets + n.tx_packets, 30);
+        assert!(net_stats(&fixtures().join("sys"), "gone0")
+            .unwrap_err()
+            .is_vanished());
+        assert!(schedstat(&p, 100, 999).unwrap_err().is_vanished());
+        assert_eq!(pids_by_comm_prefix(&p, "ksoftirqd/"), vec![15]);
+    }
+
+    #[test]
+    fn malformed_task_files() {
+        assert!(parse_schedstat("12 x", Path::new("x")).is_err());
+        assert!(parse_task_stat("1 (a) S 1", Path::new("x")).is_err());
+        let weird = "7 (a) b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38";
+        let t = parse_task_stat(weird, Path::new("x")).unwrap();
+        assert_eq!(t.comm, "a) b) c");
+        assert_eq!(t.processor, 36);
+        assert_eq!(t.starttime, 19);
+        assert!(parse_proc_io("nothing\n", Path::new("x")).is_err());
+    }
+}

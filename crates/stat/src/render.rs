@@ -1,0 +1,254 @@
+//! Text, JSON-lines and CSV output of `stat` and `account`. Text keeps the
+//! vm-stat layout of Theurer's figure 1 exactly; every other header names
+//! its units (seconds, percent, operations).
+
+use crate::account::AccountInterval;
+use crate::stat::{CpuRow, StatInterval};
+use serde_json::json;
+use std::io::Write;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+    Csv,
+}
+
+/// `0    [070.5]    d0-0[006.3] d2-1[064.2]`.
+pub fn stat_row_text(r: &CpuRow) -> String {
+    let cells: Vec<String> = r
+        .cells
+        .iter()
+        .map(|c| format!("{}[{:05.1}]", c.label(r.cpu), c.pct))
+        .collect();
+    format!("{:<4} [{:05.1}]    {}", r.cpu, r.total_pct, cells.join(" "))
+}
+
+/// The first lines of `stat`: what is measured and from where.
+pub fn stat_header(
+    out: &mut dyn Write,
+    f: Format,
+    source: &str,
+    interval_s: f64,
+) -> std::io::Result<()> {
+    match f {
+        Format::Text | Format::Csv => {
+            writeln!(out, "# vmscope stat: busy % of each host CPU per {interval_s:.3} s interval, split by VM vCPU (dN-M), host work for VM N (dN-io), other host work (d0-CPU)")?;
+            writeln!(out, "# source: {source}")?;
+            if f == Format::Csv {
+                writeln!(out, "time_s,interval_s,cpu,total_pct,cells_pct")?;
+            }
+        }
+        Format::Json => {
+            writeln!(
+                out,
+                "{}",
+                json!({"type": "header", "source": source, "interval_s": interval_s, "units": {"total_pct": "percent of one CPU", "pct": "percent of one CPU"}})
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::io::Result<()> {
+    match f {
+        Format::Text => {
+            for n in &s.notes {
+                writeln!(out, "# {n}")?;
+            }
+            if let Some(l) = &s.legend {
+                writeln!(out, "# legend: {l}")?;
+            }
+            if s.lost > 0 {
+                writeln!(
+                    out,
+                    "# {} switch records lost: times of this interval are short",
+                    s.lost
+                )?;
+            }
+            writeln!(out, "CPU  Total Pct  Virtual CPUs")?;
+            for r in &s.rows {
+                writeln!(out, "{}", stat_row_text(r))?;
+            }
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            for n in &s.notes {
+                writeln!(out, "# {n}")?;
+            }
+            if let Some(l) = &s.legend {
+                writeln!(out, "# legend: {l}")?;
+            }
+            for r in &s.rows {
+                let cells: Vec<String> = r
+                    .cells
+                    .iter()
+                    .map(|c| format!("{}={:.1}", c.label(r.cpu), c.pct))
+                    .collect();
+                writeln!(
+                    out,
+                    "{:.3},{:.3},{},{:.1},{}",
+                    s.time_s,
+                    s.interval_s,
+                    r.cpu,
+                    r.total_pct,
+                    cells.join(";")
+                )?;
+            }
+        }
+        Format::Json => {
+            for n in &s.notes {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"type": "note", "time_s": s.time_s, "note": n})
+                )?;
+            }
+            if let Some(l) = &s.legend {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"type": "legend", "time_s": s.time_s, "legend": l})
+                )?;
+            }
+            for r in &s.rows {
+                let cells: Vec<_> = r
+                    .cells
+                    .iter()
+                    .map(|c| json!({"label": c.label(r.cpu), "domain": c.domain, "kind": c.kind, "pct": c.pct}))
+                    .collect();
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"type": "cpu", "time_s": s.time_s, "interval_s": s.interval_s,
+                           "source": s.source, "cpu": r.cpu, "total_pct": r.total_pct, "cells": cells})
+                )?;
+            }
+        }
+    }
+    out.flush()
+}
+
+const ACCOUNT_COLS: &str = "time_s,domain,vm,vcpu_run_s,vcpu_runnable_s,vcpu_blocked_s,direct_io_s,net_packets,disk_ops,disk_bytes,io_ops,shared_io_s,total_s,total_pct_of_one_cpu,notes";
+
+pub fn account_header(out: &mut dyn Write, f: Format, interval_s: f64) -> std::io::Result<()> {
+    match f {
+        Format::Text => {
+            writeln!(out, "# vmscope account: per VM per {interval_s:.3} s interval; times in seconds, I/O in operations per interval")?;
+            writeln!(out, "# shared I/O = softirq (/proc/stat) + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
+            writeln!(
+                out,
+                "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>9} {:>9} {:>7}  notes",
+                "time[s]",
+                "VM",
+                "run[s]",
+                "steal[s]",
+                "halt[s]",
+                "dirio[s]",
+                "net[pkt]",
+                "disk[op]",
+                "disk[B]",
+                "shrio[s]",
+                "total[s]",
+                "tot[%]"
+            )?;
+        }
+        Format::Csv => writeln!(out, "{ACCOUNT_COLS}")?,
+        Format::Json => writeln!(
+            out,
+            "{}",
+            json!({"type": "header", "interval_s": interval_s,
+            "units": {"*_s": "seconds", "*_pct": "percent", "net_packets": "packets", "disk_ops": "requests", "disk_bytes": "bytes"}})
+        )?,
+    }
+    Ok(())
+}
+
+pub fn account_interval(
+    out: &mut dyn Write,
+    f: Format,
+    a: &AccountInterval,
+) -> std::io::Result<()> {
+    let rec = a.reconciliation();
+    match f {
+        Format::Text => {
+            for n in &a.notes {
+                writeln!(out, "# {n}")?;
+            }
+            for v in &a.vms {
+                writeln!(
+                    out,
+                    "{:>8.2} {:<14} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8} {:>8} {:>11} {:>9.4} {:>9.4} {:>7.1}  {}",
+                    a.time_s,
+                    format!("d{} {}", v.domain, v.name),
+                    v.vcpu_run_s,
+                    v.vcpu_runnable_s,
+                    v.vcpu_blocked_s,
+                    v.direct_io_s,
+                    v.net_packets,
+                    v.disk_ops,
+                    v.disk_bytes,
+                    v.shared_io_s,
+                    v.total_s,
+                    crate::math::pct(v.total_s, a.interval_s),
+                    v.notes.join("; ")
+                )?;
+            }
+            writeln!(
+                out,
+                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s ({:.2} % off); shared I/O T {:.4} s over {} ops = {:.1} us/op",
+                a.time_s,
+                "= host",
+                rec.vms,
+                rec.unattributed,
+                rec.vms + rec.unattributed,
+                rec.measured,
+                100.0 * rec.error(),
+                a.shared_io_s,
+                a.shared_ops,
+                a.cost_per_op_s * 1e6
+            )?;
+        }
+        Format::Csv => {
+            for v in &a.vms {
+                writeln!(
+                    out,
+                    "{:.3},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.6},{:.6},{:.2},\"{}\"",
+                    a.time_s,
+                    v.domain,
+                    v.name,
+                    v.vcpu_run_s,
+                    v.vcpu_runnable_s,
+                    v.vcpu_blocked_s,
+                    v.direct_io_s,
+                    v.net_packets,
+                    v.disk_ops,
+                    v.disk_bytes,
+                    v.io_ops,
+                    v.shared_io_s,
+                    v.total_s,
+                    crate::math::pct(v.total_s, a.interval_s),
+                    v.notes.join("; ").replace('"', "'")
+                )?;
+            }
+            writeln!(
+                out,
+                "{:.3},,host-unattributed,,,,,,,,{},{:.6},{:.6},{:.2},\"measured {:.6} s\"",
+                a.time_s,
+                a.shared_ops,
+                a.shared_io_s,
+                rec.unattributed,
+                crate::math::pct(rec.unattributed, a.interval_s),
+                rec.measured
+            )?;
+        }
+        Format::Json => {
+            let mut v = serde_json::to_value(a).unwrap_or_default();
+            v["type"] = json!("interval");
+            v["reconciliation"] = json!({"vms_s": rec.vms, "unattributed_s": rec.unattributed, "measured_s": rec.measured, "error": rec.error()});
+            writeln!(out, "{v}")?;
+        }
+    }
+    out.flush()
+}

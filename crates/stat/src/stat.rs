@@ -1,0 +1,492 @@
+//! `stat`: vm-stat (Theurer 2006 §3.2, DESIGN §6): per physical CPU and
+//! interval, the busy percentage and its split by VM vCPU (`dN-M`), by
+//! host work done for a VM (`dN-io`) and by other host work (`d0-CPU`).
+//!
+//! Two sources: exact times from the `sched:sched_switch` tracepoint rings
+//! ([`Source::SchedSwitch`]) or, when tracepoints are unavailable, each VM
+//! thread's `schedstat` placed on the CPU it last ran on with per-CPU
+//! totals from `/proc/stat` ([`Source::Schedstat`]).
+
+use crate::domains::{Change, Domains};
+use crate::procfs;
+use crate::StatError;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vmscope_linux::{clock_monotonic_ns, SchedSwitch, SchedSwitchRecorder};
+
+/// Where the per-CPU times come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    SchedSwitch,
+    Schedstat,
+}
+
+impl Source {
+    /// The line the output header names the source with.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Source::SchedSwitch => "sched_switch tracepoint rings per CPU (exact times)",
+            Source::Schedstat => {
+                "schedstat + /proc/stat fallback (each thread's time placed on the CPU it last ran on)"
+            }
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::SchedSwitch => "sched_switch",
+            Source::Schedstat => "schedstat",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StatOptions {
+    pub proc_root: PathBuf,
+    /// `None`: sched_switch, falling back to schedstat when it cannot open.
+    pub source: Option<Source>,
+}
+
+impl Default for StatOptions {
+    fn default() -> Self {
+        StatOptions {
+            proc_root: PathBuf::from("/proc"),
+            source: None,
+        }
+    }
+}
+
+/// What a cell of a row is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CellKind {
+    /// `d0-CPU`: host work not done for a VM.
+    Host,
+    /// `dN-M`: VM N's vCPU M.
+    Vcpu(u32),
+    /// `dN-io`: host work done for VM N (its non-vCPU threads).
+    Io,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub domain: u32,
+    pub kind: CellKind,
+    /// Percent of the interval on this CPU.
+    pub pct: f64,
+}
+
+impl Cell {
+    /// `dN-M`, `dN-io`, `d0-CPU`.
+    pub fn label(&self, cpu: u32) -> String {
+        match self.kind {
+            CellKind::Host => format!("d0-{cpu}"),
+            CellKind::Vcpu(i) => format!("d{}-{i}", self.domain),
+            CellKind::Io => format!("d{}-io", self.domain),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuRow {
+    pub cpu: u32,
+    pub total_pct: f64,
+    pub cells: Vec<Cell>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatInterval {
+    pub time_s: f64,
+    pub interval_s: f64,
+    pub source: Source,
+    pub rows: Vec<CpuRow>,
+    /// VMs that started or exited, reused PIDs, renamed threads.
+    pub notes: Vec<String>,
+    /// The legend, when it changed in this interval (always the first time).
+    pub legend: Option<String>,
+    /// Switch records the kernel dropped in this interval.
+    pub lost: u64,
+}
+
+/// Seconds per (domain, cell) on one CPU.
+type CellTimes = HashMap<(u32, CellKind), f64>;
+/// Nanoseconds per (cpu, tid) in one interval; tid 0 is idle.
+type TidTimes = HashMap<(u32, u32), u64>;
+
+#[derive(Default, Clone, Copy)]
+struct Track {
+    /// Task running on the CPU (0 = idle); `None` until a switch says.
+    current: Option<u32>,
+    since: u64,
+}
+
+struct SwitchSrc {
+    rec: SchedSwitchRecorder,
+    buf: Vec<SchedSwitch>,
+    pending: Vec<SchedSwitch>,
+    tracks: HashMap<u32, Track>,
+    t0: u64,
+    lost: u64,
+}
+
+struct SchedSrc {
+    prev_stat: procfs::ProcStat,
+    prev: HashMap<(u32, u32), u64>,
+    at: Instant,
+}
+
+enum Src {
+    Switch(Box<SwitchSrc>),
+    Sched(SchedSrc),
+}
+
+/// The vm-stat sampler.
+pub struct Stat {
+    opts: StatOptions,
+    domains: Domains,
+    src: Src,
+    start: Instant,
+    first: bool,
+    /// Why the fallback was taken, when it was.
+    pub fallback_reason: Option<String>,
+}
+
+impl Stat {
+    pub fn new(opts: StatOptions) -> Result<Stat, StatError> {
+        let mut domains = Domains::new(&opts.proc_root);
+        domains.refresh()?;
+        let mut fallback_reason = None;
+        let src = match opts.source {
+            Some(Source::Schedstat) => Src::Sched(sched_src(&opts, &domains)?),
+            want => match open_switch() {
+                Ok(s) => Src::Switch(Box::new(s)),
+                Err(e) if want.is_none() => {
+                    fallback_reason = Some(e.to_string());
+                    Src::Sched(sched_src(&opts, &domains)?)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(Stat {
+            opts,
+            domains,
+            src,
+            start: Instant::now(),
+            first: true,
+            fallback_reason,
+        })
+    }
+
+    pub fn source(&self) -> Source {
+        match self.src {
+            Src::Switch(_) => Source::SchedSwitch,
+            Src::Sched(_) => Source::Schedstat,
+        }
+    }
+
+    pub fn domains(&self) -> &Domains {
+        &self.domains
+    }
+
+    /// Wait for `interval` and return it.
+    pub fn next(&mut self, interval: Duration) -> Result<StatInterval, StatError> {
+        let before = self.domains.tid_map();
+        let (rows, dt, lost, changes) = match &mut self.src {
+            Src::Switch(s) => {
+                let (times, dt, lost) = s.collect(interval)?;
+                let changes = self.domains.refresh()?;
+                let mut map = before;
+                map.extend(self.domains.tid_map());
+                (switch_rows(&times, &map, dt), dt, lost, changes)
+            }
+            Src::Sched(s) => {
+                std::thread::sleep(interval.saturating_sub(s.at.elapsed()));
+                let changes = self.domains.refresh()?;
+                let (rows, dt) = s.collect(&self.opts, &self.domains, &before)?;
+                (rows, dt, 0, changes)
+            }
+        };
+        let legend_changed =
+            self.first || changes.iter().any(|c| !matches!(c, Change::Renamed { .. }));
+        self.first = false;
+        Ok(StatInterval {
+            time_s: self.start.elapsed().as_secs_f64(),
+            interval_s: dt,
+            source: self.source(),
+            rows,
+            notes: changes.iter().map(|c| c.to_string()).collect(),
+            legend: legend_changed.then(|| self.domains.legend()),
+            lost,
+        })
+    }
+}
+
+fn open_switch() -> Result<SwitchSrc, StatError> {
+    let mut rec = SchedSwitchRecorder::open(0)?;
+    rec.enable()?;
+    Ok(SwitchSrc {
+        rec,
+        buf: Vec::new(),
+        pending: Vec::new(),
+        tracks: HashMap::new(),
+        t0: clock_monotonic_ns(),
+        lost: 0,
+    })
+}
+
+fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatError> {
+    let mut prev = HashMap::new();
+    read_threads(opts, domains, &mut prev, |_, _, _| {});
+    Ok(SchedSrc {
+        prev_stat: procfs::proc_stat(&opts.proc_root)?,
+        prev,
+        at: Instant::now(),
+    })
+}
+
+/// Read schedstat of every VM thread into `now`, calling `f(tid, cpu, run_ns)`.
+fn read_threads(
+    opts: &StatOptions,
+    domains: &Domains,
+    now: &mut HashMap<(u32, u32), u64>,
+    mut f: impl FnMut(u32, u32, u64),
+) {
+    let root = &opts.proc_root;
+    for d in domains.current() {
+        let mut tids: Vec<(u32, u32)> = procfs::tids(root, d.pid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| (d.pid, t))
+            .collect();
+        tids.extend(
+            d.io.iter()
+                .filter(|t| t.pid != d.pid)
+                .map(|t| (t.pid, t.tid)),
+        );
+        for (pid, tid) in tids {
+            let (Ok(s), Ok(st)) = (
+                procfs::schedstat(root, pid, tid),
+                procfs::task_stat(root, pid, tid),
+            ) else {
+                continue;
+            };
+            now.insert((pid, tid), s.run_ns);
+            f(tid, st.processor, s.run_ns);
+        }
+    }
+}
+
+/// Percent cells of one CPU from busy time and per-tid times.
+fn build_row(cpu: u32, busy_s: f64, dt: f64, per: &HashMap<(u32, CellKind), f64>) -> CpuRow {
+    let vm: f64 = per.values().sum();
+    let pct = |s: f64| (100.0 * s / dt).clamp(0.0, 100.0);
+    let mut cells = vec![Cell {
+        domain: 0,
+        kind: CellKind::Host,
+        pct: pct((busy_s - vm).max(0.0)),
+    }];
+    let mut v: Vec<_> = per.iter().filter(|(_, &s)| s > 0.0).collect();
+    v.sort_by(|a, b| a.0.cmp(b.0));
+    for (&(domain, kind), &s) in v {
+        cells.push(Cell {
+            domain,
+            kind,
+            pct: pct(s),
+        });
+    }
+    CpuRow {
+        cpu,
+        total_pct: pct(busy_s.max(vm)),
+        cells,
+    }
+}
+
+fn kind_of(map: &HashMap<u32, (u32, Option<u32>)>, tid: u32) -> Option<(u32, CellKind)> {
+    map.get(&tid).map(|&(d, v)| {
+        (
+            d,
+            match v {
+                Some(i) => CellKind::Vcpu(i),
+                None => CellKind::Io,
+            },
+        )
+    })
+}
+
+/// Rows from per-(cpu, tid) nanoseconds (tid 0 = idle).
+fn switch_rows(
+    times: &TidTimes,
+    map: &HashMap<u32, (u32, Option<u32>)>,
+    dt: f64,
+) -> Vec<CpuRow> {
+    let mut per_cpu: HashMap<u32, (f64, CellTimes)> = HashMap::new();
+    for (&(cpu, tid), &ns) in times {
+        let e = per_cpu.entry(cpu).or_default();
+        if tid == 0 {
+            continue;
+        }
+        let s = ns as f64 / 1e9;
+        e.0 += s;
+        if let Some(k) = kind_of(map, tid) {
+            *e.1.entry(k).or_default() += s;
+        }
+    }
+    let mut cpus: Vec<u32> = per_cpu.keys().copied().collect();
+    cpus.sort_unstable();
+    cpus.into_iter()
+        .map(|c| {
+            let (busy, per) = &per_cpu[&c];
+            build_row(c, *busy, dt, per)
+        })
+        .collect()
+}
+
+impl SwitchSrc {
+    /// Read the rings until `interval` after the previous boundary; return
+    /// the nanoseconds each (cpu, tid) ran, the interval in seconds, lost
+    /// records.
+    fn collect(
+        &mut self,
+        interval: Duration,
+    ) -> Result<(TidTimes, f64, u64), StatError> {
+        let t0 = self.t0;
+        let t1 = t0 + interval.as_nanos() as u64;
+        loop {
+            let now = clock_monotonic_ns();
+            if now >= t1 {
+                break;
+            }
+            let wait = Duration::from_nanos(t1 - now).min(Duration::from_millis(250));
+            self.rec.read(wait, &mut self.buf)?;
+        }
+        self.rec.read(Duration::ZERO, &mut self.buf)?;
+        let mut events = std::mem::take(&mut self.pending);
+        events.append(&mut self.buf);
+        let mut times: TidTimes = HashMap::new();
+        for cpu in self.rec.cpus() {
+            self.tracks.entry(*cpu).or_insert(Track {
+                current: None,
+                since: t0,
+            });
+        }
+        for e in events {
+            if e.time > t1 {
+                self.pending.push(e);
+                continue;
+            }
+            let tr = self.tracks.entry(e.cpu).or_insert(Track {
+                current: None,
+                since: t0,
+            });
+            let start = tr.since.max(t0);
+            // The task switched out was running since the last switch on this
+            // CPU, even when its switch-in was not delivered.
+            if e.time > start {
+                *times.entry((e.cpu, e.prev_pid)).or_default() += e.time - start;
+            }
+            tr.current = Some(e.next_pid);
+            tr.since = e.time;
+        }
+        for (&cpu, tr) in self.tracks.iter_mut() {
+            let start = tr.since.max(t0);
+            if let Some(cur) = tr.current {
+                if t1 > start {
+                    *times.entry((cpu, cur)).or_default() += t1 - start;
+                }
+            }
+            times.entry((cpu, 0)).or_default();
+            tr.since = t1;
+        }
+        self.t0 = t1;
+        let lost = self.rec.lost() - self.lost;
+        self.lost = self.rec.lost();
+        Ok((times, interval.as_secs_f64(), lost))
+    }
+}
+
+impl SchedSrc {
+    fn collect(
+        &mut self,
+        opts: &StatOptions,
+        domains: &Domains,
+        before: &HashMap<u32, (u32, Option<u32>)>,
+    ) -> Result<(Vec<CpuRow>, f64), StatError> {
+        let stat = procfs::proc_stat(&opts.proc_root)?;
+        let now_at = Instant::now();
+        let dt = now_at.duration_since(self.at).as_secs_f64();
+        let mut map = before.clone();
+        map.extend(domains.tid_map());
+        let mut now = HashMap::new();
+        let mut per_cpu: HashMap<u32, CellTimes> = HashMap::new();
+        let prev = &self.prev;
+        let mut cpu_of = HashMap::new();
+        read_threads(opts, domains, &mut now, |tid, cpu, _| {
+            cpu_of.insert(tid, cpu);
+        });
+        for (&(pid, tid), &run) in &now {
+            let base = prev
+                .get(&(pid, tid))
+                .copied()
+                .filter(|&p| p <= run)
+                .unwrap_or(run);
+            let d = (run - base) as f64 / 1e9;
+            if d <= 0.0 {
+                continue;
+            }
+            let Some(&cpu) = cpu_of.get(&tid) else {
+                continue;
+            };
+            if let Some(k) = kind_of(&map, tid) {
+                *per_cpu.entry(cpu).or_default().entry(k).or_default() += d;
+            }
+        }
+        let mut rows = Vec::new();
+        for (cpu, t) in &stat.cpus {
+            let p = self
+                .prev_stat
+                .cpu(*cpu)
+                .map(|p| p.busy())
+                .unwrap_or(t.busy());
+            let busy = (t.busy() - p).max(0.0);
+            let empty = HashMap::new();
+            rows.push(build_row(
+                *cpu,
+                busy,
+                dt,
+                per_cpu.get(cpu).unwrap_or(&empty),
+            ));
+        }
+        self.prev = now;
+        self.prev_stat = stat;
+        self.at = now_at;
+        Ok((rows, dt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_busy_time() {
+        let mut times = HashMap::new();
+        times.insert((0, 0), 300_000_000); // idle
+        times.insert((0, 11), 640_000_000); // d2 vCPU 1
+        times.insert((0, 99), 60_000_000); // host task
+        times.insert((1, 12), 650_000_000); // d2 vCPU 2
+        times.insert((1, 13), 20_000_000); // d2 io thread
+        let mut map = HashMap::new();
+        map.insert(11, (2, Some(1)));
+        map.insert(12, (2, Some(2)));
+        map.insert(13, (2, None));
+        let rows = switch_rows(&times, &map, 1.0);
+        assert_eq!(rows.len(), 2);
+        assert!((rows[0].total_pct - 70.0).abs() < 1e-9);
+        let text = crate::render::stat_row_text(&rows[0]);
+        assert_eq!(text, "0    [070.0]    d0-0[006.0] d2-1[064.0]");
+        let text = crate::render::stat_row_text(&rows[1]);
+        assert_eq!(text, "1    [067.0]    d0-1[000.0] d2-2[065.0] d2-io[002.0]");
+    }
+}
