@@ -44,6 +44,11 @@ pub struct ReportArgs {
     /// agent (what agents measured inside guests, unscaled).
     #[arg(long, default_value = "merged")]
     pub view: String,
+    /// santos2006's view of one domain: its kernel and the VMM working in its
+    /// context, side by side (samples, % of all samples, other, TOTAL);
+    /// groups by --by (default symbol; `--by image` gives module classes).
+    #[arg(long, value_name = "DOMAIN")]
+    pub side_by_side: Option<String>,
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
@@ -69,6 +74,33 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         filter.push((Field::Context, c.clone()));
     }
     let session = Session::open(&args.file)?;
+    let view = match args.view.as_str() {
+        "merged" => vmscope_store::View::Merged,
+        "host" => vmscope_store::View::Host,
+        "agent" => vmscope_store::View::Agent,
+        v => anyhow::bail!("unknown view '{v}'; views: merged, host, agent"),
+    };
+    if let Some(domain) = &args.side_by_side {
+        let v = vmscope_report::build_side_by_side(
+            &session,
+            domain,
+            args.event.as_deref(),
+            &by,
+            args.limit.unwrap_or(10),
+            view,
+        )?;
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        match format {
+            Format::Json => {
+                serde_json::to_writer_pretty(&mut out, &v)?;
+                writeln!(out)?;
+            }
+            _ => vmscope_report::render_side_by_side(&v, &mut out)?,
+        }
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let opts = ReportOptions {
         by,
         event: args.event.clone(),
@@ -76,12 +108,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         min_percent: args.min_percent,
         full_paths: args.full_paths,
         filter,
-        view: match args.view.as_str() {
-            "merged" => vmscope_store::View::Merged,
-            "host" => vmscope_store::View::Host,
-            "agent" => vmscope_store::View::Agent,
-            v => anyhow::bail!("unknown view '{v}'; views: merged, host, agent"),
-        },
+        view,
     };
     let report = build(&session, &opts, format == Format::Collapsed)?;
     let stdout = std::io::stdout();

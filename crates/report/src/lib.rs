@@ -7,8 +7,10 @@
 //! add a printer.
 
 mod render;
+mod side;
 
 pub use render::render;
+pub use side::{build_side_by_side, render_side_by_side, Half, SideBySide};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -345,7 +347,7 @@ fn field_of(k: &vmscope_model::AggKey, f: Field) -> &str {
     }
 }
 
-fn display_value(f: Field, v: &str, full_paths: bool) -> String {
+pub(crate) fn display_value(f: Field, v: &str, full_paths: bool) -> String {
     match f {
         Field::Image if !full_paths && v.starts_with('/') => {
             v.rsplit('/').next().unwrap_or(v).to_string()

@@ -208,3 +208,83 @@ fn min_percent_filter_and_errors() {
     assert_eq!(r.rows.len(), 1);
     assert_eq!(r.rows[0].percent[0], 20.0);
 }
+
+#[test]
+fn side_by_side_of_a_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: Some(1),
+        frequency: None,
+    }])
+    .unwrap();
+    let mut p = Profile::new();
+    p.add(
+        key(
+            0,
+            "vm1",
+            Context::GuestKernel,
+            "[guest.kernel]",
+            "netback_rx",
+        ),
+        30,
+        30,
+    );
+    p.add(
+        key(
+            0,
+            "vm1",
+            Context::GuestKernel,
+            "[guest.kernel]",
+            "br_forward",
+        ),
+        20,
+        20,
+    );
+    p.add(
+        key(
+            0,
+            "vm1",
+            Context::VmmKernel,
+            "[kernel.kallsyms]",
+            "kvm_mmu_page_fault",
+        ),
+        10,
+        10,
+    );
+    p.add(
+        key(
+            0,
+            "vm1",
+            Context::VmmUser,
+            "/usr/bin/qemu",
+            "virtio_queue_notify",
+        ),
+        5,
+        5,
+    );
+    p.add(
+        key(0, "host", Context::Idle, "[kernel.kallsyms]", "idle"),
+        35,
+        35,
+    );
+    w.flush(&p).unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let v = build_side_by_side(&s, "vm1", None, &[], 1, vmscope_store::View::Merged).unwrap();
+    assert_eq!(v.left.rows, vec![(30, 30.0, "netback_rx".to_string())]);
+    assert_eq!(v.left.other, (20, 20.0));
+    assert_eq!(v.left.total, (50, 50.0));
+    assert_eq!(v.right.total, (15, 15.0));
+    let mut out = Vec::new();
+    render_side_by_side(&v, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let first = text.lines().nth(1).unwrap();
+    assert!(
+        first.starts_with("Kernel (vm1)") && first.contains("VMM (in vm1 context)"),
+        "{text}"
+    );
+    assert!(text.contains("TOTAL"), "{text}");
+}
