@@ -3,11 +3,13 @@
 //! named `CPU n/KVM`. Each thread wakes every `--period-ms` and spins for
 //! `--spin-us`, so its schedstat moves.
 //!
+//! `rename N NAME` on stdin renames vCPU N's thread.
+//!
 //! `fake_qemu --vcpus 500 [--name NAME] [--tap IFNAME] [--period-ms 100]
 //! [--spin-us 0]`: prints `ready PID` once every thread is named, then runs
 //! until killed.
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
@@ -67,7 +69,8 @@ fn main() {
             .name(format!("CPU {i}/KVM"))
             .stack_size(64 * 1024)
             .spawn(move || {
-                let _ = tx.send(());
+                // SAFETY: gettid has no preconditions.
+                let _ = tx.send(unsafe { libc::gettid() });
                 loop {
                     std::thread::sleep(period);
                     let t = Instant::now();
@@ -78,11 +81,25 @@ fn main() {
             })
             .expect("spawn thread");
     }
-    for _ in 0..vcpus {
-        let _ = rx.recv();
-    }
+    let tids: Vec<i32> = (0..vcpus).filter_map(|_| rx.recv().ok()).collect();
     println!("ready {}", std::process::id());
     let _ = std::io::stdout().flush();
+    // `rename N NAME` on stdin renames the thread of vCPU N (only the
+    // process itself may rename its threads).
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines().map_while(Result::ok) {
+        let mut w = line.splitn(3, ' ');
+        if let (Some("rename"), Some(n), Some(name)) = (w.next(), w.next(), w.next()) {
+            let by_name = format!("CPU {n}/KVM");
+            let tid = tids.iter().find(|t| {
+                std::fs::read_to_string(format!("/proc/self/task/{t}/comm"))
+                    .is_ok_and(|c| c.trim() == by_name)
+            });
+            if let Some(t) = tid {
+                let _ = std::fs::write(format!("/proc/self/task/{t}/comm"), name);
+            }
+        }
+    }
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

@@ -129,6 +129,8 @@ struct SwitchSrc {
     tracks: HashMap<u32, Track>,
     t0: u64,
     lost: u64,
+    /// Switch-outs whose switch-in from idle was not delivered.
+    missed: u64,
 }
 
 struct SchedSrc {
@@ -233,6 +235,7 @@ fn open_switch() -> Result<SwitchSrc, StatError> {
         tracks: HashMap::new(),
         t0: clock_monotonic_ns(),
         lost: 0,
+        missed: 0,
     })
 }
 
@@ -316,11 +319,7 @@ fn kind_of(map: &HashMap<u32, (u32, Option<u32>)>, tid: u32) -> Option<(u32, Cel
 }
 
 /// Rows from per-(cpu, tid) nanoseconds (tid 0 = idle).
-fn switch_rows(
-    times: &TidTimes,
-    map: &HashMap<u32, (u32, Option<u32>)>,
-    dt: f64,
-) -> Vec<CpuRow> {
+fn switch_rows(times: &TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, dt: f64) -> Vec<CpuRow> {
     let mut per_cpu: HashMap<u32, (f64, CellTimes)> = HashMap::new();
     for (&(cpu, tid), &ns) in times {
         let e = per_cpu.entry(cpu).or_default();
@@ -347,10 +346,7 @@ impl SwitchSrc {
     /// Read the rings until `interval` after the previous boundary; return
     /// the nanoseconds each (cpu, tid) ran, the interval in seconds, lost
     /// records.
-    fn collect(
-        &mut self,
-        interval: Duration,
-    ) -> Result<(TidTimes, f64, u64), StatError> {
+    fn collect(&mut self, interval: Duration) -> Result<(TidTimes, f64, u64), StatError> {
         let t0 = self.t0;
         let t1 = t0 + interval.as_nanos() as u64;
         loop {
@@ -381,10 +377,17 @@ impl SwitchSrc {
                 since: t0,
             });
             let start = tr.since.max(t0);
-            // The task switched out was running since the last switch on this
-            // CPU, even when its switch-in was not delivered.
-            if e.time > start {
+            // The task switched out ran since the last switch on this CPU.
+            // When its switch-in from idle was not delivered, when it started
+            // is unknown: the CPU was idle until then, and the task's short
+            // run after a wakeup is left uncounted rather than the idle
+            // period counted as busy.
+            let missed_after_idle = tr.current == Some(0) && e.prev_pid != 0;
+            if e.time > start && !missed_after_idle {
                 *times.entry((e.cpu, e.prev_pid)).or_default() += e.time - start;
+            }
+            if missed_after_idle {
+                self.missed += 1;
             }
             tr.current = Some(e.next_pid);
             tr.since = e.time;
