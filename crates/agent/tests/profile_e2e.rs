@@ -269,3 +269,68 @@ fn polls_without_a_session_are_refused() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Rounds per second printed by `vmscope-agent demo`.
+fn demo_rate(seconds: &str) -> f64 {
+    let out = Command::new(agent_bin())
+        .args(["demo", "-d", seconds])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_whitespace()
+        .skip_while(|w| *w != "rounds_per_s")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {text:?}"))
+}
+
+/// Throughput of the demo with and without the agent sampling every CPU at
+/// 1 kHz (polled every 500 ms), alternating to spread out machine noise.
+/// `cargo test -p vmscope-agent --test profile_e2e -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, not a check: takes about 25 s"]
+fn sampling_overhead_on_the_demo() {
+    if !can_sample_everything() {
+        return;
+    }
+    let (mut plain, mut sampled) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        plain.push(demo_rate("5"));
+        let mut a = spawn();
+        a.client()
+            .profile_start(&ProfileConfig::default(), T)
+            .unwrap();
+        let poller = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(6) {
+                std::thread::sleep(Duration::from_millis(500));
+                a.client().profile_poll(T).unwrap();
+            }
+            let end = a.client().profile_stop(T).unwrap();
+            // The agent's own CPU time: utime + stime in clock ticks.
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", a.child.id())).unwrap();
+            let f: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+            // SAFETY: sysconf has no preconditions.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            (end, ticks / hz / t0.elapsed().as_secs_f64())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        sampled.push(demo_rate("5"));
+        let (end, cpu) = poller.join().unwrap();
+        assert!(end.last);
+        eprintln!("agent CPU while sampling: {:.1} % of one CPU", 100.0 * cpu);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (p, s) = (mean(&plain), mean(&sampled));
+    eprintln!(
+        "demo rounds/s without sampling {plain:?} (mean {p:.1}), with 1 kHz sampling {sampled:?} \
+         (mean {s:.1}): slowdown {:.1} %",
+        100.0 * (p - s) / p
+    );
+}
