@@ -173,6 +173,156 @@ impl GuestProfiler for AgentProfiler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixListener;
+    use std::time::Instant;
+    use vmscope_engine::guest::{arm_all, GuestEvent, GuestPollers};
+    use vmscope_protocol::{encode_response, AgentHello, Decoder, Request, Response};
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Misbehave {
+        None,
+        GarbageOnStart,
+        GarbageOnPoll,
+        SilentOnPoll,
+    }
+
+    /// A guest agent played by a thread over a real Unix socket: correct
+    /// protocol until the chosen misbehaviour.
+    fn fake_agent(dir: &std::path::Path, name: &str, how: Misbehave) -> PathBuf {
+        let path = dir.join(format!("{name}.sock"));
+        let listener = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let mut dec = Decoder::new();
+            let mut buf = [0u8; 65536];
+            loop {
+                let n = match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                dec.push(&buf[..n]);
+                while let Ok(Some(env)) = dec.next_request() {
+                    let resp = match env.msg {
+                        Request::Hello { nonce, .. } => Response::Hello(AgentHello {
+                            protocol: vmscope_protocol::PROTOCOL_VERSION,
+                            agent_version: "test".into(),
+                            kernel: "6.1".into(),
+                            hostname: "fake".into(),
+                            cpus: 1,
+                            mem_bytes: 1 << 28,
+                            capabilities: vec!["profile".into()],
+                            nonce,
+                        }),
+                        Request::ProfileStart { .. } if how == Misbehave::GarbageOnStart => {
+                            let _ = s.write_all(&[0xff; 4096]);
+                            continue;
+                        }
+                        Request::ProfileStart { events, .. } => Response::ProfileReady {
+                            cpus: 1,
+                            events,
+                            t_ns: 1,
+                        },
+                        Request::ProfilePoll {} if how == Misbehave::GarbageOnPoll => {
+                            // A frame header claiming a huge body, then noise.
+                            let mut junk = b"VMS1".to_vec();
+                            junk.extend_from_slice(&[0x7f; 60]);
+                            let _ = s.write_all(&junk);
+                            continue;
+                        }
+                        Request::ProfilePoll {} if how == Misbehave::SilentOnPoll => continue,
+                        Request::ProfilePoll {} | Request::ProfileStop {} => {
+                            let last = matches!(env.msg, Request::ProfileStop {});
+                            Response::ProfileData {
+                                seq: 1,
+                                rows: vec![vmscope_protocol::ProfileRow {
+                                    event: 0,
+                                    context: "guest-user".into(),
+                                    process: "app".into(),
+                                    image: "/bin/app".into(),
+                                    symbol: "work".into(),
+                                    stack: String::new(),
+                                    samples: 1,
+                                    period: 1_000_000,
+                                }],
+                                samples: 1,
+                                lost: 0,
+                                t_ns: 2,
+                                more: false,
+                                last,
+                            }
+                        }
+                        _ => continue,
+                    };
+                    let bytes = encode_response(env.id, &resp).unwrap();
+                    if s.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        path
+    }
+
+    #[test]
+    fn a_guest_sending_garbage_is_dropped_and_the_others_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guests: Vec<Box<dyn GuestProfiler>> = Vec::new();
+        for (name, how) in [
+            ("good", Misbehave::None),
+            ("badstart", Misbehave::GarbageOnStart),
+            ("badpoll", Misbehave::GarbageOnPoll),
+            ("silent", Misbehave::SilentOnPoll),
+        ] {
+            let sock = fake_agent(dir.path(), name, how);
+            guests.push(Box::new(
+                AgentProfiler::connect(name, &sock, Duration::from_secs(5)).unwrap(),
+            ));
+        }
+        let ev = vec![EventSpec::parse("cpu-clock", 1000).unwrap()];
+        let armed = arm_all(guests, &ev, false, Duration::from_secs(2));
+        let mut ready = Vec::new();
+        for a in armed {
+            match a.result {
+                Ok(g) => ready.push(g),
+                Err((_, why)) => {
+                    assert_eq!(&*a.domain, "badstart");
+                    assert!(!why.is_empty());
+                }
+            }
+        }
+        assert_eq!(ready.len(), 3);
+        let t0 = Instant::now();
+        let pollers = GuestPollers::spawn(ready, Duration::from_millis(50), t0);
+        std::thread::sleep(Duration::from_millis(1500));
+        let events: Vec<GuestEvent> = pollers.stop().try_iter().collect();
+        let lost: Vec<(String, String)> = events
+            .iter()
+            .filter_map(|e| match e {
+                GuestEvent::Lost { domain, why, .. } => Some((domain.to_string(), why.clone())),
+                _ => None,
+            })
+            .collect();
+        let names: Vec<&str> = lost.iter().map(|l| l.0.as_str()).collect();
+        assert!(names.contains(&"badpoll"), "{lost:?}");
+        assert!(names.contains(&"silent"), "{lost:?}");
+        assert!(!names.contains(&"good"), "{lost:?}");
+        let good_rows: usize = events
+            .iter()
+            .filter_map(|e| match e {
+                GuestEvent::Delta { domain, delta } if &**domain == "good" => {
+                    Some(delta.rows.len())
+                }
+                _ => None,
+            })
+            .sum();
+        assert!(
+            good_rows >= 5,
+            "the good agent kept streaming: {good_rows} rows"
+        );
+    }
 
     #[test]
     fn finds_the_agent_socket_in_lab_and_libvirt_style_cmdlines() {

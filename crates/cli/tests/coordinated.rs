@@ -334,5 +334,81 @@ fn active_and_passive_vms_in_one_session() {
         "no guest stack through vmscope_demo_alpha:\n{}",
         text.lines().take(20).collect::<Vec<_>>().join("\n")
     );
+
+    // 4. Faults: the active VM is killed mid-session. The session completes,
+    // the VM is marked lost/ended with the time, the rest is intact.
+    let db2 = tmp.path().join("killed.db");
+    let rec = Command::new(VMSCOPE)
+        .args([
+            "record",
+            "-a",
+            "-F",
+            "1000",
+            "-d",
+            "6",
+            "--vm",
+            "act=active",
+            "--vm",
+            "pas=passive",
+            "-o",
+        ])
+        .arg(&db2)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill once sampling runs (the session file holds samples), not during
+    // the recorder's start-up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let started = Command::new(VMSCOPE)
+            .arg("report")
+            .arg(&db2)
+            .args(["--format", "json"])
+            .output()
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+            .and_then(|v| v["events"][0]["samples"].as_u64())
+            .is_some_and(|n| n > 0);
+        if started {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recorder never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let act_pid = pids.iter().find(|(n, _)| n == "act").unwrap().1;
+    // SAFETY: kill(2) on the QEMU process of our own lab.
+    unsafe { libc::kill(act_pid as i32, libc::SIGKILL) };
+    let out = rec.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "record after a VM died: {stderr}");
+    let v = report(&db2, &["--by", "domain"]);
+    let act = v["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "act")
+        .unwrap()
+        .clone();
+    eprintln!("killed VM: {act}");
+    assert!(act["status"] == "lost" || act["status"] == "ended", "{act}");
+    eprintln!("record's messages: {stderr}");
+    assert_eq!(act["role"], "active", "{act}");
+    let at = act["ended_at"].as_f64().expect("end time");
+    let duration: f64 = v["meta"]["duration_s"].as_str().unwrap().parse().unwrap();
+    assert!(
+        at > 0.5 && at <= duration + 0.5,
+        "ended at {at} of {duration} s"
+    );
+    let doms = rows(&v);
+    for d in ["host", "pas", "act"] {
+        assert!(
+            doms.iter().any(|r| r.0[0] == d && r.1 > 0),
+            "no samples for {d}: {doms:?}"
+        );
+    }
     lab.ok(&["down", "ci-coord"]);
 }

@@ -497,6 +497,8 @@ struct AgentBook {
     busy: HashMap<(Arc<str>, u32), (u64, u64)>,
     lost: HashMap<Arc<str>, u64>,
     gone: std::collections::HashSet<String>,
+    /// When each VM's agent was lost (seconds since start).
+    lost_at: HashMap<String, f64>,
 }
 
 impl AgentBook {
@@ -536,6 +538,11 @@ impl AgentBook {
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));
                 self.gone.insert(domain.to_string());
+                self.lost_at.insert(domain.to_string(), at);
+                // A VM already seen to have exited keeps that (earlier, firmer) mark.
+                if self.gone.contains(&format!("ended:{domain}")) {
+                    return Ok(());
+                }
                 if let Some((d, det)) = vms.get(&*domain) {
                     writer.upsert_domain(&DomainRecord {
                         domain: d.clone(),
