@@ -13,9 +13,9 @@ use crate::SymbolError;
 use object::elf;
 use object::read::elf::{ElfFile, FileHeader, ProgramHeader, SectionHeader, Sym};
 use object::{Endianness, FileKind, Object};
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One `PT_LOAD` program header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +26,70 @@ struct LoadSegment {
     exec: bool,
 }
 
+/// Symbol names as found in the file (mangled), demangled on first use:
+/// a binary has tens of thousands of symbols and a profile touches few of
+/// them, and demangling every name at load dominated the cost of loading a
+/// large Rust or C++ binary.
+#[derive(Debug, Clone, Default)]
+struct Names {
+    /// Raw names back to back; name `i` is `raw[ends[i - 1]..ends[i]]`.
+    raw: Vec<u8>,
+    ends: Vec<usize>,
+    demangled: Vec<OnceLock<Arc<str>>>,
+}
+
+impl Names {
+    fn push(&mut self, raw: &[u8]) -> u32 {
+        self.raw.extend_from_slice(raw);
+        self.ends.push(self.raw.len());
+        self.demangled.push(OnceLock::new());
+        (self.ends.len() - 1) as u32
+    }
+
+    fn get(&self, i: u32) -> Option<&Arc<str>> {
+        let i = i as usize;
+        let cell = self.demangled.get(i)?;
+        Some(cell.get_or_init(|| {
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            Arc::from(demangle_raw(&self.raw[start..self.ends[i]]).as_ref())
+        }))
+    }
+}
+
+/// [`demangle`] of raw symbol bytes (invalid UTF-8 replaced).
+fn demangle_raw(raw: &[u8]) -> Cow<'_, str> {
+    match String::from_utf8_lossy(raw) {
+        Cow::Borrowed(text) => demangle(text),
+        Cow::Owned(text) => Cow::Owned(demangle(&text).into_owned()),
+    }
+}
+
+/// True when `a` and `b` are C++ mangled names that differ only in the
+/// digit of constructor or destructor variants (`C1`/`C2`, `D0`/`D1`/`D2`).
+/// Such names demangle to the same text, and when they do not demangle they
+/// stay equally long with the same leading underscores: either way neither
+/// wins an alias tie-break, so they need not be demangled to compare.
+fn ctor_variants(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len()
+        && a.starts_with(b"_Z")
+        && b.starts_with(b"_Z")
+        && a.iter().zip(b).enumerate().all(|(i, (x, y))| {
+            x == y
+                || (i > 0
+                    && matches!(a[i - 1], b'C' | b'D')
+                    && x.is_ascii_digit()
+                    && y.is_ascii_digit()
+                    // End of the nested name, template arguments or an ABI
+                    // tag: not a length prefix of the next identifier.
+                    && matches!(a.get(i + 1), Some(b'E' | b'I' | b'B')))
+        })
+}
+
 /// The symbols, segments and identity of one ELF file.
 #[derive(Debug, Clone, Default)]
 pub struct ElfSymbols {
     syms: Vec<RangeSym>,
-    names: Vec<Arc<str>>,
+    names: Names,
     segments: Vec<LoadSegment>,
     /// Lowest `PT_LOAD` address rounded down to its page: the load bias of
     /// offset 0 when segments carry no file data (a separate debug file).
@@ -122,7 +181,7 @@ impl ElfSymbols {
         if self.plt_start.is_some_and(|p| s.start < p && vaddr >= p) {
             return None;
         }
-        self.names.get(s.name as usize)
+        self.names.get(s.name)
     }
 
     /// `offset - p_offset + p_vaddr` of the `PT_LOAD` segment whose file
@@ -173,7 +232,7 @@ impl ElfSymbols {
     /// Every kept symbol as (start vaddr, end vaddr, name), in address order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64, &str)> {
         self.syms.iter().map(|s| {
-            let name = self.names.get(s.name as usize).map_or("", |n| &**n);
+            let name = self.names.get(s.name).map_or("", |n| &**n);
             (s.start, s.end, name)
         })
     }
@@ -225,8 +284,9 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
 
     let symtab = file.elf_symbol_table();
     let dynsym = file.elf_dynamic_symbol_table();
-    let mut interned: HashMap<&[u8], u32> = HashMap::new();
-    let mut names: Vec<Arc<str>> = Vec::new();
+    // Raw names by symbol; aliases are resolved (which may demangle the
+    // few names that tie) before the survivors' names are copied out.
+    let mut raw_names: Vec<&[u8]> = Vec::new();
     let mut syms = Vec::new();
     let mut ifuncs: Vec<u64> = Vec::new();
     for table in [symtab, dynsym] {
@@ -280,16 +340,8 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
                 start -= 1;
             }
             let size: u64 = sym.st_size(endian).into();
-            let name = match interned.get(raw_name) {
-                Some(&i) => i,
-                None => {
-                    let text = String::from_utf8_lossy(raw_name);
-                    names.push(Arc::from(demangle(&text).as_ref()));
-                    let i = (names.len() - 1) as u32;
-                    interned.insert(raw_name, i);
-                    i
-                }
-            };
+            raw_names.push(raw_name);
+            let name = (raw_names.len() - 1) as u32;
             if ty == elf::STT_GNU_IFUNC {
                 ifuncs.push(start);
             }
@@ -307,7 +359,17 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
             });
         }
     }
-    let syms = table::finish(syms, false, |i| names.get(i as usize).map_or("", |n| n));
+    let mut syms = table::finish_by(syms, false, |a, b| {
+        let raw = |i: u32| raw_names.get(i as usize).copied().unwrap_or_default();
+        let (a, b) = (raw(a), raw(b));
+        // The same name in .symtab and .dynsym is the usual alias; C++
+        // constructor and destructor variants are the next most common.
+        (a != b && !ctor_variants(a, b)).then(|| (demangle_raw(a), demangle_raw(b)))
+    });
+    let mut names = Names::default();
+    for s in &mut syms {
+        s.name = names.push(raw_names.get(s.name as usize).copied().unwrap_or_default());
+    }
     let plt = synthesize_plt(&file, data, &syms, &names, &ifuncs);
 
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
@@ -436,7 +498,7 @@ fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
     file: &ElfFile<'_, Elf>,
     data: &[u8],
     syms: &[RangeSym],
-    names: &[Arc<str>],
+    names: &Names,
     ifuncs: &[u64],
 ) -> Plt {
     let mut out = Plt::default();
@@ -574,7 +636,7 @@ fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
                 .then(|| table::find(syms, target))
                 .flatten()
                 .filter(|s| s.start == target)
-                .and_then(|s| names.get(s.name as usize));
+                .and_then(|s| names.get(s.name));
             match ifunc {
                 Some(f) => format!("{f}@plt"),
                 None => format!("offset_{:#x}@plt", slot.wrapping_add(slot_delta)),
@@ -595,6 +657,20 @@ fn synthesize_plt<Elf: FileHeader<Endian = Endianness>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ctor_variants_demangle_alike() {
+        let (c1, c2) = (&b"_ZN3FooC1Ev"[..], &b"_ZN3FooC2Ev"[..]);
+        assert!(ctor_variants(c1, c2));
+        assert_eq!(demangle_raw(c1), demangle_raw(c2));
+        let (d0, d2) = (&b"_ZN3FooD0Ev"[..], &b"_ZN3FooD2Ev"[..]);
+        assert!(ctor_variants(d0, d2));
+        assert_eq!(demangle_raw(d0), demangle_raw(d2));
+        assert!(!ctor_variants(b"_ZN3FooC1Ev", b"_ZN3BarC1Ev"));
+        assert!(!ctor_variants(b"_Z3f1v", b"_Z3f2v"));
+        assert!(!ctor_variants(b"abC1", b"abC2"));
+        assert!(!ctor_variants(b"_ZN1C1xEv", b"_ZN1C2xEv"));
+    }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {

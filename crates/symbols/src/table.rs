@@ -61,8 +61,14 @@ fn leading_underscores(s: &str) -> usize {
     s.bytes().take_while(|&b| b == b'_').count()
 }
 
-/// perf's `choose_best_symbol`: true when `b` should replace `a`.
-fn b_is_better(a: &RangeSym, b: &RangeSym, a_name: &str, b_name: &str) -> bool {
+/// perf's `choose_best_symbol`: true when `b` should replace `a`. The names
+/// are asked for only when size and binding do not decide (ELF names are
+/// demangled on demand, so this keeps the common case cheap).
+fn b_is_better<N: AsRef<str>>(
+    a: &RangeSym,
+    b: &RangeSym,
+    names: impl FnOnce() -> Option<(N, N)>,
+) -> bool {
     let (la, lb) = (a.end - a.start, b.end - b.start);
     if lb == 0 && la > 0 {
         return false;
@@ -78,6 +84,11 @@ fn b_is_better(a: &RangeSym, b: &RangeSym, a_name: &str, b_name: &str) -> bool {
     if ga != gb {
         return gb;
     }
+    // Equal names: neither has fewer underscores nor is longer.
+    let Some((a_name, b_name)) = names() else {
+        return false;
+    };
+    let (a_name, b_name) = (a_name.as_ref(), b_name.as_ref());
     let (ua, ub) = (leading_underscores(a_name), leading_underscores(b_name));
     if ua != ub {
         return ua > ub;
@@ -87,10 +98,21 @@ fn b_is_better(a: &RangeSym, b: &RangeSym, a_name: &str, b_name: &str) -> bool {
 
 /// Sort by start (stable), fix ends, drop aliases (perf's
 /// `symbols__fixup_end` then `symbols__fixup_duplicate`).
-pub(crate) fn finish<'n>(
+pub(crate) fn finish<N: AsRef<str>>(
+    syms: Vec<RangeSym>,
+    kallsyms: bool,
+    name: impl Fn(u32) -> N,
+) -> Vec<RangeSym> {
+    finish_by(syms, kallsyms, |a, b| Some((name(a), name(b))))
+}
+
+/// [`finish`] where `names(a, b)` gives the two names an alias tie-break
+/// compares, or `None` when they are known to be equal (so an owner whose
+/// names are costly to produce can skip them).
+pub(crate) fn finish_by<N: AsRef<str>>(
     mut syms: Vec<RangeSym>,
     kallsyms: bool,
-    name: impl Fn(u32) -> &'n str,
+    names: impl Fn(u32, u32) -> Option<(N, N)>,
 ) -> Vec<RangeSym> {
     for s in &mut syms {
         if s.end < s.start {
@@ -103,7 +125,7 @@ pub(crate) fn finish<'n>(
     for s in syms {
         if let Some(last) = out.last_mut() {
             if last.start == s.start {
-                if b_is_better(last, &s, name(last.name), name(s.name)) {
+                if b_is_better(last, &s, || names(last.name, s.name)) {
                     *last = s;
                 }
                 continue;
