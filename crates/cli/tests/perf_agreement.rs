@@ -195,3 +195,45 @@ fn call_stacks_reach_the_demo_functions() {
         "stack does not reach the thread start: {line}"
     );
 }
+
+#[test]
+fn a_process_that_starts_and_exits_during_the_run_still_resolves() {
+    if skip_unless(&[]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("short.db");
+    let mut rec = vmscope()
+        .args(["record", "-a", "-F", "999", "-d", "4", "-o"])
+        .arg(&db)
+        .spawn()
+        .unwrap();
+    // Start the workload once the recorder samples, and let it end well
+    // before the recording does.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !db.exists()
+        || report_json(&db, &[])["events"][0]["samples"]
+            .as_u64()
+            .unwrap_or(0)
+            == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "recorder never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    run_ok(vmscope().args(["demo", "-d", "1"]));
+    assert!(rec.wait().unwrap().success());
+    let ours = rows(&report_json(&db, &["--by", "process,symbol"]));
+    let alpha: u64 = ours
+        .iter()
+        .filter(|r| r.0.ends_with("|vmscope_demo_alpha"))
+        .map(|r| r.1)
+        .sum();
+    assert!(
+        alpha > 100,
+        "the exited process's samples did not resolve: {:?}",
+        &ours[..ours.len().min(10)]
+    );
+}
