@@ -27,7 +27,13 @@ fn build(dir: &std::path::Path) -> std::path::PathBuf {
         .event(1, 0, 1_000_000)
         .comm(QEMU_PID, QEMU_PID, "qemu-system-x86")
         .comm(QEMU_PID, VCPU_TID, "CPU 0/KVM")
-        .mmap(MmapSpec::file(QEMU_PID, 0x5555_0000_0000, 0x10_0000, 0, "/usr/bin/qemu-system-x86_64"));
+        .mmap(MmapSpec::file(
+            QEMU_PID,
+            0x5555_0000_0000,
+            0x10_0000,
+            0,
+            "/usr/bin/qemu-system-x86_64",
+        ));
     let mut t = 1_000;
     let mut sample = |b: PerfDataBuilder, ip: u64, mode: CpuMode, n: usize| {
         let mut b = b;
@@ -104,7 +110,12 @@ fn guest_modes_attribute_to_the_vm_owning_the_vcpu_thread() {
     assert_eq!(get("kvm1", "vmm-kernel"), 15, "{ctx:?}");
     assert_eq!(get("kvm1", "vmm-user"), 10, "{ctx:?}");
     let syms = by(&session, &[Field::Domain, Field::Symbol]);
-    let sym = |s: &str| syms.iter().find(|(v, _)| v[1] == s).map(|x| x.1).unwrap_or(0);
+    let sym = |s: &str| {
+        syms.iter()
+            .find(|(v, _)| v[1] == s)
+            .map(|x| x.1)
+            .unwrap_or(0)
+    };
     assert_eq!(sym("skb_copy_bits"), 30, "{syms:?}");
     assert_eq!(sym("tcp_recvmsg"), 20, "{syms:?}");
     assert_eq!(sym("[guest.user]"), 25, "{syms:?}");
@@ -140,7 +151,11 @@ fn guest_modes_without_a_vm_map_get_a_pid_domain() {
         .sum();
     assert_eq!(guest, 75, "{ctx:?}");
     // Without a VM map, the host kernel in that thread is plain host time.
-    assert!(ctx.iter().any(|(v, n)| v[0] == "host" && v[1] == "host-kernel" && *n == 15), "{ctx:?}");
+    assert!(
+        ctx.iter()
+            .any(|(v, n)| v[0] == "host" && v[1] == "host-kernel" && *n == 15),
+        "{ctx:?}"
+    );
     // Unresolved guest kernel addresses stay hex, with a warning in the session.
     let meta = session.meta().unwrap();
     assert!(meta["warnings"].contains("no guest kallsyms"), "{meta:?}");
