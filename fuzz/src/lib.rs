@@ -4,6 +4,8 @@
 //!
 //! Each body feeds arbitrary input to one parser and exercises every query
 //! on what it returns; the only failure is a panic (or a sanitizer report).
+//! Parsers whose fuzz entry point lives in their own crate (`frames`,
+//! `perfdata`) are called as they are.
 
 use vmscope_symbols::{ElfSymbols, Kallsyms};
 
@@ -74,4 +76,17 @@ pub fn elf(data: &[u8]) {
         let _ = e.lookup_file_offset(a);
         let _ = e.file_offset_to_vaddr(a);
     }
+}
+
+/// The agent protocol's frame and message decoders (requests and
+/// responses), fed in input-chosen pieces and whole; the decoder's own
+/// entry point checks that it never buffers more than it was given.
+pub fn frames(data: &[u8]) {
+    vmscope_protocol::fuzz_decode(data);
+}
+
+/// A whole perf.data import (header, attrs, feature sections, records in
+/// the file and piped formats) from memory; errors are fine, panics are not.
+pub fn perfdata(data: &[u8]) {
+    let _ = vmscope_perfdata::import_reader(std::io::Cursor::new(data), "fuzz", &mut |_| {});
 }

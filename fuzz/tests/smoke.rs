@@ -112,3 +112,13 @@ fn kallsyms_smoke() {
 fn elf_smoke() {
     run("elf", vmscope_fuzz::elf);
 }
+
+#[test]
+fn frames_smoke() {
+    run("frames", vmscope_fuzz::frames);
+}
+
+#[test]
+fn perfdata_smoke() {
+    run("perfdata", vmscope_fuzz::perfdata);
+}
