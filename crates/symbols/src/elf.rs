@@ -39,6 +39,14 @@ struct Names {
 }
 
 impl Names {
+    fn with_capacity(names: usize, bytes: usize) -> Names {
+        Names {
+            raw: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(names),
+            demangled: Vec::with_capacity(names),
+        }
+    }
+
     fn push(&mut self, raw: &[u8]) -> u32 {
         self.raw.extend_from_slice(raw);
         self.ends.push(self.raw.len());
@@ -286,8 +294,9 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
     let dynsym = file.elf_dynamic_symbol_table();
     // Raw names by symbol; aliases are resolved (which may demangle the
     // few names that tie) before the survivors' names are copied out.
-    let mut raw_names: Vec<&[u8]> = Vec::new();
-    let mut syms = Vec::new();
+    let capacity = symtab.len() + dynsym.len();
+    let mut raw_names: Vec<&[u8]> = Vec::with_capacity(capacity);
+    let mut syms = Vec::with_capacity(capacity);
     let mut ifuncs: Vec<u64> = Vec::new();
     for table in [symtab, dynsym] {
         for (index, sym) in table.enumerate() {
@@ -366,9 +375,10 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
         // constructor and destructor variants are the next most common.
         (a != b && !ctor_variants(a, b)).then(|| (demangle_raw(a), demangle_raw(b)))
     });
-    let mut names = Names::default();
+    let raw = |i: u32| raw_names.get(i as usize).copied().unwrap_or_default();
+    let mut names = Names::with_capacity(syms.len(), syms.iter().map(|s| raw(s.name).len()).sum());
     for s in &mut syms {
-        s.name = names.push(raw_names.get(s.name as usize).copied().unwrap_or_default());
+        s.name = names.push(raw(s.name));
     }
     let plt = synthesize_plt(&file, data, &syms, &names, &ifuncs);
 
