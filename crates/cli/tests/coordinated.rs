@@ -7,6 +7,7 @@
 //! - the host-measured CPU split between the VMs' vCPU threads agrees with
 //!   `pidstat -t` over the same interval within 5 points;
 //! - call stacks through the hot functions appear with -g.
+//!
 //! Skips with a printed reason without root, QEMU, pidstat or the agent.
 
 use std::path::{Path, PathBuf};
