@@ -14,6 +14,7 @@ PKGS=(
   kmod                # modinfo: guest module order
   iproute2            # taps and bridges for lab NICs
   sysstat             # pidstat, the peer for stat
+  prometheus          # scrapes `vmscope serve` in the stat tests
   fio iperf3 httperf  # benchmark peers
   sqlite3             # sessions are readable with the sqlite3 CLI
   time                # GNU time: wall, CPU and peak RSS for bench/vs-perf

@@ -179,16 +179,17 @@ fn vms_come_and_go_mid_interval() {
             .spawn()
             .unwrap()
     };
-    let stat = spawn(&["stat", "-i", "300ms", "-n", "12", "--format", "json"]);
+    let stat = spawn(&["stat", "-i", "300ms", "-n", "20", "--format", "json"]);
     let account = spawn(&[
-        "account", "-i", "300ms", "-n", "12", "--format", "json", "--no-qmp",
+        "account", "-i", "300ms", "-n", "20", "--format", "json", "--no-qmp",
     ]);
     std::thread::sleep(Duration::from_millis(700));
     let (fake, pid, mut ctl) = start_fake(&bin, "faulty", 2, have_tap.then_some(tap));
     std::thread::sleep(Duration::from_millis(900));
     writeln!(ctl, "rename 1 renamed-vcpu").unwrap();
     ctl.flush().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // Renames are seen at the next full discovery (at least every 2 s).
+    std::thread::sleep(Duration::from_millis(2300));
     let renamed = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()

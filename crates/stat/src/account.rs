@@ -137,6 +137,7 @@ pub struct Accountant {
     opts: AccountOptions,
     domains: Domains,
     ksoftirqd: Vec<u32>,
+    reader: procfs::TaskReader,
     prev: Option<Snapshot>,
     first: Option<Instant>,
     /// Notes about devices that vanished, reported once.
@@ -148,6 +149,7 @@ impl Accountant {
         let ksoftirqd = procfs::pids_by_comm_prefix(&opts.proc_root, "ksoftirqd/");
         Accountant {
             domains: Domains::new(&opts.proc_root),
+            reader: procfs::TaskReader::new(&opts.proc_root),
             opts,
             ksoftirqd,
             prev: None,
@@ -180,8 +182,9 @@ impl Accountant {
         let at = Instant::now();
         let mut threads = HashMap::new();
         let mut io = HashMap::new();
-        let read = |threads: &mut HashMap<(u32, u32), SchedStat>, pid: u32, tid: u32| {
-            if let Ok(s) = procfs::schedstat(root, pid, tid) {
+        let reader = &mut self.reader;
+        let mut read = |threads: &mut HashMap<(u32, u32), SchedStat>, pid: u32, tid: u32| {
+            if let Ok(s) = reader.schedstat(pid, tid) {
                 threads.insert((pid, tid), s);
             }
         };
@@ -206,6 +209,7 @@ impl Accountant {
                 read(&mut threads, pid, tid);
             }
         }
+        self.reader.end_sample();
         for d in self.domains.current() {
             let mut c = VmCounters::default();
             for tap in &d.taps {

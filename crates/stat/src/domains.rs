@@ -87,7 +87,17 @@ pub struct Domains {
     next: u32,
     current: Vec<Domain>,
     names: HashMap<u32, String>,
+    /// Whether each pid seen is a QEMU process (checked once per pid).
+    seen: HashMap<u32, bool>,
+    /// Thread ids of each VM at the last full discovery.
+    tids: HashMap<u32, Vec<u32>>,
+    last_full: Option<std::time::Instant>,
 }
+
+/// A full discovery (every process, every thread name) at least this often,
+/// for renamed threads and kernel vhost workers; in between, only new or
+/// vanished QEMU processes and changed thread lists trigger one.
+const FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Domains {
     pub fn new(proc_root: &Path) -> Domains {
@@ -96,21 +106,84 @@ impl Domains {
             next: 1,
             current: Vec::new(),
             names: HashMap::new(),
+            seen: HashMap::new(),
+            tids: HashMap::new(),
+            last_full: None,
         }
+    }
+
+    /// True when the QEMU processes or their thread lists changed since the
+    /// last full discovery (reads only `/proc` and each VM's `task/`).
+    fn changed(&mut self) -> bool {
+        let Ok(rd) = std::fs::read_dir(&self.proc_root) else {
+            return true;
+        };
+        let pids: Vec<u32> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        let live: std::collections::HashSet<u32> = pids.iter().copied().collect();
+        self.seen.retain(|p, _| live.contains(p));
+        let root = &self.proc_root;
+        let mut qemu = Vec::new();
+        for pid in pids {
+            let is = *self.seen.entry(pid).or_insert_with(|| {
+                let dir = root.join(pid.to_string());
+                let argv0 = std::fs::read(dir.join("cmdline"))
+                    .ok()
+                    .and_then(|b| {
+                        b.split(|&c| c == 0)
+                            .next()
+                            .map(|a| String::from_utf8_lossy(a).into_owned())
+                    })
+                    .unwrap_or_default();
+                let exe = std::fs::read_link(dir.join("exe")).ok();
+                vmscope_discover::qemu_binary(exe.as_deref(), &argv0).is_some()
+            });
+            if is {
+                qemu.push(pid);
+            }
+        }
+        qemu.sort_unstable();
+        let mut known: Vec<u32> = self.current.iter().map(|d| d.pid).collect();
+        known.sort_unstable();
+        if qemu != known {
+            return true;
+        }
+        self.current
+            .iter()
+            .any(|d| procfs::tids(root, d.pid).ok().as_ref() != self.tids.get(&d.pid))
     }
 
     pub fn current(&self) -> &[Domain] {
         &self.current
     }
 
-    /// Discover again (no QMP: cheap) and number the VMs.
+    /// Discover again when something changed (no QMP: cheap) and number
+    /// the VMs.
     pub fn refresh(&mut self) -> Result<Vec<Change>, crate::StatError> {
+        let due = self.last_full.is_none_or(|t| t.elapsed() >= FULL_EVERY);
+        if !due && !self.changed() {
+            return Ok(Vec::new());
+        }
+        self.last_full = Some(std::time::Instant::now());
         let vms = vmscope_discover::discover(&DiscoverOptions {
             proc_root: self.proc_root.clone(),
             query_qmp: false,
             ..DiscoverOptions::default()
         })?;
-        Ok(self.update(vms))
+        let changes = self.update(vms);
+        self.tids = self
+            .current
+            .iter()
+            .map(|d| {
+                (
+                    d.pid,
+                    procfs::tids(&self.proc_root, d.pid).unwrap_or_default(),
+                )
+            })
+            .collect();
+        Ok(changes)
     }
 
     /// Number `vms` against the previous set and report what changed.
@@ -274,5 +347,96 @@ fn domain_of(id: u32, start: u64, vm: Vm) -> Domain {
         taps: vm.taps.clone(),
         qmp: vm.qmp.clone(),
         vm,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmscope_discover::{Accel, ThreadKind, VmThread};
+
+    fn vm(name: &str, pid: u32, vcpu_names: &[(u32, &str)]) -> Vm {
+        Vm {
+            name: name.into(),
+            pid,
+            uuid: None,
+            exe: None,
+            accel: Accel::Kvm,
+            vcpus: vcpu_names
+                .iter()
+                .enumerate()
+                .map(|(i, (tid, n))| VmThread {
+                    tid: *tid,
+                    index: Some(i as u32),
+                    name: n.to_string(),
+                    kind: ThreadKind::Vcpu,
+                })
+                .collect(),
+            io_threads: vec![],
+            vhost: vec![],
+            disks: vec![],
+            taps: vec![],
+            qmp: None,
+            qmp_used: false,
+            cmdline: vec![],
+            warnings: vec![],
+        }
+    }
+
+    fn set_start(root: &Path, pid: u32, start: u64) {
+        let dir = root.join(format!("{pid}/task/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fields: Vec<String> = (1..=35)
+            .map(|i| {
+                if i == 19 {
+                    start.to_string()
+                } else {
+                    i.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(
+            dir.join("stat"),
+            format!("{pid} (qemu) S {} 0 0 0", fields.join(" ")),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn numbers_are_stable_and_changes_reported() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        set_start(root, 100, 5000);
+        set_start(root, 200, 6000);
+        let mut d = Domains::new(root);
+        let c = d.update(vec![vm("a", 100, &[(101, "CPU 0/KVM")]), vm("b", 200, &[])]);
+        assert_eq!(c.len(), 2);
+        assert_eq!(d.legend(), "d0=host d1=a (pid 100) d2=b (pid 200)");
+        assert_eq!(d.tid_map().get(&101), Some(&(1, Some(0))));
+        // Same processes: no change; a renamed thread is reported.
+        let c = d.update(vec![vm("a", 100, &[(101, "x")]), vm("b", 200, &[])]);
+        assert_eq!(
+            c,
+            vec![Change::Renamed {
+                id: 1,
+                tid: 101,
+                from: "CPU 0/KVM".into(),
+                to: "x".into()
+            }]
+        );
+        // b exits, a's pid is reused by a new process, c starts.
+        set_start(root, 100, 9000);
+        set_start(root, 300, 9100);
+        let c = d.update(vec![vm("a2", 100, &[]), vm("c", 300, &[])]);
+        let text: Vec<String> = c.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            text,
+            vec![
+                "pid 100 reused: d1 exited, d3 is a new VM",
+                "d4 c (pid 300) started",
+                "d2 b (pid 200) exited",
+            ]
+        );
+        assert_eq!(d.legend(), "d0=host d3=a2 (pid 100) d4=c (pid 300)");
     }
 }

@@ -134,6 +134,7 @@ struct SwitchSrc {
 }
 
 struct SchedSrc {
+    reader: procfs::TaskReader,
     prev_stat: procfs::ProcStat,
     prev: HashMap<(u32, u32), u64>,
     at: Instant,
@@ -141,7 +142,7 @@ struct SchedSrc {
 
 enum Src {
     Switch(Box<SwitchSrc>),
-    Sched(SchedSrc),
+    Sched(Box<SchedSrc>),
 }
 
 /// The vm-stat sampler.
@@ -161,12 +162,12 @@ impl Stat {
         domains.refresh()?;
         let mut fallback_reason = None;
         let src = match opts.source {
-            Some(Source::Schedstat) => Src::Sched(sched_src(&opts, &domains)?),
+            Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&opts, &domains)?)),
             want => match open_switch() {
                 Ok(s) => Src::Switch(Box::new(s)),
                 Err(e) if want.is_none() => {
                     fallback_reason = Some(e.to_string());
-                    Src::Sched(sched_src(&opts, &domains)?)
+                    Src::Sched(Box::new(sched_src(&opts, &domains)?))
                 }
                 Err(e) => return Err(e),
             },
@@ -241,8 +242,10 @@ fn open_switch() -> Result<SwitchSrc, StatError> {
 
 fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatError> {
     let mut prev = HashMap::new();
-    read_threads(opts, domains, &mut prev, |_, _, _| {});
+    let mut reader = procfs::TaskReader::new(&opts.proc_root);
+    read_threads(&mut reader, opts, domains, &mut prev, |_, _, _| {});
     Ok(SchedSrc {
+        reader,
         prev_stat: procfs::proc_stat(&opts.proc_root)?,
         prev,
         at: Instant::now(),
@@ -251,6 +254,7 @@ fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatErro
 
 /// Read schedstat of every VM thread into `now`, calling `f(tid, cpu, run_ns)`.
 fn read_threads(
+    reader: &mut procfs::TaskReader,
     opts: &StatOptions,
     domains: &Domains,
     now: &mut HashMap<(u32, u32), u64>,
@@ -269,16 +273,14 @@ fn read_threads(
                 .map(|t| (t.pid, t.tid)),
         );
         for (pid, tid) in tids {
-            let (Ok(s), Ok(st)) = (
-                procfs::schedstat(root, pid, tid),
-                procfs::task_stat(root, pid, tid),
-            ) else {
+            let (Ok(s), Ok(st)) = (reader.schedstat(pid, tid), reader.task_stat(pid, tid)) else {
                 continue;
             };
             now.insert((pid, tid), s.run_ns);
             f(tid, st.processor, s.run_ns);
         }
     }
+    reader.end_sample();
 }
 
 /// Percent cells of one CPU from busy time and per-tid times.
@@ -425,7 +427,7 @@ impl SchedSrc {
         let mut per_cpu: HashMap<u32, CellTimes> = HashMap::new();
         let prev = &self.prev;
         let mut cpu_of = HashMap::new();
-        read_threads(opts, domains, &mut now, |tid, cpu, _| {
+        read_threads(&mut self.reader, opts, domains, &mut now, |tid, cpu, _| {
             cpu_of.insert(tid, cpu);
         });
         for (&(pid, tid), &run) in &now {
