@@ -110,7 +110,7 @@ impl AccountInterval {
     pub fn reconciliation(&self) -> Reconciliation {
         Reconciliation {
             measured: self.measured_host_s,
-            vms: self.vms.iter().map(|v| v.total_s).sum(),
+            vms: self.vms.iter().map(|v| v.total_s).sum::<f64>() + 0.0,
             unattributed: self.unattributed_s,
         }
     }

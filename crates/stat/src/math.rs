@@ -98,7 +98,8 @@ pub struct Reconciliation {
 
 impl Reconciliation {
     pub fn new(measured: f64, vm_totals: &[f64]) -> Reconciliation {
-        let vms: f64 = vm_totals.iter().sum();
+        // `+ 0.0` turns the -0.0 of an empty sum into 0.0.
+        let vms: f64 = vm_totals.iter().sum::<f64>() + 0.0;
         Reconciliation {
             measured,
             vms,

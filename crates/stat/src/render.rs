@@ -122,7 +122,8 @@ pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::i
                     out,
                     "{}",
                     json!({"type": "cpu", "time_s": s.time_s, "interval_s": s.interval_s,
-                           "source": s.source, "cpu": r.cpu, "total_pct": r.total_pct, "cells": cells})
+                           "source": s.source, "cpu": r.cpu, "total_pct": r.total_pct, "cells": cells,
+                           "uncounted_slices": s.uncounted_slices})
                 )?;
             }
         }

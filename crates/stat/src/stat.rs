@@ -108,6 +108,9 @@ pub struct StatInterval {
     pub legend: Option<String>,
     /// Switch records the kernel dropped in this interval.
     pub lost: u64,
+    /// Switch-outs after a lost switch-in from idle, whose slice is not
+    /// counted (sched_switch source).
+    pub uncounted_slices: u64,
 }
 
 /// Seconds per (domain, cell) on one CPU.
@@ -129,7 +132,8 @@ struct SwitchSrc {
     tracks: HashMap<u32, Track>,
     t0: u64,
     lost: u64,
-    /// Switch-outs whose switch-in from idle was not delivered.
+    /// Switch-outs of the last interval whose switch-in from idle was not
+    /// delivered.
     missed: u64,
 }
 
@@ -196,9 +200,11 @@ impl Stat {
     /// Wait for `interval` and return it.
     pub fn next(&mut self, interval: Duration) -> Result<StatInterval, StatError> {
         let before = self.domains.tid_map();
+        let mut uncounted_slices = 0;
         let (rows, dt, lost, changes) = match &mut self.src {
             Src::Switch(s) => {
                 let (times, dt, lost) = s.collect(interval)?;
+                uncounted_slices = s.missed;
                 let changes = self.domains.refresh()?;
                 let mut map = before;
                 map.extend(self.domains.tid_map());
@@ -222,6 +228,7 @@ impl Stat {
             notes: changes.iter().map(|c| c.to_string()).collect(),
             legend: legend_changed.then(|| self.domains.legend()),
             lost,
+            uncounted_slices,
         })
     }
 }
@@ -344,6 +351,53 @@ fn switch_rows(times: &TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, dt: f64
         .collect()
 }
 
+/// Nanoseconds each (cpu, tid) ran in `[t0, t1]` from the switches of the
+/// interval (tid 0 = idle), carrying each CPU's running task across
+/// intervals in `tracks`. Switches after `t1` go to `later`. Returns the
+/// times and how many switch-outs came after a lost switch-in from idle:
+/// the CPU was idle until some unknown moment, and that slice is left
+/// uncounted rather than the idle period counted as busy.
+fn switch_times(
+    tracks: &mut HashMap<u32, Track>,
+    events: Vec<SchedSwitch>,
+    t0: u64,
+    t1: u64,
+    later: &mut Vec<SchedSwitch>,
+) -> (TidTimes, u64) {
+    let mut times: TidTimes = HashMap::new();
+    let mut missed = 0;
+    for e in events {
+        if e.time > t1 {
+            later.push(e);
+            continue;
+        }
+        let tr = tracks.entry(e.cpu).or_insert(Track {
+            current: None,
+            since: t0,
+        });
+        let start = tr.since.max(t0);
+        let missed_after_idle = tr.current == Some(0) && e.prev_pid != 0;
+        if missed_after_idle {
+            missed += 1;
+        } else if e.time > start {
+            *times.entry((e.cpu, e.prev_pid)).or_default() += e.time - start;
+        }
+        tr.current = Some(e.next_pid);
+        tr.since = e.time;
+    }
+    for (&cpu, tr) in tracks.iter_mut() {
+        let start = tr.since.max(t0);
+        if let Some(cur) = tr.current {
+            if t1 > start {
+                *times.entry((cpu, cur)).or_default() += t1 - start;
+            }
+        }
+        times.entry((cpu, 0)).or_default();
+        tr.since = t1;
+    }
+    (times, missed)
+}
+
 impl SwitchSrc {
     /// Read the rings until `interval` after the previous boundary; return
     /// the nanoseconds each (cpu, tid) ran, the interval in seconds, lost
@@ -362,48 +416,14 @@ impl SwitchSrc {
         self.rec.read(Duration::ZERO, &mut self.buf)?;
         let mut events = std::mem::take(&mut self.pending);
         events.append(&mut self.buf);
-        let mut times: TidTimes = HashMap::new();
         for cpu in self.rec.cpus() {
             self.tracks.entry(*cpu).or_insert(Track {
                 current: None,
                 since: t0,
             });
         }
-        for e in events {
-            if e.time > t1 {
-                self.pending.push(e);
-                continue;
-            }
-            let tr = self.tracks.entry(e.cpu).or_insert(Track {
-                current: None,
-                since: t0,
-            });
-            let start = tr.since.max(t0);
-            // The task switched out ran since the last switch on this CPU.
-            // When its switch-in from idle was not delivered, when it started
-            // is unknown: the CPU was idle until then, and the task's short
-            // run after a wakeup is left uncounted rather than the idle
-            // period counted as busy.
-            let missed_after_idle = tr.current == Some(0) && e.prev_pid != 0;
-            if e.time > start && !missed_after_idle {
-                *times.entry((e.cpu, e.prev_pid)).or_default() += e.time - start;
-            }
-            if missed_after_idle {
-                self.missed += 1;
-            }
-            tr.current = Some(e.next_pid);
-            tr.since = e.time;
-        }
-        for (&cpu, tr) in self.tracks.iter_mut() {
-            let start = tr.since.max(t0);
-            if let Some(cur) = tr.current {
-                if t1 > start {
-                    *times.entry((cpu, cur)).or_default() += t1 - start;
-                }
-            }
-            times.entry((cpu, 0)).or_default();
-            tr.since = t1;
-        }
+        let (times, missed) = switch_times(&mut self.tracks, events, t0, t1, &mut self.pending);
+        self.missed = missed;
         self.t0 = t1;
         let lost = self.rec.lost() - self.lost;
         self.lost = self.rec.lost();
@@ -473,6 +493,47 @@ impl SchedSrc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sw(cpu: u32, time: u64, prev: u32, next: u32) -> SchedSwitch {
+        SchedSwitch {
+            cpu,
+            time,
+            prev_pid: prev,
+            prev_comm: Default::default(),
+            prev_state: 0,
+            next_pid: next,
+            next_comm: Default::default(),
+        }
+    }
+
+    #[test]
+    fn switch_slices_and_lost_idle_switch_ins() {
+        let mut tracks = HashMap::new();
+        let mut later = Vec::new();
+        // CPU 0: unknown until 100, task 7 until 400, idle until 700, then
+        // task 8 switches out at 900 without its switch-in (uncounted),
+        // task 9 runs to the end (1000), one event after the interval.
+        let ev = vec![
+            sw(0, 100, 5, 7),
+            sw(0, 400, 7, 0),
+            sw(0, 900, 8, 9),
+            sw(0, 1200, 9, 0),
+        ];
+        let (t, missed) = switch_times(&mut tracks, ev, 0, 1000, &mut later);
+        assert_eq!(t.get(&(0, 5)), Some(&100));
+        assert_eq!(t.get(&(0, 7)), Some(&300));
+        assert_eq!(t.get(&(0, 0)), Some(&0));
+        assert_eq!(t.get(&(0, 8)), None);
+        assert_eq!(t.get(&(0, 9)), Some(&100));
+        assert_eq!(missed, 1);
+        assert_eq!(later.len(), 1);
+        // Next interval: task 9 carried over until the pending switch.
+        let ev = std::mem::take(&mut later);
+        let (t, missed) = switch_times(&mut tracks, ev, 1000, 2000, &mut later);
+        assert_eq!(t.get(&(0, 9)), Some(&200));
+        assert_eq!(t.get(&(0, 0)), Some(&800));
+        assert_eq!(missed, 0);
+    }
 
     #[test]
     fn rows_split_busy_time() {
