@@ -29,7 +29,7 @@ pub struct ImportArgs {
 }
 
 pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
-    let (threads, _, _) = crate::vmmap::current();
+    let threads = crate::vmmap::current().threads;
     let opts = ImportOptions {
         symbolizer: SymbolizerOptions {
             kallsyms: args.kallsyms.clone(),

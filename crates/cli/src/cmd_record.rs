@@ -110,7 +110,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let (threads, vms, mut meta, found) = crate::vmmap::current_with_vms();
+    let crate::vmmap::VmMap {
+        threads,
+        domains: vms,
+        mut meta,
+        vms: found,
+    } = crate::vmmap::current();
     let mut roles: std::collections::HashMap<String, Role> = std::collections::HashMap::new();
     for r in &args.vm_roles {
         let (name, role) = r

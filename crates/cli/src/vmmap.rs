@@ -4,29 +4,29 @@
 use vmscope_discover::{discover, thread_map, DiscoverOptions};
 use vmscope_model::{Domain, Role, ThreadMap};
 
-/// (thread map, VM domains with a detail line, extra session metadata).
-/// Discovery problems never stop a recording: they become a note.
-pub fn current() -> (ThreadMap, Vec<(Domain, String)>, Vec<(String, String)>) {
-    let (map, domains, meta, _) = current_with_vms();
-    (map, domains, meta)
+/// Every VM on this host as record and import need it.
+pub struct VmMap {
+    /// Threads of each VM, for attribution.
+    pub threads: ThreadMap,
+    /// VM domains with a detail line for the session.
+    pub domains: Vec<(Domain, String)>,
+    /// Extra session metadata (VM count, accelerators, discovery problems).
+    pub meta: Vec<(String, String)>,
+    /// The discovered VMs themselves.
+    pub vms: Vec<vmscope_discover::Vm>,
 }
 
-/// As [`current`], plus the discovered VMs themselves.
-pub fn current_with_vms() -> (
-    ThreadMap,
-    Vec<(Domain, String)>,
-    Vec<(String, String)>,
-    Vec<vmscope_discover::Vm>,
-) {
+/// Discover the VMs. Problems never stop a recording: they become a note.
+pub fn current() -> VmMap {
     let vms = match discover(&DiscoverOptions::default()) {
         Ok(v) => v,
         Err(e) => {
-            return (
-                ThreadMap::new(),
-                Vec::new(),
-                vec![("vm_discovery".into(), format!("failed: {e}"))],
-                Vec::new(),
-            )
+            return VmMap {
+                threads: ThreadMap::new(),
+                domains: Vec::new(),
+                meta: vec![("vm_discovery".into(), format!("failed: {e}"))],
+                vms: Vec::new(),
+            }
         }
     };
     let map = thread_map(&vms);
@@ -63,5 +63,10 @@ pub fn current_with_vms() -> (
     if !accels.is_empty() {
         meta.push(("accel".into(), accels.join(",")));
     }
-    (map, domains, meta, vms)
+    VmMap {
+        threads: map,
+        domains,
+        meta,
+        vms,
+    }
 }
