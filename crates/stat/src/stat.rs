@@ -132,6 +132,10 @@ struct SwitchSrc {
     tracks: HashMap<u32, Track>,
     t0: u64,
     lost: u64,
+    reader: procfs::TaskReader,
+    /// schedstat run ns of each VM thread at the previous boundary.
+    prev_run: HashMap<(u32, u32), u64>,
+    prev_stat: Option<procfs::ProcStat>,
     /// Switch-outs of the last interval whose switch-in from idle was not
     /// delivered.
     missed: u64,
@@ -167,7 +171,7 @@ impl Stat {
         let mut fallback_reason = None;
         let src = match opts.source {
             Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&opts, &domains)?)),
-            want => match open_switch() {
+            want => match open_switch(&opts.proc_root) {
                 Ok(s) => Src::Switch(Box::new(s)),
                 Err(e) if want.is_none() => {
                     fallback_reason = Some(e.to_string());
@@ -176,6 +180,14 @@ impl Stat {
                 Err(e) => return Err(e),
             },
         };
+        let mut src = src;
+        if let Src::Switch(s) = &mut src {
+            for (pid, tid) in vm_threads(&opts, &domains) {
+                if let Ok(st) = s.reader.schedstat(pid, tid) {
+                    s.prev_run.insert((pid, tid), st.run_ns);
+                }
+            }
+        }
         Ok(Stat {
             opts,
             domains,
@@ -203,12 +215,20 @@ impl Stat {
         let mut uncounted_slices = 0;
         let (rows, dt, lost, changes) = match &mut self.src {
             Src::Switch(s) => {
-                let (times, dt, lost) = s.collect(interval)?;
+                let (mut times, dt, lost) = s.collect(interval)?;
                 uncounted_slices = s.missed;
                 let changes = self.domains.refresh()?;
                 let mut map = before;
                 map.extend(self.domains.tid_map());
-                (switch_rows(&times, &map, dt), dt, lost, changes)
+                s.repair(&self.opts, &self.domains, &mut times);
+                trim_overflow(&mut times, &map, (dt * 1e9) as u64);
+                let mut rows = switch_rows(&times, &map, dt);
+                let stat = procfs::proc_stat(&self.opts.proc_root).ok();
+                if let (Some(prev), Some(cur)) = (&s.prev_stat, &stat) {
+                    busy_floor(&mut rows, prev, cur, dt);
+                }
+                s.prev_stat = stat;
+                (rows, dt, lost, changes)
             }
             Src::Sched(s) => {
                 std::thread::sleep(interval.saturating_sub(s.at.elapsed()));
@@ -233,10 +253,13 @@ impl Stat {
     }
 }
 
-fn open_switch() -> Result<SwitchSrc, StatError> {
+fn open_switch(proc_root: &std::path::Path) -> Result<SwitchSrc, StatError> {
     let mut rec = SchedSwitchRecorder::open(0)?;
     rec.enable()?;
     Ok(SwitchSrc {
+        reader: procfs::TaskReader::new(proc_root),
+        prev_run: HashMap::new(),
+        prev_stat: procfs::proc_stat(proc_root).ok(),
         rec,
         buf: Vec::new(),
         pending: Vec::new(),
@@ -267,25 +290,12 @@ fn read_threads(
     now: &mut HashMap<(u32, u32), u64>,
     mut f: impl FnMut(u32, u32, u64),
 ) {
-    let root = &opts.proc_root;
-    for d in domains.current() {
-        let mut tids: Vec<(u32, u32)> = procfs::tids(root, d.pid)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|t| (d.pid, t))
-            .collect();
-        tids.extend(
-            d.io.iter()
-                .filter(|t| t.pid != d.pid)
-                .map(|t| (t.pid, t.tid)),
-        );
-        for (pid, tid) in tids {
-            let (Ok(s), Ok(st)) = (reader.schedstat(pid, tid), reader.task_stat(pid, tid)) else {
-                continue;
-            };
-            now.insert((pid, tid), s.run_ns);
-            f(tid, st.processor, s.run_ns);
-        }
+    for (pid, tid) in vm_threads(opts, domains) {
+        let (Ok(s), Ok(st)) = (reader.schedstat(pid, tid), reader.task_stat(pid, tid)) else {
+            continue;
+        };
+        now.insert((pid, tid), s.run_ns);
+        f(tid, st.processor, s.run_ns);
     }
     reader.end_sample();
 }
@@ -431,6 +441,133 @@ impl SwitchSrc {
     }
 }
 
+impl SwitchSrc {
+    /// Switch-ins from idle that were never delivered leave a running task
+    /// unseen until it switches out, and a task that then runs without a
+    /// switch is invisible. The VM threads' schedstat run time (exact, per
+    /// thread) finds them: time schedstat counted beyond what the switches
+    /// showed is placed on the CPU the thread is running on (its last CPU),
+    /// taken from that CPU's idle time, and the CPU's tracker learns the
+    /// thread is running there.
+    fn repair(&mut self, opts: &StatOptions, domains: &Domains, times: &mut TidTimes) {
+        // schedstat only: the last CPU (`stat`) is read for the few threads
+        // that need it.
+        let mut now = HashMap::new();
+        for (pid, tid) in vm_threads(opts, domains) {
+            if let Ok(s) = self.reader.schedstat(pid, tid) {
+                now.insert((pid, tid), s.run_ns);
+            }
+        }
+        let mut observed: HashMap<u32, u64> = HashMap::new();
+        for (&(_, tid), &ns) in times.iter() {
+            *observed.entry(tid).or_default() += ns;
+        }
+        for (&(pid, tid), &run) in &now {
+            let Some(&prev) = self.prev_run.get(&(pid, tid)) else {
+                continue;
+            };
+            let seen = observed.get(&tid).copied().unwrap_or(0);
+            let Some(extra) = run.checked_sub(prev).and_then(|d| d.checked_sub(seen)) else {
+                continue;
+            };
+            // Below 2 ms: sampling skew between the boundary and the reads.
+            if extra < 2_000_000 {
+                continue;
+            }
+            let cpu = self
+                .tracks
+                .iter()
+                .find(|(_, t)| t.current == Some(tid))
+                .map(|(c, _)| *c)
+                .or_else(|| self.reader.task_stat(pid, tid).ok().map(|st| st.processor));
+            let Some(cpu) = cpu else { continue };
+            *times.entry((cpu, tid)).or_default() += extra;
+            if let Some(idle) = times.get_mut(&(cpu, 0)) {
+                *idle = idle.saturating_sub(extra);
+            }
+            if let Some(t) = self.tracks.get_mut(&cpu) {
+                if matches!(t.current, None | Some(0)) {
+                    t.current = Some(tid);
+                }
+            }
+        }
+        self.reader.end_sample();
+        self.prev_run = now;
+    }
+}
+
+/// (pid, tid) of every thread of every VM: the QEMU process's threads and
+/// kernel vhost workers.
+fn vm_threads(opts: &StatOptions, domains: &Domains) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    for d in domains.current() {
+        v.extend(
+            procfs::tids(&opts.proc_root, d.pid)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (d.pid, t)),
+        );
+        v.extend(
+            d.io.iter()
+                .filter(|t| t.pid != d.pid)
+                .map(|t| (t.pid, t.tid)),
+        );
+    }
+    v
+}
+
+/// After [`SwitchSrc::repair`] a CPU can hold more than the interval: a
+/// task outside the VMs kept the tail of the interval because the switch to
+/// the VM thread was not seen. Take the excess from idle, then from tasks
+/// outside the VMs.
+fn trim_overflow(times: &mut TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, dt_ns: u64) {
+    let mut per_cpu: HashMap<u32, u64> = HashMap::new();
+    for (&(cpu, _), &ns) in times.iter() {
+        *per_cpu.entry(cpu).or_default() += ns;
+    }
+    for (cpu, total) in per_cpu {
+        let mut over = total.saturating_sub(dt_ns);
+        if over == 0 {
+            continue;
+        }
+        let mut victims: Vec<(u32, u32)> = times
+            .keys()
+            .filter(|&&(c, tid)| c == cpu && !map.contains_key(&tid))
+            .copied()
+            .collect();
+        // Idle (tid 0) first.
+        victims.sort_by_key(|&(_, tid)| tid != 0);
+        for k in victims {
+            if over == 0 {
+                break;
+            }
+            if let Some(ns) = times.get_mut(&k) {
+                let cut = over.min(*ns);
+                *ns -= cut;
+                over -= cut;
+            }
+        }
+    }
+}
+
+/// `/proc/stat` busy time of each CPU as a floor for the row's total (a task
+/// outside the VMs whose switch-in from idle was lost); the difference is
+/// host work (`d0`).
+fn busy_floor(rows: &mut [CpuRow], prev: &procfs::ProcStat, cur: &procfs::ProcStat, dt: f64) {
+    for r in rows.iter_mut() {
+        let (Some(p), Some(c)) = (prev.cpu(r.cpu), cur.cpu(r.cpu)) else {
+            continue;
+        };
+        let floor = (100.0 * (c.busy() - p.busy()) / dt).clamp(0.0, 100.0);
+        if floor > r.total_pct {
+            if let Some(host) = r.cells.iter_mut().find(|c| c.kind == CellKind::Host) {
+                host.pct += floor - r.total_pct;
+            }
+            r.total_pct = floor;
+        }
+    }
+}
+
 impl SchedSrc {
     fn collect(
         &mut self,
@@ -533,6 +670,33 @@ mod tests {
         assert_eq!(t.get(&(0, 9)), Some(&200));
         assert_eq!(t.get(&(0, 0)), Some(&800));
         assert_eq!(missed, 0);
+    }
+
+    #[test]
+    fn overflow_taken_from_idle_then_host_tasks() {
+        let mut t: TidTimes = HashMap::new();
+        t.insert((0, 0), 100);
+        t.insert((0, 50), 600); // host task that kept the tail
+        t.insert((0, 11), 700); // vCPU after repair
+        let mut map = HashMap::new();
+        map.insert(11, (1, Some(0)));
+        trim_overflow(&mut t, &map, 1000);
+        assert_eq!((t[&(0, 0)], t[&(0, 50)], t[&(0, 11)]), (0, 300, 700));
+        // The /proc/stat floor raises the total and the host share.
+        let mut rows = switch_rows(&t, &map, 1e-6);
+        let stat = |busy: u64| procfs::ProcStat {
+            all: Default::default(),
+            cpus: vec![(
+                0,
+                procfs::CpuTimes {
+                    user: busy as f64 * 1e-9,
+                    ..Default::default()
+                },
+            )],
+        };
+        busy_floor(&mut rows, &stat(0), &stat(1000), 1e-6);
+        assert!((rows[0].total_pct - 100.0).abs() < 1e-6);
+        assert!((rows[0].cells[0].pct - 30.0).abs() < 1e-6);
     }
 
     #[test]
