@@ -28,7 +28,9 @@ impl Source {
     /// The line the output header names the source with.
     pub fn describe(self) -> &'static str {
         match self {
-            Source::SchedSwitch => "sched_switch tracepoint rings per CPU (exact times)",
+            Source::SchedSwitch => {
+                "sched_switch tracepoint rings per CPU (exact slices; VM threads checked against schedstat)"
+            }
             Source::Schedstat => {
                 "schedstat + /proc/stat fallback (each thread's time placed on the CPU it last ran on)"
             }
