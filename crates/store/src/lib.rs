@@ -285,19 +285,16 @@ impl SessionWriter {
         if let Some(id) = self.stack_ids.get(stack) {
             return Ok(*id);
         }
+        // Cached statements: a recording with call stacks interns many new
+        // stacks per flush.
         self.conn
-            .execute(
-                "INSERT OR IGNORE INTO stacks(frames) VALUES (?1)",
-                params![&**stack],
-            )
+            .prepare_cached("INSERT OR IGNORE INTO stacks(frames) VALUES (?1)")
+            .and_then(|mut st| st.execute(params![&**stack]))
             .map_err(sql_err(&self.path))?;
         let id: i64 = self
             .conn
-            .query_row(
-                "SELECT id FROM stacks WHERE frames = ?1",
-                params![&**stack],
-                |r| r.get(0),
-            )
+            .prepare_cached("SELECT id FROM stacks WHERE frames = ?1")
+            .and_then(|mut st| st.query_row(params![&**stack], |r| r.get(0)))
             .map_err(sql_err(&self.path))?;
         self.stack_ids.insert(stack.clone(), id);
         Ok(id)
