@@ -21,6 +21,7 @@ pub mod error;
 pub mod kallsyms;
 pub mod symbolizer;
 mod table;
+mod vdso;
 
 pub use demangle::demangle;
 pub use elf::ElfSymbols;

@@ -352,7 +352,16 @@ impl Symbolizer {
     }
 
     fn load_file(&mut self, path: &str, want_id: Option<&[u8]>) -> Option<ElfSymbols> {
-        // Pseudo files ([vdso], [vsyscall]) have no file to read.
+        // The vDSO: this kernel's image, unless the recording's build-id
+        // says it came from another kernel, or a symfs confines lookups.
+        if path == "[vdso]" && self.opts.symfs.is_none() {
+            let e = crate::vdso::own_vdso().and_then(|img| ElfSymbols::parse(&img).ok())?;
+            return match (want_id, e.build_id()) {
+                (Some(want), Some(have)) if want != have => None,
+                _ => Some(e),
+            };
+        }
+        // Other pseudo files ([vsyscall], [uprobes]) have no file to read.
         if path.starts_with('[') {
             return None;
         }
