@@ -13,16 +13,17 @@ SECS=${SECS:-5}
 echo "== vmscope lab up labs/one-vm.toml"
 $V lab up labs/one-vm.toml
 trap '$V lab down one-vm >/dev/null 2>&1 || true' EXIT
-# The guest runs the 50/30/20 demo workload while the host records every CPU.
-$V lab exec vm0 -- /usr/bin/vmscope-agent demo -t 2 -d $((SECS + 3)) >/dev/null &
-sleep 1
-echo "== vmscope record -a -g -d $SECS -o $OUT"
-$V record -a -g -d "$SECS" -o "$OUT"
-wait || true
+# The guest runs the 50/30/20 demo workload, detached: the agent channel takes
+# one client at a time and the recorder needs it for the guest's profile.
+$V lab exec vm0 -- sh -c "/usr/bin/vmscope-agent demo -t 2 -d $((SECS + 6)) </dev/null >/dev/null 2>&1 &"
+echo "== vmscope record -a -g -d $SECS --vm vm0=active -o $OUT"
+$V record -a -g -d "$SECS" --vm vm0=active -o "$OUT"
 echo "== vmscope report $OUT --by domain,context"
 $V report "$OUT" --by domain,context
-echo "== vmscope report $OUT --limit 20"
-$V report "$OUT" --limit 20
+echo "== vmscope report $OUT --domain vm0 --context guest-user --by process,symbol --limit 8"
+$V report "$OUT" --domain vm0 --context guest-user --by process,symbol --limit 8
+echo "== vmscope report $OUT --limit 15"
+$V report "$OUT" --limit 15
 echo "== vmscope lab down one-vm"
 $V lab down one-vm
 trap - EXIT
