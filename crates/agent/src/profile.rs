@@ -338,9 +338,7 @@ impl Worker {
             log!("reading the perf rings failed: {e}");
             return false;
         }
-        for r in buf {
-            conv.push(r);
-        }
+        conv.push_batch(buf);
         pending.absorb(conv.take_delta());
         let st = conv.stats();
         pending.samples += st.samples - seen.samples;

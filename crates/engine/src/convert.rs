@@ -23,6 +23,18 @@ pub struct ConverterStats {
     pub guest_period: HashMap<(Arc<str>, u32), u64>,
 }
 
+/// What makes two samples of one batch the same for conversion.
+#[derive(Hash, PartialEq, Eq)]
+struct BatchKey {
+    event: u32,
+    pid: u32,
+    tid: u32,
+    mode: CpuMode,
+    ip: u64,
+    second: u64,
+    chain: Vec<(CpuMode, u64)>,
+}
+
 /// Turns a record stream into profile deltas.
 pub struct Converter {
     procs: ProcessTable,
@@ -150,12 +162,64 @@ impl Converter {
     }
 
     fn sample(&mut self, s: &SampleRecord) {
+        self.sample_weighted(s, 1, s.period.max(1));
+    }
+
+    /// Push a batch of records (one ring read). Samples that share event,
+    /// thread, mode, call chain and second are converted once, with their
+    /// count and period sum: the work per sample becomes one hash instead of
+    /// normalization, attribution, symbolization and aggregation. Pending
+    /// samples are converted before any other record is applied, so mmaps,
+    /// execs and exits keep their order relative to samples.
+    pub fn push_batch(&mut self, records: impl IntoIterator<Item = Record>) {
+        let mut pending: HashMap<BatchKey, (SampleRecord, u64, u64)> = HashMap::new();
+        for r in records {
+            match r {
+                Record::Sample(s) => {
+                    let origin = *self.origin.get_or_insert(s.time);
+                    let key = BatchKey {
+                        event: s.event,
+                        pid: s.pid,
+                        tid: s.tid,
+                        mode: s.mode,
+                        ip: s.ip,
+                        second: s.time.saturating_sub(origin) / 1_000_000_000,
+                        chain: s.callchain.clone(),
+                    };
+                    let period = s.period.max(1);
+                    match pending.get_mut(&key) {
+                        Some(e) => {
+                            e.1 += 1;
+                            e.2 += period;
+                            e.0.time = e.0.time.min(s.time);
+                        }
+                        None => {
+                            pending.insert(key, (s, 1, period));
+                        }
+                    }
+                }
+                other => {
+                    self.flush_batch(&mut pending);
+                    self.push(other);
+                }
+            }
+        }
+        self.flush_batch(&mut pending);
+    }
+
+    fn flush_batch(&mut self, pending: &mut HashMap<BatchKey, (SampleRecord, u64, u64)>) {
+        for (_, (s, n, period)) in pending.drain() {
+            self.sample_weighted(&s, n, period);
+        }
+    }
+
+    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64) {
         let st = &mut self.stats;
-        st.samples += 1;
+        st.samples += n;
         st.first_time = Some(st.first_time.map_or(s.time, |t| t.min(s.time)));
         st.last_time = Some(st.last_time.map_or(s.time, |t| t.max(s.time)));
         if matches!(s.mode, CpuMode::GuestKernel | CpuMode::GuestUser) {
-            st.guest_mode_samples += 1;
+            st.guest_mode_samples += n;
         }
         let origin = *self.origin.get_or_insert(s.time);
 
@@ -170,21 +234,21 @@ impl Converter {
             }
         }
         if self.unmonitored.contains(&attr.domain) {
-            let n: Arc<str> = "[unmonitored]".into();
-            *self.stats.domains.entry(attr.domain.clone()).or_default() += 1;
+            let label: Arc<str> = "[unmonitored]".into();
+            *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
             self.delta
-                .add_bin(second, s.event, attr.domain.clone(), attr.context, 1);
+                .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
             let key = AggKey {
                 event: s.event,
                 domain: attr.domain,
                 context: attr.context,
-                process: n.clone(),
-                image: n.clone(),
-                symbol: n,
+                process: label.clone(),
+                image: label.clone(),
+                symbol: label,
                 stack: "".into(),
             };
-            self.delta.add(key, 1, s.period.max(1));
+            self.delta.add(key, n, period);
             return;
         }
         let resolved = self.resolve(&attr.domain, &leaf);
@@ -213,17 +277,17 @@ impl Converter {
             }
             text.into()
         };
-        *self.stats.domains.entry(attr.domain.clone()).or_default() += 1;
+        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
         if attr.context.is_guest() {
             *self
                 .stats
                 .guest_period
                 .entry((attr.domain.clone(), s.event))
-                .or_default() += s.period.max(1);
+                .or_default() += period;
         }
         let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
         self.delta
-            .add_bin(second, s.event, attr.domain.clone(), attr.context, 1);
+            .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
         let key = AggKey {
             event: s.event,
             domain: attr.domain,
@@ -238,6 +302,6 @@ impl Converter {
             symbol: resolved.symbol,
             stack,
         };
-        self.delta.add(key, 1, s.period.max(1));
+        self.delta.add(key, n, period);
     }
 }

@@ -411,12 +411,12 @@ pub fn record(
     loop {
         buf.clear();
         rec.read(Duration::from_millis(100), &mut buf)?;
-        for r in buf.drain(..) {
-            if dump {
+        if dump {
+            for r in &buf {
                 eprintln!("{r:?}");
             }
-            conv.push(r);
         }
+        conv.push_batch(buf.drain(..));
         if let Some(p) = &pollers {
             for ev in p.events.try_iter() {
                 agents.take(ev, &mut writer, &vm_detail, &mut notes)?;
@@ -455,9 +455,7 @@ pub fn record(
     rec.disable()?;
     buf.clear();
     rec.read(Duration::from_millis(0), &mut buf)?;
-    for r in buf.drain(..) {
-        conv.push(r);
-    }
+    conv.push_batch(buf.drain(..));
     if let Some(mut c) = child.take() {
         if status.is_none() {
             status = c.kill_and_wait();
