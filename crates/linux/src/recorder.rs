@@ -394,16 +394,7 @@ impl Recorder {
         what: &'static str,
         f: unsafe fn(i32, u32) -> i32,
     ) -> Result<(), LinuxError> {
-        for fd in &self.fds {
-            // SAFETY: fd is an open perf fd; ENABLE/DISABLE take no pointer.
-            if unsafe { f(fd.as_raw_fd(), 0) } < 0 {
-                return Err(LinuxError::Sys {
-                    what,
-                    source: io::Error::last_os_error(),
-                });
-            }
-        }
-        Ok(())
+        crate::sys::ioctl_all(&self.fds, what, f)
     }
 
     /// Start sampling (inherited child events follow).

@@ -304,16 +304,7 @@ impl SchedSwitchRecorder {
         what: &'static str,
         f: unsafe fn(i32, u32) -> i32,
     ) -> Result<(), LinuxError> {
-        for fd in &self.fds {
-            // SAFETY: fd is an open perf fd; ENABLE/DISABLE take no pointer.
-            if unsafe { f(fd.as_raw_fd(), 0) } < 0 {
-                return Err(LinuxError::Sys {
-                    what,
-                    source: io::Error::last_os_error(),
-                });
-            }
-        }
-        Ok(())
+        crate::sys::ioctl_all(&self.fds, what, f)
     }
 
     pub fn enable(&mut self) -> Result<(), LinuxError> {

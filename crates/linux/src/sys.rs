@@ -83,6 +83,26 @@ pub(crate) fn page_size() -> usize {
     }
 }
 
+/// Run a no-argument perf ioctl (ENABLE, DISABLE) on every fd; the first
+/// failure is returned as `what` with the OS error.
+pub(crate) fn ioctl_all(
+    fds: &[std::os::fd::OwnedFd],
+    what: &'static str,
+    f: unsafe fn(i32, u32) -> i32,
+) -> Result<(), LinuxError> {
+    use std::os::fd::AsRawFd;
+    for fd in fds {
+        // SAFETY: fd is an open perf fd; ENABLE/DISABLE take no pointer.
+        if unsafe { f(fd.as_raw_fd(), 0) } < 0 {
+            return Err(LinuxError::Sys {
+                what,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
