@@ -418,24 +418,7 @@ impl Recorder {
     /// next call, so that successive calls also follow each other in time;
     /// after [`Recorder::disable`] a call returns everything.
     pub fn read(&mut self, timeout: Duration, out: &mut Vec<Record>) -> Result<(), LinuxError> {
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: pollfds is a valid array of pollfd; negative fds are ignored.
-        let n = unsafe {
-            libc::poll(
-                self.pollfds.as_mut_ptr(),
-                self.pollfds.len() as libc::nfds_t,
-                ms,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(LinuxError::Sys {
-                    what: "poll on perf rings",
-                    source: e,
-                });
-            }
-        }
+        crate::sys::poll_fds(&mut self.pollfds, timeout, "poll on perf rings")?;
         for p in &mut self.pollfds {
             if p.fd >= 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
                 // The traced task is gone: stop polling (POLLHUP would make

@@ -2,7 +2,6 @@
 //! scheduling for vm-stat. The raw payload is decoded with the field offsets
 //! of the tracepoint's `format` file, never with hard-coded offsets.
 
-use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -323,24 +322,7 @@ impl SchedSwitchRecorder {
         timeout: Duration,
         out: &mut Vec<SchedSwitch>,
     ) -> Result<(), LinuxError> {
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: pollfds is a valid pollfd array.
-        let n = unsafe {
-            libc::poll(
-                self.pollfds.as_mut_ptr(),
-                self.pollfds.len() as libc::nfds_t,
-                ms,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(LinuxError::Sys {
-                    what: "poll on sched_switch rings",
-                    source: e,
-                });
-            }
-        }
+        crate::sys::poll_fds(&mut self.pollfds, timeout, "poll on sched_switch rings")?;
         let start = out.len();
         let SchedSwitchRecorder {
             rings,

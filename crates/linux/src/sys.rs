@@ -103,6 +103,25 @@ pub(crate) fn ioctl_all(
     Ok(())
 }
 
+/// poll(2) on the rings' fds for up to `timeout`; EINTR is not an error
+/// (the caller drains the rings either way).
+pub(crate) fn poll_fds(
+    pollfds: &mut [libc::pollfd],
+    timeout: std::time::Duration,
+    what: &'static str,
+) -> Result<(), LinuxError> {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: pollfds is a valid pollfd array; negative fds are ignored.
+    let n = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(LinuxError::Sys { what, source: e });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
