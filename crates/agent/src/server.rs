@@ -582,48 +582,36 @@ impl Server {
     }
 
     fn spawn_kallsyms(&mut self, id: u64) {
-        self.running += 1;
-        let tx = self.tx.clone();
-        let wake = Arc::clone(&self.wake_w);
-        let epoch = self.epoch;
-        let spawned = std::thread::Builder::new()
-            .name("kallsyms".into())
-            .spawn(move || {
-                let snap = kallsyms::read(std::path::Path::new("/proc")).map(Arc::new);
-                let _ = tx.send(Done {
-                    epoch,
-                    id,
-                    outcome: Outcome::Kallsyms(snap),
-                });
-                wake_loop(&wake);
-            });
-        if let Err(e) = spawned {
-            self.running -= 1;
-            self.enqueue(
-                id,
-                Response::Error {
-                    kind: ErrorKind::Io,
-                    message: format!("cannot start a worker thread: {e}"),
-                },
-            );
-        }
+        self.spawn_worker("kallsyms", id, || {
+            Outcome::Kallsyms(kallsyms::read(std::path::Path::new("/proc")).map(Arc::new))
+        });
     }
 
     fn spawn_exec(&mut self, id: u64, argv: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u64) {
         log!("exec {argv:?} (timeout {timeout_ms} ms)");
+        self.spawn_worker("exec", id, move || {
+            Outcome::Exec(exec::run(&argv, stdin, Duration::from_millis(timeout_ms)))
+        });
+    }
+
+    /// Run `work` on a named worker thread; its outcome comes back through
+    /// the done channel (tagged with this connection's epoch) and wakes the
+    /// loop. A thread that cannot start is answered with an io error.
+    fn spawn_worker(
+        &mut self,
+        name: &str,
+        id: u64,
+        work: impl FnOnce() -> Outcome + Send + 'static,
+    ) {
         self.running += 1;
         let tx = self.tx.clone();
         let wake = Arc::clone(&self.wake_w);
         let epoch = self.epoch;
         let spawned = std::thread::Builder::new()
-            .name("exec".into())
+            .name(name.into())
             .spawn(move || {
-                let resp = exec::run(&argv, stdin, Duration::from_millis(timeout_ms));
-                let _ = tx.send(Done {
-                    epoch,
-                    id,
-                    outcome: Outcome::Exec(resp),
-                });
+                let outcome = work();
+                let _ = tx.send(Done { epoch, id, outcome });
                 wake_loop(&wake);
             });
         if let Err(e) = spawned {

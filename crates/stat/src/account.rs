@@ -85,6 +85,31 @@ pub struct VmAccount {
     pub notes: Vec<String>,
 }
 
+impl VmAccount {
+    /// A VM with nothing counted yet.
+    pub fn empty(domain: u32, name: String, pid: u32) -> VmAccount {
+        VmAccount {
+            domain,
+            name,
+            pid,
+            vcpus: Vec::new(),
+            vcpu_run_s: 0.0,
+            vcpu_runnable_s: 0.0,
+            vcpu_blocked_s: 0.0,
+            direct_io_s: 0.0,
+            devices: Vec::new(),
+            io_ops: 0,
+            net_packets: 0,
+            disk_ops: 0,
+            disk_bytes: 0,
+            disk_source: "none",
+            shared_io_s: 0.0,
+            total_s: 0.0,
+            notes: Vec::new(),
+        }
+    }
+}
+
 /// One interval of the whole host.
 #[derive(Debug, Clone, Serialize)]
 pub struct AccountInterval {
@@ -282,25 +307,7 @@ impl Accountant {
         let mut vms = Vec::new();
         for d in &cur.domains {
             let is_new = !prev_ids.contains_key(&d.id);
-            let mut v = VmAccount {
-                domain: d.id,
-                name: d.name.clone(),
-                pid: d.pid,
-                vcpus: Vec::new(),
-                vcpu_run_s: 0.0,
-                vcpu_runnable_s: 0.0,
-                vcpu_blocked_s: 0.0,
-                direct_io_s: 0.0,
-                devices: Vec::new(),
-                io_ops: 0,
-                net_packets: 0,
-                disk_ops: 0,
-                disk_bytes: 0,
-                disk_source: "none",
-                shared_io_s: 0.0,
-                total_s: 0.0,
-                notes: Vec::new(),
-            };
+            let mut v = VmAccount::empty(d.id, d.name.clone(), d.pid);
             let mut vcpu_tids = Vec::new();
             for (index, t) in &d.vcpus {
                 vcpu_tids.push(t.tid);
@@ -389,25 +396,10 @@ impl Accountant {
                 }
                 Change::Exited { id, name, pid } => {
                     vms.push(VmAccount {
-                        domain: *id,
-                        name: name.clone(),
-                        pid: *pid,
-                        vcpus: Vec::new(),
-                        vcpu_run_s: 0.0,
-                        vcpu_runnable_s: 0.0,
-                        vcpu_blocked_s: 0.0,
-                        direct_io_s: 0.0,
-                        devices: Vec::new(),
-                        io_ops: 0,
-                        net_packets: 0,
-                        disk_ops: 0,
-                        disk_bytes: 0,
-                        disk_source: "none",
-                        shared_io_s: 0.0,
-                        total_s: 0.0,
                         notes: vec![
                             "exited during the interval (its last CPU time is not counted)".into(),
                         ],
+                        ..VmAccount::empty(*id, name.clone(), *pid)
                     });
                 }
                 Change::PidReused { old, new, pid } => {
