@@ -94,3 +94,41 @@ pub fn rows(v: &serde_json::Value) -> Vec<(String, u64, f64)> {
 pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
+
+/// (samples of event 0, stored duration in s) of a session being written,
+/// or None while it is not yet readable.
+pub fn stored(db: &Path) -> Option<(u64, f64)> {
+    let out = vmscope()
+        .arg("report")
+        .arg(db)
+        .args(["--format", "json"])
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let samples = v["events"][0]["samples"].as_u64()?;
+    let d: f64 = v["meta"]["duration_s"]
+        .as_str()
+        .unwrap_or("0")
+        .parse()
+        .ok()?;
+    Some((samples, d))
+}
+
+/// Wait (up to 60 s: start-up time varies with load) until a recorder has
+/// flushed samples to `db`; returns the stored duration then.
+pub fn wait_for_samples(db: &Path) -> f64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some((n, d)) = stored(db) {
+            if n > 0 {
+                return d;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recorder never flushed a sample to {}",
+            db.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

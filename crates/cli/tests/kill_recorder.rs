@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[test]
 fn sigkilled_recorder_leaves_a_readable_session() {
@@ -23,31 +23,7 @@ fn sigkilled_recorder_leaves_a_readable_session() {
         .unwrap();
     // Wait until the session holds data (start-up time varies with load),
     // note the stored duration, then kill 2 s later.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let stored = |db: &std::path::Path| -> Option<(u64, f64)> {
-        let out = vmscope()
-            .arg("report")
-            .arg(db)
-            .args(["--format", "json"])
-            .output()
-            .ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        let samples = v["events"][0]["samples"].as_u64()?;
-        let d: f64 = v["meta"]["duration_s"].as_str()?.parse().ok()?;
-        Some((samples, d))
-    };
-    let d1 = loop {
-        if let Some((n, d)) = stored(&db) {
-            if n > 0 {
-                break d;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the recorder never flushed a sample"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let d1 = wait_for_samples(&db);
     std::thread::sleep(Duration::from_secs(2));
     // SAFETY: plain kill(2) on our child.
     unsafe { libc_kill(child.id() as i32, 9) };

@@ -210,19 +210,7 @@ fn a_process_that_starts_and_exits_during_the_run_still_resolves() {
         .unwrap();
     // Start the workload once the recorder samples, and let it end well
     // before the recording does.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !db.exists()
-        || report_json(&db, &[])["events"][0]["samples"]
-            .as_u64()
-            .unwrap_or(0)
-            == 0
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "recorder never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_for_samples(&db);
     run_ok(vmscope().args(["demo", "-d", "1"]));
     assert!(rec.wait().unwrap().success());
     let ours = rows(&report_json(&db, &["--by", "process,symbol"]));

@@ -105,10 +105,6 @@ impl Converter {
         self.default_guest_kallsyms = Some(text);
     }
 
-    pub fn processes_mut(&mut self) -> &mut ProcessTable {
-        &mut self.procs
-    }
-
     pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
         &mut self.symbolizer
     }

@@ -320,7 +320,6 @@ pub fn record(
     }
 
     let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-    let warnings = symbolizer.warnings();
     let mut conv = Converter::new(symbolizer, opts.threads.clone());
     for vm in &opts.unmonitored {
         conv.set_unmonitored(vm);
@@ -468,8 +467,7 @@ pub fn record(
         }
     }
     agents.flush(&mut writer, &conv)?;
-    let mut all_warnings = warnings;
-    all_warnings.extend(conv.symbolizer_mut().warnings());
+    let mut all_warnings = conv.symbolizer_mut().warnings();
     all_warnings.sort();
     all_warnings.dedup();
     writer.set_meta("warnings", &all_warnings.join("\n"))?;
@@ -494,7 +492,8 @@ struct AgentBook {
     /// (domain, event) → (busy period, samples) measured in the guest.
     busy: HashMap<(Arc<str>, u32), (u64, u64)>,
     lost: HashMap<Arc<str>, u64>,
-    gone: std::collections::HashSet<String>,
+    /// VMs whose QEMU process was seen to exit.
+    ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
     lost_at: HashMap<String, f64>,
 }
@@ -535,10 +534,9 @@ impl AgentBook {
             }
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));
-                self.gone.insert(domain.to_string());
                 self.lost_at.insert(domain.to_string(), at);
                 // A VM already seen to have exited keeps that (earlier, firmer) mark.
-                if self.gone.contains(&format!("ended:{domain}")) {
+                if self.ended.contains(&*domain) {
                     return Ok(());
                 }
                 if let Some((d, det)) = vms.get(&*domain) {
@@ -592,7 +590,7 @@ fn mark_ended_vms(
     for (name, (d, det)) in vms {
         let Some(pid) = d.pid else { continue };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && agents.gone.insert(format!("ended:{name}"))
+            && agents.ended.insert(name.clone())
         {
             writer.upsert_domain(&DomainRecord {
                 domain: d.clone(),
