@@ -447,25 +447,54 @@ kind = "tap"
 
     // 1. stat vs pidstat and /proc/stat over the same 6 s.
     let n = 6;
-    let before = busy_of_proc_stat();
     let pidstat = Command::new("pidstat")
         .args(["-t", "-p", &busy_pid.to_string(), "1", &n.to_string()])
         .env("LC_ALL", "C")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let stat = Command::new(VMSCOPE)
+    // /proc/stat is read as stat's output streams: at its header (sampling
+    // armed) and at its last per-CPU record, so both cover the same window
+    // rather than one that also holds stat's start-up and exit.
+    let mut child = Command::new(VMSCOPE)
         .args(["stat", "-i", "1s", "-n", &n.to_string(), "--format", "json"])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let after = busy_of_proc_stat();
+    let ncpu = busy_of_proc_stat().len();
+    let mut lines = Vec::new();
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut cpu_records = 0;
+        for line in out.lines() {
+            let line = line.unwrap();
+            if before.is_empty() {
+                before = busy_of_proc_stat();
+            }
+            if line.contains("\"type\":\"cpu\"") {
+                cpu_records += 1;
+                if cpu_records == n * ncpu {
+                    after = busy_of_proc_stat();
+                }
+            }
+            lines.push(line);
+        }
+    }
+    if after.is_empty() {
+        after = busy_of_proc_stat();
+    }
+    let stat = child.wait_with_output().unwrap();
+    let stat_stdout = lines.join("\n");
     let pid_out = pidstat.wait_with_output().unwrap();
     assert!(
         stat.status.success(),
         "{}",
         String::from_utf8_lossy(&stat.stderr)
     );
-    let text = String::from_utf8_lossy(&stat.stdout);
+    let text = std::borrow::Cow::<str>::Owned(stat_stdout);
     let recs: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())

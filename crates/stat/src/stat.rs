@@ -222,10 +222,13 @@ impl Stat {
                 let changes = self.domains.refresh()?;
                 let mut map = before;
                 map.extend(self.domains.tid_map());
-                s.repair(&self.opts, &self.domains, &mut times);
+                let placed = s.repair(&self.opts, &self.domains, &mut times);
                 trim_overflow(&mut times, &map, (dt * 1e9) as u64);
-                let mut rows = switch_rows(&times, &map, dt);
                 let stat = procfs::proc_stat(&self.opts.proc_root).ok();
+                if let (Some(prev), Some(cur)) = (&s.prev_stat, &stat) {
+                    cap_repairs(&mut times, &placed, prev, cur);
+                }
+                let mut rows = switch_rows(&times, &map, dt);
                 if let (Some(prev), Some(cur)) = (&s.prev_stat, &stat) {
                     busy_floor(&mut rows, prev, cur, dt);
                 }
@@ -451,7 +454,8 @@ impl SwitchSrc {
     /// showed is placed on the CPU the thread is running on (its last CPU),
     /// taken from that CPU's idle time, and the CPU's tracker learns the
     /// thread is running there.
-    fn repair(&mut self, opts: &StatOptions, domains: &Domains, times: &mut TidTimes) {
+    fn repair(&mut self, opts: &StatOptions, domains: &Domains, times: &mut TidTimes) -> TidTimes {
+        let mut placed = TidTimes::new();
         // schedstat only: the last CPU (`stat`) is read for the few threads
         // that need it.
         let mut now = HashMap::new();
@@ -484,6 +488,7 @@ impl SwitchSrc {
                 .or_else(|| self.reader.task_stat(pid, tid).ok().map(|st| st.processor));
             let Some(cpu) = cpu else { continue };
             *times.entry((cpu, tid)).or_default() += extra;
+            *placed.entry((cpu, tid)).or_default() += extra;
             if let Some(idle) = times.get_mut(&(cpu, 0)) {
                 *idle = idle.saturating_sub(extra);
             }
@@ -495,6 +500,7 @@ impl SwitchSrc {
         }
         self.reader.end_sample();
         self.prev_run = now;
+        placed
     }
 }
 
@@ -548,6 +554,68 @@ fn trim_overflow(times: &mut TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, d
                 *ns -= cut;
                 over -= cut;
             }
+        }
+    }
+}
+
+/// Slack of the ceiling below: one USER_HZ tick (10 ms), the unit /proc/stat
+/// counts in.
+const CEILING_SLACK_S: f64 = 0.01;
+
+/// `/proc/stat` busy time of each CPU (plus one tick) as a ceiling, the
+/// counterpart of [`busy_floor`]: per-CPU totals follow the kernel's own
+/// accounting, the tracepoints decide the split. First cut is time that
+/// [`SwitchSrc::repair`] placed (schedstat is read after the interval ends,
+/// on whichever CPU the thread sits then, so window skew or a migration can
+/// put time on a CPU the kernel says was idle); what remains is taken from
+/// every non-idle slice of the CPU in proportion. Cut time goes to idle.
+fn cap_repairs(
+    times: &mut TidTimes,
+    placed: &TidTimes,
+    prev: &procfs::ProcStat,
+    cur: &procfs::ProcStat,
+) {
+    let mut busy: HashMap<u32, u64> = HashMap::new();
+    for (&(cpu, tid), &ns) in times.iter() {
+        if tid != 0 {
+            *busy.entry(cpu).or_default() += ns;
+        }
+    }
+    for (cpu, ns) in busy {
+        let (Some(p), Some(c)) = (prev.cpu(cpu), cur.cpu(cpu)) else {
+            continue;
+        };
+        let ceiling = (((c.busy() - p.busy()).max(0.0) + CEILING_SLACK_S) * 1e9) as u64;
+        let mut over = ns.saturating_sub(ceiling);
+        for (&(pc, tid), &extra) in placed.iter().filter(|((pc, _), _)| *pc == cpu) {
+            if over == 0 {
+                break;
+            }
+            if let Some(t) = times.get_mut(&(pc, tid)) {
+                let cut = over.min(extra).min(*t);
+                *t -= cut;
+                over -= cut;
+                *times.entry((pc, 0)).or_default() += cut;
+            }
+        }
+        // Still over: slices the tracker inferred after a lost switch-in
+        // from idle (idle time given to the task seen switching out). They
+        // cannot be told apart, so every non-idle slice of the CPU shrinks
+        // in proportion: the total follows the kernel's accounting, the
+        // split stays the tracepoints'.
+        if over > 0 {
+            let left = ns.saturating_sub(ns.saturating_sub(ceiling) - over);
+            let keep = ceiling as f64 / left.max(1) as f64;
+            let mut freed = 0u64;
+            for (_, t) in times
+                .iter_mut()
+                .filter(|((c, tid), _)| *c == cpu && *tid != 0)
+            {
+                let new = (*t as f64 * keep) as u64;
+                freed += *t - new;
+                *t = new;
+            }
+            *times.entry((cpu, 0)).or_default() += freed;
         }
     }
 }
@@ -672,6 +740,45 @@ mod tests {
         assert_eq!(t.get(&(0, 9)), Some(&200));
         assert_eq!(t.get(&(0, 0)), Some(&800));
         assert_eq!(missed, 0);
+    }
+
+    #[test]
+    fn repaired_time_cannot_make_a_cpu_busier_than_proc_stat() {
+        let ms = 1_000_000u64;
+        let mut t: TidTimes = HashMap::new();
+        t.insert((0, 0), 920 * ms); // CPU 0 mostly idle
+        t.insert((0, 50), 80 * ms); // a host task
+                                    // repair put 80 ms of a vCPU on CPU 0 (read after a migration)
+        let mut placed: TidTimes = HashMap::new();
+        placed.insert((0, 11), 80 * ms);
+        t.insert((0, 11), 80 * ms);
+        *t.get_mut(&(0, 0)).unwrap() -= 80 * ms;
+        let stat = |busy_s: f64| procfs::ProcStat {
+            all: Default::default(),
+            cpus: vec![(
+                0,
+                procfs::CpuTimes {
+                    user: busy_s,
+                    ..Default::default()
+                },
+            )],
+        };
+        // The kernel says CPU 0 was busy 8 % of the interval.
+        cap_repairs(&mut t, &placed, &stat(0.0), &stat(0.08));
+        // 80 ms + one 10 ms tick = 90 ms of busy time at most: 70 ms back to idle.
+        assert_eq!(t[&(0, 11)], 10 * ms);
+        assert_eq!(t[&(0, 50)], 80 * ms);
+        assert_eq!(t[&(0, 0)], 910 * ms);
+        // Beyond the repaired time, every non-idle slice shrinks in proportion.
+        let mut w = t.clone();
+        cap_repairs(&mut w, &placed, &stat(0.0), &stat(0.03));
+        assert_eq!(w[&(0, 11)], 0);
+        assert_eq!(w[&(0, 50)], 40 * ms); // 80 ms scaled to the 40 ms ceiling
+        assert_eq!(w.values().sum::<u64>(), 1000 * ms);
+        // Time the kernel confirms is left alone.
+        let mut u = t.clone();
+        cap_repairs(&mut u, &placed, &stat(0.0), &stat(0.5));
+        assert_eq!(u, t);
     }
 
     #[test]
