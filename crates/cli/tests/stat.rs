@@ -7,8 +7,9 @@
 //!
 //! With a lab (root, QEMU, the static agent): one busy and one idle TCG VM;
 //! `stat`'s per-VM vCPU time against `pidstat -t` and its per-CPU totals
-//! against `/proc/stat` (within 5 points), `account`'s reconciliation
-//! (within 1 %), and `serve` scraped by a real Prometheus whose PromQL
+//! against `/proc/stat` (within 5 points), `account`'s reconciliation of
+//! VMs, unattributed time (measured on its own, with a host task burning a
+//! CPU) and `/proc/stat` (within 1 % over the run), and `serve` scraped by a real Prometheus whose PromQL
 //! `rate()` of the busy VM's vCPU run time is above zero.
 //!
 //! Tests print `SKIP: <reason>` and pass when what they need is missing.
@@ -332,6 +333,14 @@ fn busy_of_proc_stat() -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// Sum of the schedstat run time (ns) of the given threads of `pid`.
+fn vcpu_run_ns(pid: u32, tids: &[u32]) -> u64 {
+    tids.iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/task/{t}/schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// pidstat's Average %CPU per TID.
 fn pidstat_avg(text: &str) -> Vec<(u32, f64)> {
     let mut cols: Option<(usize, usize)> = None;
@@ -465,6 +474,10 @@ kind = "tap"
     let ncpu = busy_of_proc_stat().len();
     let mut lines = Vec::new();
     let (mut before, mut after) = (Vec::new(), Vec::new());
+    // The vCPU threads' own schedstat run time over the same window: the
+    // exact reference both stat and pidstat approximate.
+    let (mut run_before, mut run_after, mut window) = (0u64, 0u64, None);
+    let mut t_before: Option<Instant> = None;
     {
         use std::io::BufRead;
         let out = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -473,11 +486,15 @@ kind = "tap"
             let line = line.unwrap();
             if before.is_empty() {
                 before = busy_of_proc_stat();
+                run_before = vcpu_run_ns(busy_pid, &busy_vcpus);
+                t_before = Some(Instant::now());
             }
             if line.contains("\"type\":\"cpu\"") {
                 cpu_records += 1;
                 if cpu_records == n * ncpu {
                     after = busy_of_proc_stat();
+                    run_after = vcpu_run_ns(busy_pid, &busy_vcpus);
+                    window = t_before.map(|t: Instant| t.elapsed().as_secs_f64());
                 }
             }
             lines.push(line);
@@ -532,6 +549,12 @@ kind = "tap"
         .map(|(_, c)| c)
         .sum();
     eprintln!("source: {source}");
+    if let Some(w) = window {
+        eprintln!(
+            "busy VM vCPU time by its schedstat over stat's window: {:.1} %",
+            100.0 * run_after.saturating_sub(run_before) as f64 / 1e9 / w
+        );
+    }
     eprintln!(
         "busy VM vCPU time: stat {stat_vm:.1} % vs pidstat {pid_vm:.1} % (diff {:.1} points)",
         stat_vm - pid_vm
@@ -556,7 +579,15 @@ kind = "tap"
     );
     assert!(worst <= 5.0, "stat vs /proc/stat beyond 5 points");
 
-    // 2. account: reconciliation per interval.
+    // 2. account: reconciliation per interval, with a host task outside
+    // the VMs burning CPU: its time must show up as unattributed, measured
+    // on its own, or the residual grows by a whole CPU.
+    let _host_burner = Reap(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
     let acc = Command::new(VMSCOPE)
         .args(["account", "-i", "1s", "-n", "4", "--format", "json"])
         .output()
@@ -567,21 +598,40 @@ kind = "tap"
         String::from_utf8_lossy(&acc.stderr)
     );
     let mut over = Vec::new();
+    let (mut sum_res, mut sum_meas, mut sum_cap) = (0.0, 0.0, 0.0);
     for v in String::from_utf8_lossy(&acc.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["type"] == "interval")
     {
         let r = &v["reconciliation"];
-        let err = r["error"].as_f64().unwrap();
-        let (vms, un, meas) = (
+        let (vms, un, meas, res) = (
             r["vms_s"].as_f64().unwrap(),
             r["unattributed_s"].as_f64().unwrap(),
             r["measured_s"].as_f64().unwrap(),
+            r["residual_s"].as_f64().unwrap(),
         );
-        eprintln!("account: VMs {vms:.3} s + unattributed {un:.3} s = measured {meas:.3} s (error {:.3} %)", 100.0 * err);
-        assert!(err <= 0.01, "reconciliation beyond 1 %: {v}");
-        over.push(-un / v["capacity_s"].as_f64().unwrap());
+        let cap = v["capacity_s"].as_f64().unwrap();
+        eprintln!(
+            "account: VMs {vms:.3} s + unattributed {un:.3} s (other tasks {:.3} s) vs measured {meas:.3} s: residual {res:+.3} s ({:.2} % of capacity)",
+            v["other_tasks_s"].as_f64().unwrap(),
+            100.0 * res / cap
+        );
+        // Unattributed is measured on its own (other tasks' run time), so
+        // the sum can miss; /proc/stat's 10 ms resolution per CPU bounds
+        // one interval's agreement.
+        assert!(
+            res.abs() <= 0.05 * meas,
+            "reconciliation of one interval beyond 5 %: {v}"
+        );
+        assert!(
+            v["other_tasks_s"].as_f64().unwrap() > 0.3 * v["interval_s"].as_f64().unwrap(),
+            "the host burner is not among the other tasks: {v}"
+        );
+        sum_res += res;
+        sum_meas += meas;
+        sum_cap += cap;
+        over.push((vms - meas) / cap);
         let b = v["vms"]
             .as_array()
             .unwrap()
@@ -597,6 +647,18 @@ kind = "tap"
         assert!(b["vcpu_run_s"].as_f64().unwrap() > i["vcpu_run_s"].as_f64().unwrap());
         assert_eq!(b["disk_source"], "qmp", "{b}");
     }
+    eprintln!(
+        "account over the run: residual {sum_res:+.3} s of measured {sum_meas:.3} s ({:.2} %; {:.2} % of capacity {sum_cap:.1} s)",
+        100.0 * sum_res / sum_meas,
+        100.0 * sum_res / sum_cap
+    );
+    // Both CPUs are busy here, so /proc/stat's tick sampling is nearly
+    // exact; on a partly idle host it wanders by a few percent per interval
+    // (docs/stat.md).
+    assert!(
+        sum_res.abs() <= 0.01 * sum_meas,
+        "reconciliation over the run beyond 1 % of the measured host CPU"
+    );
     eprintln!(
         "account: VMs charged beyond measured, worst: {:.2} % of capacity",
         100.0 * over.iter().cloned().fold(f64::MIN, f64::max)

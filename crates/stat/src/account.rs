@@ -122,8 +122,15 @@ pub struct AccountInterval {
     pub shared_ops: u64,
     /// T / ΣN, seconds per operation.
     pub cost_per_op_s: f64,
+    /// Busy host CPU: wall time less idle, iowait and steal, all CPUs.
     pub measured_host_s: f64,
+    /// Run time of every task that is neither a VM's nor shared I/O work.
+    pub other_tasks_s: f64,
+    /// Host CPU charged to no VM, measured on its own (see
+    /// [`Reconciliation::unattributed`]).
     pub unattributed_s: f64,
+    /// Tasks that exited during the interval (their last slice is lost).
+    pub exited_tasks: u64,
     /// Online CPUs × interval.
     pub capacity_s: f64,
     /// Busy seconds per host CPU, from `/proc/stat`.
@@ -137,6 +144,9 @@ impl AccountInterval {
             measured: self.measured_host_s,
             vms: self.vms.iter().map(|v| v.total_s).sum::<f64>() + 0.0,
             unattributed: self.unattributed_s,
+            residual: self.measured_host_s
+                - self.vms.iter().map(|v| v.total_s).sum::<f64>()
+                - self.unattributed_s,
         }
     }
 }
@@ -152,6 +162,8 @@ struct Snapshot {
     stat: ProcStat,
     /// (pid, tid) -> schedstat, for every thread read.
     threads: HashMap<(u32, u32), SchedStat>,
+    /// (pid, tid) -> run ns of every other task on the host.
+    others: HashMap<(u32, u32), u64>,
     io: HashMap<u32, VmCounters>,
     domains: Vec<Domain>,
 }
@@ -234,6 +246,23 @@ impl Accountant {
                 read(&mut threads, pid, tid);
             }
         }
+        // Every other task, for an unattributed time measured on its own
+        // rather than left as the remainder.
+        let mut others = HashMap::new();
+        let vm_pids: Vec<u32> = self.domains.current().iter().map(|d| d.pid).collect();
+        for pid in procfs::pids(root) {
+            if vm_pids.contains(&pid) {
+                continue;
+            }
+            for tid in procfs::tids(root, pid).unwrap_or_default() {
+                if threads.contains_key(&(pid, tid)) {
+                    continue;
+                }
+                if let Ok(s) = self.reader.schedstat(pid, tid) {
+                    others.insert((pid, tid), s.run_ns);
+                }
+            }
+        }
         self.reader.end_sample();
         for d in self.domains.current() {
             let mut c = VmCounters::default();
@@ -283,6 +312,7 @@ impl Accountant {
             at,
             stat,
             threads,
+            others,
             io,
             domains: self.domains.current().to_vec(),
         })
@@ -431,16 +461,32 @@ impl Accountant {
             v.shared_io_s = c;
             v.total_s = v.vcpu_run_s + v.direct_io_s + c;
         }
-        let measured = (cur.stat.all.busy() - prev.stat.all.busy()).max(0.0);
+        let measured = ProcStat::busy_between(&prev.stat, &cur.stat, None).unwrap_or(0.0);
+        // Other tasks: a task new since the last sample ran only inside
+        // the interval; one that exited took its last slice with it.
+        let mut others_ns = 0u64;
+        for (k, &run) in &cur.others {
+            others_ns += run.saturating_sub(prev.others.get(k).copied().unwrap_or(0));
+        }
+        let exited_tasks = prev
+            .others
+            .keys()
+            .filter(|k| !cur.others.contains_key(k))
+            .count() as u64;
+        let other_tasks_s = others_ns as f64 / 1e9;
+        let charged: f64 = vms.iter().map(|v| v.shared_io_s).sum();
+        let unattributed = other_tasks_s + (shared - charged) - softirq;
         let totals: Vec<f64> = vms.iter().map(|v| v.total_s).collect();
-        let rec = Reconciliation::new(measured, &totals);
+        let rec = Reconciliation::new(measured, &totals, unattributed);
         let cpu_busy_s = cur
             .stat
             .cpus
             .iter()
-            .map(|(cpu, t)| {
-                let p = prev.stat.cpu(*cpu).map(|p| p.busy()).unwrap_or(t.busy());
-                (*cpu, (t.busy() - p).max(0.0))
+            .map(|(cpu, _)| {
+                (
+                    *cpu,
+                    ProcStat::busy_between(&prev.stat, &cur.stat, Some(*cpu)).unwrap_or(0.0),
+                )
             })
             .collect();
         AccountInterval {
@@ -451,7 +497,9 @@ impl Accountant {
             shared_io_s: shared,
             cost_per_op_s: cost,
             measured_host_s: measured,
+            other_tasks_s,
             unattributed_s: rec.unattributed,
+            exited_tasks,
             capacity_s: dt * cur.stat.cpus.len() as f64,
             cpu_busy_s,
             notes: exited_notes,

@@ -5,6 +5,7 @@
 //!   direct and shared I/O CPU per VM, its I/O operations, reconciliation;
 //! - [`metrics`]: the same as Prometheus counters for `serve`;
 //! - [`math`]: the pure arithmetic (rates, shares, charging, reconciling);
+//! - [`fit`]: sched_switch slices fitted to `schedstat` and `/proc/stat`;
 //! - [`procfs`]: rooted readers of `/proc` and `/sys`;
 //! - [`domains`]: stable `dN` numbers for re-discovered VMs;
 //! - [`render`]: text (the vm-stat layout), JSON lines and CSV.
@@ -12,6 +13,7 @@
 pub mod account;
 pub mod domains;
 mod error;
+pub mod fit;
 pub mod math;
 pub mod metrics;
 pub mod procfs;

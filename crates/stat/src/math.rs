@@ -88,41 +88,46 @@ pub fn charge(t: f64, ops: &[u64]) -> (f64, Vec<f64>) {
 /// measured host CPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reconciliation {
-    /// Busy host CPU from `/proc/stat`, seconds.
+    /// Busy host CPU from `/proc/stat` (wall time less idle), seconds.
     pub measured: f64,
     /// Σ over VMs of (vCPU run + direct I/O + shared I/O charge), seconds.
     pub vms: f64,
-    /// Host CPU not charged to any VM: `measured - vms`.
+    /// Host CPU not charged to any VM, measured on its own: the run time of
+    /// every other task, plus shared I/O time no VM was charged for, less
+    /// the softirq time that is already inside some task's run time.
     pub unattributed: f64,
+    /// `measured − vms − unattributed`: interrupt work on idle CPUs, the
+    /// last slice of tasks that exited, and the 10 ms resolution of
+    /// `/proc/stat`.
+    pub residual: f64,
 }
 
 impl Reconciliation {
-    pub fn new(measured: f64, vm_totals: &[f64]) -> Reconciliation {
+    pub fn new(measured: f64, vm_totals: &[f64], unattributed: f64) -> Reconciliation {
         // `+ 0.0` turns the -0.0 of an empty sum into 0.0.
         let vms: f64 = vm_totals.iter().sum::<f64>() + 0.0;
         Reconciliation {
             measured,
             vms,
-            unattributed: measured - vms,
+            unattributed,
+            residual: measured - vms - unattributed,
         }
     }
 
-    /// |Σ VMs + unattributed − measured| relative to `measured` (0 when
-    /// nothing was measured).
+    /// |residual| relative to `measured` (the residual itself when nothing
+    /// was measured).
     pub fn error(&self) -> f64 {
-        let diff = (self.vms + self.unattributed - self.measured).abs();
         if self.measured > 0.0 {
-            diff / self.measured
+            self.residual.abs() / self.measured
         } else {
-            diff
+            self.residual.abs()
         }
     }
 
     /// More was charged to VMs than the host measured, by more than
-    /// `tolerance` seconds (clock ticks of `/proc/stat` against nanoseconds
-    /// of `schedstat`).
+    /// `tolerance` seconds.
     pub fn over_attributed(&self, tolerance: f64) -> bool {
-        self.unattributed < -tolerance
+        self.vms > self.measured + tolerance
     }
 }
 
@@ -172,13 +177,15 @@ mod tests {
 
     #[test]
     fn reconciliation() {
-        let r = Reconciliation::new(2.0, &[0.5, 0.7]);
-        assert!(close(r.unattributed, 0.8));
-        assert!(r.error() < 1e-12);
+        let r = Reconciliation::new(2.0, &[0.5, 0.7], 0.78);
+        assert!(close(r.residual, 0.02));
+        assert!(close(r.error(), 0.01));
         assert!(!r.over_attributed(0.01));
-        let r = Reconciliation::new(1.0, &[0.9, 0.2]);
+        let r = Reconciliation::new(1.0, &[0.9, 0.2], 0.0);
+        assert!(close(r.residual, -0.1));
         assert!(r.over_attributed(0.05));
         assert!(!r.over_attributed(0.2));
+        assert!(close(Reconciliation::new(0.0, &[], 0.0).error(), 0.0));
     }
 
     #[test]

@@ -198,13 +198,14 @@ pub fn account_interval(
             }
             writeln!(
                 out,
-                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s ({:.2} % off); shared I/O T {:.4} s over {} ops = {:.1} us/op",
+                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s (residual {:+.4} s, {:.2} %); shared I/O T {:.4} s over {} ops = {:.1} us/op",
                 a.time_s,
                 "= host",
                 rec.vms,
                 rec.unattributed,
                 rec.vms + rec.unattributed,
                 rec.measured,
+                rec.residual,
                 100.0 * rec.error(),
                 a.shared_io_s,
                 a.shared_ops,
@@ -235,19 +236,20 @@ pub fn account_interval(
             }
             writeln!(
                 out,
-                "{:.3},,host-unattributed,,,,,,,,{},{:.6},{:.6},{:.2},\"measured {:.6} s\"",
+                "{:.3},,host-unattributed,,,,,,,,{},{:.6},{:.6},{:.2},\"measured {:.6} s, residual {:.6} s\"",
                 a.time_s,
                 a.shared_ops,
                 a.shared_io_s,
                 rec.unattributed,
                 crate::math::pct(rec.unattributed, a.interval_s),
-                rec.measured
+                rec.measured,
+                rec.residual
             )?;
         }
         Format::Json => {
             let mut v = serde_json::to_value(a).unwrap_or_default();
             v["type"] = json!("interval");
-            v["reconciliation"] = json!({"vms_s": rec.vms, "unattributed_s": rec.unattributed, "measured_s": rec.measured, "error": rec.error()});
+            v["reconciliation"] = json!({"vms_s": rec.vms, "unattributed_s": rec.unattributed, "measured_s": rec.measured, "residual_s": rec.residual, "error": rec.error()});
             writeln!(out, "{v}")?;
         }
     }

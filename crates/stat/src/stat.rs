@@ -8,6 +8,7 @@
 //! totals from `/proc/stat` ([`Source::Schedstat`]).
 
 use crate::domains::{Change, Domains};
+use crate::fit::{self, TidTimes};
 use crate::procfs;
 use crate::StatError;
 use serde::Serialize;
@@ -29,7 +30,7 @@ impl Source {
     pub fn describe(self) -> &'static str {
         match self {
             Source::SchedSwitch => {
-                "sched_switch tracepoint rings per CPU (exact slices; VM threads checked against schedstat)"
+                "sched_switch tracepoint rings per CPU (slices; VM threads fitted to schedstat, CPUs bounded by /proc/stat)"
             }
             Source::Schedstat => {
                 "schedstat + /proc/stat fallback (each thread's time placed on the CPU it last ran on)"
@@ -117,8 +118,6 @@ pub struct StatInterval {
 
 /// Seconds per (domain, cell) on one CPU.
 type CellTimes = HashMap<(u32, CellKind), f64>;
-/// Nanoseconds per (cpu, tid) in one interval; tid 0 is idle.
-type TidTimes = HashMap<(u32, u32), u64>;
 
 #[derive(Default, Clone, Copy)]
 struct Track {
@@ -138,6 +137,8 @@ struct SwitchSrc {
     /// schedstat run ns of each VM thread at the previous boundary.
     prev_run: HashMap<(u32, u32), u64>,
     prev_stat: Option<procfs::ProcStat>,
+    /// Running (ours − `/proc/stat`) busy ns per CPU.
+    drift: HashMap<u32, i64>,
     /// Switch-outs of the last interval whose switch-in from idle was not
     /// delivered.
     missed: u64,
@@ -222,16 +223,21 @@ impl Stat {
                 let changes = self.domains.refresh()?;
                 let mut map = before;
                 map.extend(self.domains.tid_map());
-                let placed = s.repair(&self.opts, &self.domains, &mut times);
-                trim_overflow(&mut times, &map, (dt * 1e9) as u64);
+                let runs = s.thread_runs(&self.opts, &self.domains);
+                for (cpu, tid) in fit::fit_threads(&mut times, &runs, SKEW_NS) {
+                    // The CPU's tracker learns the thread is running there.
+                    if let Some(t) = s.tracks.get_mut(&cpu) {
+                        if matches!(t.current, None | Some(0)) {
+                            t.current = Some(tid);
+                        }
+                    }
+                }
                 let stat = procfs::proc_stat(&self.opts.proc_root).ok();
-                if let (Some(prev), Some(cur)) = (&s.prev_stat, &stat) {
-                    cap_repairs(&mut times, &placed, prev, cur);
-                }
-                let mut rows = switch_rows(&times, &map, dt);
-                if let (Some(prev), Some(cur)) = (&s.prev_stat, &stat) {
-                    busy_floor(&mut rows, prev, cur, dt);
-                }
+                let dt_ns = (dt * 1e9) as u64;
+                let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
+                fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
+                let rows = switch_rows(&times, &map, dt);
+                track_drift(&mut s.drift, &times, s.prev_stat.as_ref(), stat.as_ref());
                 s.prev_stat = stat;
                 (rows, dt, lost, changes)
             }
@@ -265,6 +271,7 @@ fn open_switch(proc_root: &std::path::Path) -> Result<SwitchSrc, StatError> {
         reader: procfs::TaskReader::new(proc_root),
         prev_run: HashMap::new(),
         prev_stat: procfs::proc_stat(proc_root).ok(),
+        drift: HashMap::new(),
         rec,
         buf: Vec::new(),
         pending: Vec::new(),
@@ -447,60 +454,36 @@ impl SwitchSrc {
 }
 
 impl SwitchSrc {
-    /// Switch-ins from idle that were never delivered leave a running task
-    /// unseen until it switches out, and a task that then runs without a
-    /// switch is invisible. The VM threads' schedstat run time (exact, per
-    /// thread) finds them: time schedstat counted beyond what the switches
-    /// showed is placed on the CPU the thread is running on (its last CPU),
-    /// taken from that CPU's idle time, and the CPU's tracker learns the
-    /// thread is running there.
-    fn repair(&mut self, opts: &StatOptions, domains: &Domains, times: &mut TidTimes) -> TidTimes {
-        let mut placed = TidTimes::new();
-        // schedstat only: the last CPU (`stat`) is read for the few threads
-        // that need it.
+    /// Each VM thread's exact run time in the interval (its `schedstat`
+    /// delta) and the CPU it is on now: the switch tracker's when it knows,
+    /// else the thread's `stat` (read only for those).
+    fn thread_runs(&mut self, opts: &StatOptions, domains: &Domains) -> Vec<fit::ThreadRun> {
         let mut now = HashMap::new();
         for (pid, tid) in vm_threads(opts, domains) {
             if let Ok(s) = self.reader.schedstat(pid, tid) {
                 now.insert((pid, tid), s.run_ns);
             }
         }
-        let mut observed: HashMap<u32, u64> = HashMap::new();
-        for (&(_, tid), &ns) in times.iter() {
-            *observed.entry(tid).or_default() += ns;
-        }
+        let mut runs = Vec::new();
         for (&(pid, tid), &run) in &now {
-            let Some(&prev) = self.prev_run.get(&(pid, tid)) else {
+            let Some(run_ns) = self
+                .prev_run
+                .get(&(pid, tid))
+                .and_then(|&p| run.checked_sub(p))
+            else {
                 continue;
             };
-            let seen = observed.get(&tid).copied().unwrap_or(0);
-            let Some(extra) = run.checked_sub(prev).and_then(|d| d.checked_sub(seen)) else {
-                continue;
-            };
-            // Below 2 ms: sampling skew between the boundary and the reads.
-            if extra < 2_000_000 {
-                continue;
-            }
             let cpu = self
                 .tracks
                 .iter()
                 .find(|(_, t)| t.current == Some(tid))
                 .map(|(c, _)| *c)
                 .or_else(|| self.reader.task_stat(pid, tid).ok().map(|st| st.processor));
-            let Some(cpu) = cpu else { continue };
-            *times.entry((cpu, tid)).or_default() += extra;
-            *placed.entry((cpu, tid)).or_default() += extra;
-            if let Some(idle) = times.get_mut(&(cpu, 0)) {
-                *idle = idle.saturating_sub(extra);
-            }
-            if let Some(t) = self.tracks.get_mut(&cpu) {
-                if matches!(t.current, None | Some(0)) {
-                    t.current = Some(tid);
-                }
-            }
+            runs.push(fit::ThreadRun { tid, run_ns, cpu });
         }
         self.reader.end_sample();
         self.prev_run = now;
-        placed
+        runs
     }
 }
 
@@ -524,116 +507,79 @@ fn vm_threads(opts: &StatOptions, domains: &Domains) -> Vec<(u32, u32)> {
     v
 }
 
-/// After [`SwitchSrc::repair`] a CPU can hold more than the interval: a
-/// task outside the VMs kept the tail of the interval because the switch to
-/// the VM thread was not seen. Take the excess from idle, then from tasks
-/// outside the VMs.
-fn trim_overflow(times: &mut TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, dt_ns: u64) {
-    let mut per_cpu: HashMap<u32, u64> = HashMap::new();
-    for (&(cpu, _), &ns) in times.iter() {
-        *per_cpu.entry(cpu).or_default() += ns;
-    }
-    for (cpu, total) in per_cpu {
-        let mut over = total.saturating_sub(dt_ns);
-        if over == 0 {
-            continue;
-        }
-        let mut victims: Vec<(u32, u32)> = times
-            .keys()
-            .filter(|&&(c, tid)| c == cpu && !map.contains_key(&tid))
-            .copied()
-            .collect();
-        // Idle (tid 0) first.
-        victims.sort_by_key(|&(_, tid)| tid != 0);
-        for k in victims {
-            if over == 0 {
-                break;
-            }
-            if let Some(ns) = times.get_mut(&k) {
-                let cut = over.min(*ns);
-                *ns -= cut;
-                over -= cut;
-            }
-        }
-    }
+/// Below this, a thread's run time unseen by the switches is skew between
+/// the boundary and the `schedstat` read, not a missed slice.
+const SKEW_NS: u64 = 2_000_000;
+
+/// Slack of the `/proc/stat` bounds: one USER_HZ tick (10 ms) plus 1 % of
+/// the interval. The kernel samples busy time at its tick, so a partly busy
+/// CPU's count wanders by a few ticks per second; the bounds apply to the
+/// running difference ([`track_drift`]), so that noise is not clipped one
+/// way in every interval.
+fn slack_ns(dt_ns: u64) -> u64 {
+    10_000_000 + dt_ns / 100
 }
 
-/// Slack of the ceiling below: one USER_HZ tick (10 ms), the unit /proc/stat
-/// counts in.
-const CEILING_SLACK_S: f64 = 0.01;
+/// Each CPU's bounds for [`fit::fit_cpus`]: its `/proc/stat` busy time in
+/// the interval, less the drift of earlier intervals, ± slack, within the
+/// interval; the whole interval as ceiling when a reading is missing.
+fn bounds(
+    times: &TidTimes,
+    prev: Option<&procfs::ProcStat>,
+    cur: Option<&procfs::ProcStat>,
+    drift: &HashMap<u32, i64>,
+    dt_ns: u64,
+) -> HashMap<u32, fit::Bounds> {
+    let mut out = HashMap::new();
+    for &(cpu, _) in times.keys() {
+        let b = match kernel_busy_ns(prev, cur, cpu) {
+            Some(k) => {
+                let target = k as i64 - drift.get(&cpu).copied().unwrap_or(0);
+                let slack = slack_ns(dt_ns) as i64;
+                let clamp = |v: i64| v.clamp(0, dt_ns as i64) as u64;
+                fit::Bounds {
+                    floor: clamp(target - slack),
+                    ceiling: clamp(target + slack),
+                }
+            }
+            None => fit::Bounds {
+                floor: 0,
+                ceiling: dt_ns,
+            },
+        };
+        out.insert(cpu, b);
+    }
+    out
+}
 
-/// `/proc/stat` busy time of each CPU (plus one tick) as a ceiling, the
-/// counterpart of [`busy_floor`]: per-CPU totals follow the kernel's own
-/// accounting, the tracepoints decide the split. First cut is time that
-/// [`SwitchSrc::repair`] placed (schedstat is read after the interval ends,
-/// on whichever CPU the thread sits then, so window skew or a migration can
-/// put time on a CPU the kernel says was idle); what remains is taken from
-/// every non-idle slice of the CPU in proportion. Cut time goes to idle.
-fn cap_repairs(
-    times: &mut TidTimes,
-    placed: &TidTimes,
-    prev: &procfs::ProcStat,
-    cur: &procfs::ProcStat,
+/// `/proc/stat` busy nanoseconds of `cpu` between two readings.
+fn kernel_busy_ns(
+    prev: Option<&procfs::ProcStat>,
+    cur: Option<&procfs::ProcStat>,
+    cpu: u32,
+) -> Option<u64> {
+    let b = procfs::ProcStat::busy_between(prev?, cur?, Some(cpu))?;
+    Some((b * 1e9) as u64)
+}
+
+/// Running (ours − kernel's) busy time per CPU, which the next interval's
+/// bounds pull back towards zero.
+fn track_drift(
+    drift: &mut HashMap<u32, i64>,
+    times: &TidTimes,
+    prev: Option<&procfs::ProcStat>,
+    cur: Option<&procfs::ProcStat>,
 ) {
     let mut busy: HashMap<u32, u64> = HashMap::new();
-    for (&(cpu, tid), &ns) in times.iter() {
+    for (&(cpu, tid), &ns) in times {
+        let e = busy.entry(cpu).or_default();
         if tid != 0 {
-            *busy.entry(cpu).or_default() += ns;
+            *e += ns;
         }
     }
-    for (cpu, ns) in busy {
-        let (Some(p), Some(c)) = (prev.cpu(cpu), cur.cpu(cpu)) else {
-            continue;
-        };
-        let ceiling = (((c.busy() - p.busy()).max(0.0) + CEILING_SLACK_S) * 1e9) as u64;
-        let mut over = ns.saturating_sub(ceiling);
-        for (&(pc, tid), &extra) in placed.iter().filter(|((pc, _), _)| *pc == cpu) {
-            if over == 0 {
-                break;
-            }
-            if let Some(t) = times.get_mut(&(pc, tid)) {
-                let cut = over.min(extra).min(*t);
-                *t -= cut;
-                over -= cut;
-                *times.entry((pc, 0)).or_default() += cut;
-            }
-        }
-        // Still over: slices the tracker inferred after a lost switch-in
-        // from idle (idle time given to the task seen switching out). They
-        // cannot be told apart, so every non-idle slice of the CPU shrinks
-        // in proportion: the total follows the kernel's accounting, the
-        // split stays the tracepoints'.
-        if over > 0 {
-            let left = ns.saturating_sub(ns.saturating_sub(ceiling) - over);
-            let keep = ceiling as f64 / left.max(1) as f64;
-            let mut freed = 0u64;
-            for (_, t) in times
-                .iter_mut()
-                .filter(|((c, tid), _)| *c == cpu && *tid != 0)
-            {
-                let new = (*t as f64 * keep) as u64;
-                freed += *t - new;
-                *t = new;
-            }
-            *times.entry((cpu, 0)).or_default() += freed;
-        }
-    }
-}
-
-/// `/proc/stat` busy time of each CPU as a floor for the row's total (a task
-/// outside the VMs whose switch-in from idle was lost); the difference is
-/// host work (`d0`).
-fn busy_floor(rows: &mut [CpuRow], prev: &procfs::ProcStat, cur: &procfs::ProcStat, dt: f64) {
-    for r in rows.iter_mut() {
-        let (Some(p), Some(c)) = (prev.cpu(r.cpu), cur.cpu(r.cpu)) else {
-            continue;
-        };
-        let floor = (100.0 * (c.busy() - p.busy()) / dt).clamp(0.0, 100.0);
-        if floor > r.total_pct {
-            if let Some(host) = r.cells.iter_mut().find(|c| c.kind == CellKind::Host) {
-                host.pct += floor - r.total_pct;
-            }
-            r.total_pct = floor;
+    for (cpu, b) in busy {
+        if let Some(k) = kernel_busy_ns(prev, cur, cpu) {
+            *drift.entry(cpu).or_default() += b as i64 - k as i64;
         }
     }
 }
@@ -675,13 +621,10 @@ impl SchedSrc {
             }
         }
         let mut rows = Vec::new();
-        for (cpu, t) in &stat.cpus {
-            let p = self
-                .prev_stat
-                .cpu(*cpu)
-                .map(|p| p.busy())
-                .unwrap_or(t.busy());
-            let busy = (t.busy() - p).max(0.0);
+        for (cpu, _) in &stat.cpus {
+            // A CPU that came online since the last reading: no busy time yet.
+            let busy =
+                procfs::ProcStat::busy_between(&self.prev_stat, &stat, Some(*cpu)).unwrap_or(0.0);
             let empty = HashMap::new();
             rows.push(build_row(
                 *cpu,
@@ -743,16 +686,8 @@ mod tests {
     }
 
     #[test]
-    fn repaired_time_cannot_make_a_cpu_busier_than_proc_stat() {
+    fn proc_stat_bounds_follow_the_running_difference() {
         let ms = 1_000_000u64;
-        let mut t: TidTimes = HashMap::new();
-        t.insert((0, 0), 920 * ms); // CPU 0 mostly idle
-        t.insert((0, 50), 80 * ms); // a host task
-                                    // repair put 80 ms of a vCPU on CPU 0 (read after a migration)
-        let mut placed: TidTimes = HashMap::new();
-        placed.insert((0, 11), 80 * ms);
-        t.insert((0, 11), 80 * ms);
-        *t.get_mut(&(0, 0)).unwrap() -= 80 * ms;
         let stat = |busy_s: f64| procfs::ProcStat {
             all: Default::default(),
             cpus: vec![(
@@ -763,49 +698,25 @@ mod tests {
                 },
             )],
         };
-        // The kernel says CPU 0 was busy 8 % of the interval.
-        cap_repairs(&mut t, &placed, &stat(0.0), &stat(0.08));
-        // 80 ms + one 10 ms tick = 90 ms of busy time at most: 70 ms back to idle.
-        assert_eq!(t[&(0, 11)], 10 * ms);
-        assert_eq!(t[&(0, 50)], 80 * ms);
-        assert_eq!(t[&(0, 0)], 910 * ms);
-        // Beyond the repaired time, every non-idle slice shrinks in proportion.
-        let mut w = t.clone();
-        cap_repairs(&mut w, &placed, &stat(0.0), &stat(0.03));
-        assert_eq!(w[&(0, 11)], 0);
-        assert_eq!(w[&(0, 50)], 40 * ms); // 80 ms scaled to the 40 ms ceiling
-        assert_eq!(w.values().sum::<u64>(), 1000 * ms);
-        // Time the kernel confirms is left alone.
-        let mut u = t.clone();
-        cap_repairs(&mut u, &placed, &stat(0.0), &stat(0.5));
-        assert_eq!(u, t);
-    }
-
-    #[test]
-    fn overflow_taken_from_idle_then_host_tasks() {
         let mut t: TidTimes = HashMap::new();
-        t.insert((0, 0), 100);
-        t.insert((0, 50), 600); // host task that kept the tail
-        t.insert((0, 11), 700); // vCPU after repair
-        let mut map = HashMap::new();
-        map.insert(11, (1, Some(0)));
-        trim_overflow(&mut t, &map, 1000);
-        assert_eq!((t[&(0, 0)], t[&(0, 50)], t[&(0, 11)]), (0, 300, 700));
-        // The /proc/stat floor raises the total and the host share.
-        let mut rows = switch_rows(&t, &map, 1e-6);
-        let stat = |busy: u64| procfs::ProcStat {
-            all: Default::default(),
-            cpus: vec![(
-                0,
-                procfs::CpuTimes {
-                    user: busy as f64 * 1e-9,
-                    ..Default::default()
-                },
-            )],
-        };
-        busy_floor(&mut rows, &stat(0), &stat(1000), 1e-6);
-        assert!((rows[0].total_pct - 100.0).abs() < 1e-6);
-        assert!((rows[0].cells[0].pct - 30.0).abs() < 1e-6);
+        t.insert((0, 50), 100 * ms);
+        t.insert((1, 51), 100 * ms);
+        let mut drift = HashMap::new();
+        // CPU 0: the kernel's 300 ms ± (10 ms + 1 % of 1 s); CPU 1 (no
+        // reading): anything within the interval.
+        let b = bounds(&t, Some(&stat(0.0)), Some(&stat(0.3)), &drift, 1000 * ms);
+        assert_eq!((b[&0].floor, b[&0].ceiling), (280 * ms, 320 * ms));
+        assert_eq!((b[&1].floor, b[&1].ceiling), (0, 1000 * ms));
+        // Never beyond the interval.
+        let b = bounds(&t, Some(&stat(0.0)), Some(&stat(1.0)), &drift, 1000 * ms);
+        assert_eq!(b[&0].ceiling, 1000 * ms);
+        // 15 ms more than the kernel this time: the next bounds are 15 ms lower.
+        t.insert((0, 50), 315 * ms);
+        track_drift(&mut drift, &t, Some(&stat(0.0)), Some(&stat(0.3)));
+        assert_eq!(drift[&0], 15 * ms as i64);
+        assert!(!drift.contains_key(&1));
+        let b = bounds(&t, Some(&stat(0.3)), Some(&stat(0.6)), &drift, 1000 * ms);
+        assert_eq!((b[&0].floor, b[&0].ceiling), (265 * ms, 305 * ms));
     }
 
     #[test]

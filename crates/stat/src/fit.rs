@@ -1,0 +1,293 @@
+//! Fitting one interval's `sched_switch` slices to the kernel's own
+//! counters (pure arithmetic, no I/O).
+//!
+//! The tracepoint rings give exact slices, but a kernel can leave holes:
+//! on the machine vmscope is developed on, the switch-outs of the init
+//! process's threads are never delivered, so the slice after one belongs
+//! to an unknown mix of tasks. Two counters the kernel keeps anyway bound
+//! the result:
+//! 1. each VM thread's `schedstat` run time is exact per thread: its slices
+//!    scale to it, and a thread seen in no slice is placed on the CPU it
+//!    runs on ([`fit_threads`]);
+//! 2. each CPU's busy time in `/proc/stat` bounds its total from both
+//!    sides ([`fit_cpus`]; `stat` derives the bounds, with slack since the
+//!    kernel samples busy time at its tick). Above the ceiling, host slices
+//!    are cut first, then VM time (exact in total, only its placement can
+//!    be wrong) moves to CPUs with room, and is dropped only when no CPU
+//!    has any; below the floor, the missing time is host work whose slice
+//!    was lost ([`UNSEEN_HOST`]).
+
+use std::collections::HashMap;
+
+/// Nanoseconds per (cpu, tid) in one interval; tid 0 is idle.
+pub type TidTimes = HashMap<(u32, u32), u64>;
+
+/// Pseudo-tid of host time the kernel counted and no slice showed.
+pub const UNSEEN_HOST: u32 = u32::MAX;
+
+/// A CPU's allowed busy time in the interval, ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub floor: u64,
+    pub ceiling: u64,
+}
+
+/// One VM thread's exact run time in the interval.
+#[derive(Debug, Clone, Copy)]
+pub struct ThreadRun {
+    pub tid: u32,
+    /// `schedstat` run-time delta over the interval.
+    pub run_ns: u64,
+    /// The CPU it is on now (for a thread no slice showed).
+    pub cpu: Option<u32>,
+}
+
+/// Scale each VM thread's slices to its `schedstat` run time; place the
+/// time of a thread no slice showed (at least `min_ns`, below which it is
+/// read skew) on its current CPU. Returns the (cpu, tid) so placed.
+pub fn fit_threads(times: &mut TidTimes, runs: &[ThreadRun], min_ns: u64) -> Vec<(u32, u32)> {
+    let mut placed = Vec::new();
+    for r in runs {
+        let keys: Vec<(u32, u32)> = times
+            .keys()
+            .filter(|&&(_, t)| t == r.tid)
+            .copied()
+            .collect();
+        let seen: u64 = keys.iter().map(|k| times[k]).sum();
+        if seen == 0 {
+            if r.run_ns >= min_ns {
+                if let Some(cpu) = r.cpu {
+                    *times.entry((cpu, r.tid)).or_default() += r.run_ns;
+                    placed.push((cpu, r.tid));
+                }
+            }
+            continue;
+        }
+        let k = r.run_ns as f64 / seen as f64;
+        for key in keys {
+            if let Some(ns) = times.get_mut(&key) {
+                *ns = (*ns as f64 * k).round() as u64;
+            }
+        }
+    }
+    placed
+}
+
+/// Keep each CPU's busy time within `bounds[cpu]` (CPUs missing from
+/// `bounds` are left alone). Over the ceiling: host slices (`!is_vm`)
+/// shrink first, in proportion; VM time still over moves, in proportion to
+/// the room left, to CPUs under their ceiling. Under the floor: the rest is
+/// [`UNSEEN_HOST`] time. Idle (tid 0) is then what `dt_ns` leaves.
+pub fn fit_cpus(
+    times: &mut TidTimes,
+    is_vm: impl Fn(u32) -> bool,
+    bounds: &HashMap<u32, Bounds>,
+    dt_ns: u64,
+) {
+    let ceiling: HashMap<u32, u64> = bounds.iter().map(|(&c, b)| (c, b.ceiling)).collect();
+    let busy_of = |times: &TidTimes, cpu: u32| -> u64 {
+        times
+            .iter()
+            .filter(|(&(c, t), _)| c == cpu && t != 0)
+            .map(|(_, &ns)| ns)
+            .sum()
+    };
+    let mut cpus: Vec<u32> = ceiling.keys().copied().collect();
+    cpus.sort_unstable();
+    // VM time taken off over-full CPUs, per tid.
+    let mut moving: Vec<(u32, u64)> = Vec::new();
+    for &cpu in &cpus {
+        let mut over = busy_of(times, cpu).saturating_sub(ceiling[&cpu]);
+        if over == 0 {
+            continue;
+        }
+        for vm_pass in [false, true] {
+            if over == 0 {
+                break;
+            }
+            let keys: Vec<(u32, u32)> = times
+                .keys()
+                .filter(|&&(c, t)| c == cpu && t != 0 && is_vm(t) == vm_pass)
+                .copied()
+                .collect();
+            let pool: u64 = keys.iter().map(|k| times[k]).sum();
+            if pool == 0 {
+                continue;
+            }
+            let take = over.min(pool);
+            let mut taken = 0;
+            for (i, key) in keys.iter().enumerate() {
+                let ns = times[key];
+                // The last slice takes the rounding remainder.
+                let cut = if i + 1 == keys.len() {
+                    (take - taken).min(ns)
+                } else {
+                    ((ns as u128 * take as u128) / pool as u128) as u64
+                };
+                *times.get_mut(key).unwrap() -= cut;
+                taken += cut;
+                if vm_pass && cut > 0 {
+                    moving.push((key.1, cut));
+                }
+            }
+            over -= taken;
+        }
+    }
+    if !moving.is_empty() {
+        let mut room: Vec<(u32, u64)> = cpus
+            .iter()
+            .map(|&c| (c, ceiling[&c].saturating_sub(busy_of(times, c))))
+            .filter(|&(_, r)| r > 0)
+            .collect();
+        let total_room: u64 = room.iter().map(|r| r.1).sum();
+        let total_moving: u64 = moving.iter().map(|m| m.1).sum();
+        // Everything fits when there is room for it; else each CPU fills up.
+        let k = (total_room as f64 / total_moving.max(1) as f64).min(1.0);
+        let initial = room.clone();
+        for (tid, ns) in moving {
+            let mut left = (ns as f64 * k) as u64;
+            let amount = left;
+            for ((cpu, r), &(_, r0)) in room.iter_mut().zip(&initial) {
+                let give = ((amount as u128 * r0 as u128) / total_room as u128) as u64;
+                let give = give.min(*r).min(left);
+                *times.entry((*cpu, tid)).or_default() += give;
+                *r -= give;
+                left -= give;
+            }
+            // Rounding leftovers to whichever CPU still has room.
+            for (cpu, r) in room.iter_mut() {
+                let give = left.min(*r);
+                if give > 0 {
+                    *times.entry((*cpu, tid)).or_default() += give;
+                    *r -= give;
+                    left -= give;
+                }
+            }
+        }
+    }
+    for &cpu in &cpus {
+        let mut busy = busy_of(times, cpu);
+        let floor = bounds[&cpu].floor.min(bounds[&cpu].ceiling);
+        if busy < floor {
+            *times.entry((cpu, UNSEEN_HOST)).or_default() += floor - busy;
+            busy = floor;
+        }
+        times.insert((cpu, 0), dt_ns.saturating_sub(busy));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn up_to(ceiling: u64) -> Bounds {
+        Bounds { floor: 0, ceiling }
+    }
+
+    #[test]
+    fn threads_follow_schedstat() {
+        let mut t: TidTimes = HashMap::new();
+        t.insert((0, 11), 300 * MS);
+        t.insert((1, 11), 300 * MS);
+        t.insert((0, 50), 100 * MS);
+        let placed = fit_threads(
+            &mut t,
+            &[
+                // The slices missed a third of vCPU 11's time.
+                ThreadRun {
+                    tid: 11,
+                    run_ns: 900 * MS,
+                    cpu: Some(1),
+                },
+                // vCPU 12 never seen switching: placed where it runs.
+                ThreadRun {
+                    tid: 12,
+                    run_ns: 40 * MS,
+                    cpu: Some(0),
+                },
+                // Below the skew threshold: ignored.
+                ThreadRun {
+                    tid: 13,
+                    run_ns: MS,
+                    cpu: Some(0),
+                },
+            ],
+            2 * MS,
+        );
+        assert_eq!(t[&(0, 11)], 450 * MS);
+        assert_eq!(t[&(1, 11)], 450 * MS);
+        assert_eq!(t[&(0, 12)], 40 * MS);
+        assert!(!t.contains_key(&(0, 13)));
+        assert_eq!(t[&(0, 50)], 100 * MS, "host slices untouched");
+        assert_eq!(placed, vec![(0, 12)]);
+    }
+
+    #[test]
+    fn host_time_is_cut_before_vm_time_moves() {
+        let mut t: TidTimes = HashMap::new();
+        // CPU 0: a vCPU placed after a migration and a host task; the kernel
+        // says CPU 0 was busy only 300 ms, CPU 1 busy 900 ms of which the
+        // slices show 500.
+        t.insert((0, 11), 500 * MS);
+        t.insert((0, 50), 200 * MS);
+        t.insert((1, 11), 400 * MS);
+        t.insert((1, 51), 100 * MS);
+        let ceiling = HashMap::from([(0, up_to(300 * MS)), (1, up_to(900 * MS))]);
+        fit_cpus(&mut t, |tid| tid == 11, &ceiling, 1000 * MS);
+        assert_eq!(t[&(0, 50)], 0, "host time goes first");
+        assert_eq!(t[&(0, 11)], 300 * MS);
+        // The 200 ms of vCPU time moved to CPU 1, which had 400 ms of room.
+        assert_eq!(t[&(1, 11)], 600 * MS);
+        assert_eq!(t[&(1, 51)], 100 * MS);
+        let vcpu: u64 = t.iter().filter(|(k, _)| k.1 == 11).map(|(_, v)| v).sum();
+        assert_eq!(vcpu, 900 * MS, "VM time is kept when it fits somewhere");
+        assert_eq!(t[&(0, 0)], 700 * MS);
+        assert_eq!(t[&(1, 0)], 300 * MS);
+    }
+
+    #[test]
+    fn vm_time_with_nowhere_to_go_is_dropped_and_totals_never_exceed_ceilings() {
+        let mut t: TidTimes = HashMap::new();
+        t.insert((0, 11), 1000 * MS);
+        t.insert((1, 12), 1000 * MS);
+        let ceiling = HashMap::from([(0, up_to(600 * MS)), (1, up_to(800 * MS))]);
+        fit_cpus(&mut t, |tid| tid > 10, &ceiling, 1000 * MS);
+        assert_eq!(t[&(0, 11)], 600 * MS);
+        let busy1: u64 = t
+            .iter()
+            .filter(|(k, _)| k.0 == 1 && k.1 != 0)
+            .map(|(_, v)| v)
+            .sum();
+        assert_eq!(busy1, 800 * MS);
+        // A CPU within its ceiling is left as it is.
+        let mut u: TidTimes = HashMap::new();
+        u.insert((0, 11), 200 * MS);
+        u.insert((0, 50), 100 * MS);
+        let before = u.clone();
+        fit_cpus(
+            &mut u,
+            |tid| tid == 11,
+            &HashMap::from([(0, up_to(400 * MS))]),
+            1000 * MS,
+        );
+        assert_eq!(u[&(0, 11)], before[&(0, 11)]);
+        assert_eq!(u[&(0, 50)], before[&(0, 50)]);
+        assert_eq!(u[&(0, 0)], 700 * MS);
+    }
+
+    #[test]
+    fn a_floor_adds_unseen_host_time() {
+        let mut t: TidTimes = HashMap::new();
+        t.insert((0, 11), 200 * MS);
+        let b = Bounds {
+            floor: 500 * MS,
+            ceiling: 600 * MS,
+        };
+        fit_cpus(&mut t, |tid| tid == 11, &HashMap::from([(0, b)]), 1000 * MS);
+        assert_eq!(t[&(0, 11)], 200 * MS);
+        assert_eq!(t[&(0, UNSEEN_HOST)], 300 * MS);
+        assert_eq!(t[&(0, 0)], 500 * MS);
+    }
+}
