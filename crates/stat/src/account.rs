@@ -233,11 +233,9 @@ impl Accountant {
                 read(&mut threads, t.pid, t.tid);
             }
             // Unnamed threads of the QEMU process are the VM's too.
-            if let Ok(tids) = procfs::tids(root, d.pid) {
-                for tid in tids {
-                    if !threads.contains_key(&(d.pid, tid)) {
-                        read(&mut threads, d.pid, tid);
-                    }
+            for &tid in self.domains.threads(d.pid) {
+                if !threads.contains_key(&(d.pid, tid)) {
+                    read(&mut threads, d.pid, tid);
                 }
             }
         }

@@ -159,6 +159,12 @@ impl Domains {
         &self.current
     }
 
+    /// Thread ids of VM process `pid` as of the last [`Domains::refresh`],
+    /// which re-lists them whenever they change (no second directory walk).
+    pub fn threads(&self, pid: u32) -> &[u32] {
+        self.tids.get(&pid).map(Vec::as_slice).unwrap_or(&[])
+    }
+
     /// Discover again when something changed (no QMP: cheap) and number
     /// the VMs.
     pub fn refresh(&mut self) -> Result<Vec<Change>, crate::StatError> {

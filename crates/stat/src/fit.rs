@@ -35,28 +35,33 @@ pub struct Bounds {
 /// One VM thread's exact run time in the interval.
 #[derive(Debug, Clone, Copy)]
 pub struct ThreadRun {
+    pub pid: u32,
     pub tid: u32,
     /// `schedstat` run-time delta over the interval.
     pub run_ns: u64,
-    /// The CPU it is on now (for a thread no slice showed).
-    pub cpu: Option<u32>,
 }
 
 /// Scale each VM thread's slices to its `schedstat` run time; place the
 /// time of a thread no slice showed (at least `min_ns`, below which it is
-/// read skew) on its current CPU. Returns the (cpu, tid) so placed.
-pub fn fit_threads(times: &mut TidTimes, runs: &[ThreadRun], min_ns: u64) -> Vec<(u32, u32)> {
+/// read skew) on the CPU `cpu_of` says it is on (asked only for those).
+/// Returns the (cpu, tid) so placed.
+pub fn fit_threads(
+    times: &mut TidTimes,
+    runs: &[ThreadRun],
+    min_ns: u64,
+    mut cpu_of: impl FnMut(&ThreadRun) -> Option<u32>,
+) -> Vec<(u32, u32)> {
+    let mut by_tid: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+    for &k in times.keys() {
+        by_tid.entry(k.1).or_default().push(k);
+    }
     let mut placed = Vec::new();
     for r in runs {
-        let keys: Vec<(u32, u32)> = times
-            .keys()
-            .filter(|&&(_, t)| t == r.tid)
-            .copied()
-            .collect();
+        let keys = by_tid.get(&r.tid).map(Vec::as_slice).unwrap_or(&[]);
         let seen: u64 = keys.iter().map(|k| times[k]).sum();
         if seen == 0 {
             if r.run_ns >= min_ns {
-                if let Some(cpu) = r.cpu {
+                if let Some(cpu) = cpu_of(r) {
                     *times.entry((cpu, r.tid)).or_default() += r.run_ns;
                     placed.push((cpu, r.tid));
                 }
@@ -65,7 +70,7 @@ pub fn fit_threads(times: &mut TidTimes, runs: &[ThreadRun], min_ns: u64) -> Vec
         }
         let k = r.run_ns as f64 / seen as f64;
         for key in keys {
-            if let Some(ns) = times.get_mut(&key) {
+            if let Some(ns) = times.get_mut(key) {
                 *ns = (*ns as f64 * k).round() as u64;
             }
         }
@@ -192,30 +197,25 @@ mod tests {
         t.insert((0, 11), 300 * MS);
         t.insert((1, 11), 300 * MS);
         t.insert((0, 50), 100 * MS);
+        let run = |tid, run_ns| ThreadRun {
+            pid: 1,
+            tid,
+            run_ns,
+        };
+        let mut asked = Vec::new();
         let placed = fit_threads(
             &mut t,
-            &[
-                // The slices missed a third of vCPU 11's time.
-                ThreadRun {
-                    tid: 11,
-                    run_ns: 900 * MS,
-                    cpu: Some(1),
-                },
-                // vCPU 12 never seen switching: placed where it runs.
-                ThreadRun {
-                    tid: 12,
-                    run_ns: 40 * MS,
-                    cpu: Some(0),
-                },
-                // Below the skew threshold: ignored.
-                ThreadRun {
-                    tid: 13,
-                    run_ns: MS,
-                    cpu: Some(0),
-                },
-            ],
+            // The slices missed a third of vCPU 11's time; vCPU 12 was never
+            // seen switching (placed where it runs); vCPU 13's 1 ms is below
+            // the skew threshold.
+            &[run(11, 900 * MS), run(12, 40 * MS), run(13, MS)],
             2 * MS,
+            |r| {
+                asked.push(r.tid);
+                Some(0)
+            },
         );
+        assert_eq!(asked, vec![12], "the CPU is asked only when needed");
         assert_eq!(t[&(0, 11)], 450 * MS);
         assert_eq!(t[&(1, 11)], 450 * MS);
         assert_eq!(t[&(0, 12)], 40 * MS);

@@ -185,7 +185,7 @@ impl Stat {
         };
         let mut src = src;
         if let Src::Switch(s) = &mut src {
-            for (pid, tid) in vm_threads(&opts, &domains) {
+            for (pid, tid) in vm_threads(&domains) {
                 if let Ok(st) = s.reader.schedstat(pid, tid) {
                     s.prev_run.insert((pid, tid), st.run_ns);
                 }
@@ -223,8 +223,10 @@ impl Stat {
                 let changes = self.domains.refresh()?;
                 let mut map = before;
                 map.extend(self.domains.tid_map());
-                let runs = s.thread_runs(&self.opts, &self.domains);
-                for (cpu, tid) in fit::fit_threads(&mut times, &runs, SKEW_NS) {
+                let runs = s.thread_runs(&self.domains);
+                let placed = fit::fit_threads(&mut times, &runs, SKEW_NS, |r| s.cpu_of(r));
+                s.reader.end_sample();
+                for (cpu, tid) in placed {
                     // The CPU's tracker learns the thread is running there.
                     if let Some(t) = s.tracks.get_mut(&cpu) {
                         if matches!(t.current, None | Some(0)) {
@@ -285,7 +287,7 @@ fn open_switch(proc_root: &std::path::Path) -> Result<SwitchSrc, StatError> {
 fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatError> {
     let mut prev = HashMap::new();
     let mut reader = procfs::TaskReader::new(&opts.proc_root);
-    read_threads(&mut reader, opts, domains, &mut prev, |_, _, _| {});
+    read_threads(&mut reader, domains, &mut prev, |_, _, _| {});
     Ok(SchedSrc {
         reader,
         prev_stat: procfs::proc_stat(&opts.proc_root)?,
@@ -297,12 +299,11 @@ fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatErro
 /// Read schedstat of every VM thread into `now`, calling `f(tid, cpu, run_ns)`.
 fn read_threads(
     reader: &mut procfs::TaskReader,
-    opts: &StatOptions,
     domains: &Domains,
     now: &mut HashMap<(u32, u32), u64>,
     mut f: impl FnMut(u32, u32, u64),
 ) {
-    for (pid, tid) in vm_threads(opts, domains) {
+    for (pid, tid) in vm_threads(domains) {
         let (Ok(s), Ok(st)) = (reader.schedstat(pid, tid), reader.task_stat(pid, tid)) else {
             continue;
         };
@@ -455,49 +456,50 @@ impl SwitchSrc {
 
 impl SwitchSrc {
     /// Each VM thread's exact run time in the interval (its `schedstat`
-    /// delta) and the CPU it is on now: the switch tracker's when it knows,
-    /// else the thread's `stat` (read only for those).
-    fn thread_runs(&mut self, opts: &StatOptions, domains: &Domains) -> Vec<fit::ThreadRun> {
+    /// delta).
+    fn thread_runs(&mut self, domains: &Domains) -> Vec<fit::ThreadRun> {
         let mut now = HashMap::new();
-        for (pid, tid) in vm_threads(opts, domains) {
+        for (pid, tid) in vm_threads(domains) {
             if let Ok(s) = self.reader.schedstat(pid, tid) {
                 now.insert((pid, tid), s.run_ns);
             }
         }
         let mut runs = Vec::new();
         for (&(pid, tid), &run) in &now {
-            let Some(run_ns) = self
+            if let Some(run_ns) = self
                 .prev_run
                 .get(&(pid, tid))
                 .and_then(|&p| run.checked_sub(p))
-            else {
-                continue;
-            };
-            let cpu = self
-                .tracks
-                .iter()
-                .find(|(_, t)| t.current == Some(tid))
-                .map(|(c, _)| *c)
-                .or_else(|| self.reader.task_stat(pid, tid).ok().map(|st| st.processor));
-            runs.push(fit::ThreadRun { tid, run_ns, cpu });
+            {
+                runs.push(fit::ThreadRun { pid, tid, run_ns });
+            }
         }
-        self.reader.end_sample();
         self.prev_run = now;
         runs
+    }
+
+    /// The CPU a thread is on now: the switch tracker's when it knows, else
+    /// the thread's `stat`.
+    fn cpu_of(&mut self, r: &fit::ThreadRun) -> Option<u32> {
+        self.tracks
+            .iter()
+            .find(|(_, t)| t.current == Some(r.tid))
+            .map(|(c, _)| *c)
+            .or_else(|| {
+                self.reader
+                    .task_stat(r.pid, r.tid)
+                    .ok()
+                    .map(|st| st.processor)
+            })
     }
 }
 
 /// (pid, tid) of every thread of every VM: the QEMU process's threads and
 /// kernel vhost workers.
-fn vm_threads(opts: &StatOptions, domains: &Domains) -> Vec<(u32, u32)> {
+fn vm_threads(domains: &Domains) -> Vec<(u32, u32)> {
     let mut v = Vec::new();
     for d in domains.current() {
-        v.extend(
-            procfs::tids(&opts.proc_root, d.pid)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|t| (d.pid, t)),
-        );
+        v.extend(domains.threads(d.pid).iter().map(|&t| (d.pid, t)));
         v.extend(
             d.io.iter()
                 .filter(|t| t.pid != d.pid)
@@ -531,7 +533,10 @@ fn bounds(
     dt_ns: u64,
 ) -> HashMap<u32, fit::Bounds> {
     let mut out = HashMap::new();
-    for &(cpu, _) in times.keys() {
+    let mut cpus: Vec<u32> = times.keys().map(|k| k.0).collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    for cpu in cpus {
         let b = match kernel_busy_ns(prev, cur, cpu) {
             Some(k) => {
                 let target = k as i64 - drift.get(&cpu).copied().unwrap_or(0);
@@ -600,7 +605,7 @@ impl SchedSrc {
         let mut per_cpu: HashMap<u32, CellTimes> = HashMap::new();
         let prev = &self.prev;
         let mut cpu_of = HashMap::new();
-        read_threads(&mut self.reader, opts, domains, &mut now, |tid, cpu, _| {
+        read_threads(&mut self.reader, domains, &mut now, |tid, cpu, _| {
             cpu_of.insert(tid, cpu);
         });
         for (&(pid, tid), &run) in &now {
