@@ -179,7 +179,15 @@ pub struct Accountant {
     first: Option<Instant>,
     /// Notes about devices that vanished, reported once.
     gone_devices: HashMap<u32, Vec<String>>,
+    /// Thread lists of every process, for the other-tasks scan.
+    lister: procfs::TaskLister,
+    relisted: Instant,
 }
+
+/// Every process's thread list is walked again at least this often (a
+/// thread that exits while another starts keeps the count the lister
+/// checks).
+const RELIST_EVERY: Duration = Duration::from_secs(2);
 
 impl Accountant {
     pub fn new(opts: AccountOptions) -> Accountant {
@@ -192,6 +200,8 @@ impl Accountant {
             prev: None,
             first: None,
             gone_devices: HashMap::new(),
+            lister: procfs::TaskLister::default(),
+            relisted: Instant::now(),
         }
     }
 
@@ -248,11 +258,19 @@ impl Accountant {
         // rather than left as the remainder.
         let mut others = HashMap::new();
         let vm_pids: Vec<u32> = self.domains.current().iter().map(|d| d.pid).collect();
-        for pid in procfs::pids(root) {
+        let pids = procfs::pids(root);
+        if self.relisted.elapsed() >= RELIST_EVERY {
+            self.lister.forget(|_| false);
+            self.relisted = Instant::now();
+        } else {
+            let live: std::collections::HashSet<u32> = pids.iter().copied().collect();
+            self.lister.forget(|p| live.contains(&p));
+        }
+        for pid in pids {
             if vm_pids.contains(&pid) {
                 continue;
             }
-            for tid in procfs::tids(root, pid).unwrap_or_default() {
+            for tid in self.lister.tids(root, pid) {
                 if threads.contains_key(&(pid, tid)) {
                     continue;
                 }

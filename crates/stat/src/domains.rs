@@ -91,6 +91,7 @@ pub struct Domains {
     seen: HashMap<u32, bool>,
     /// Thread ids of each VM at the last full discovery.
     tids: HashMap<u32, Vec<u32>>,
+    lister: procfs::TaskLister,
     last_full: Option<std::time::Instant>,
 }
 
@@ -108,6 +109,7 @@ impl Domains {
             names: HashMap::new(),
             seen: HashMap::new(),
             tids: HashMap::new(),
+            lister: procfs::TaskLister::default(),
             last_full: None,
         }
     }
@@ -150,9 +152,11 @@ impl Domains {
         if qemu != known {
             return true;
         }
+        let lister = &mut self.lister;
+        let tids = &self.tids;
         self.current
             .iter()
-            .any(|d| procfs::tids(root, d.pid).ok().as_ref() != self.tids.get(&d.pid))
+            .any(|d| Some(&lister.tids(root, d.pid)) != tids.get(&d.pid))
     }
 
     pub fn current(&self) -> &[Domain] {
@@ -179,15 +183,13 @@ impl Domains {
             ..DiscoverOptions::default()
         })?;
         let changes = self.update(vms);
+        // A full discovery lists every thread again.
+        self.lister.forget(|_| false);
+        let (root, lister) = (&self.proc_root, &mut self.lister);
         self.tids = self
             .current
             .iter()
-            .map(|d| {
-                (
-                    d.pid,
-                    procfs::tids(&self.proc_root, d.pid).unwrap_or_default(),
-                )
-            })
+            .map(|d| (d.pid, lister.tids(root, d.pid)))
             .collect();
         Ok(changes)
     }
@@ -275,10 +277,8 @@ impl Domains {
                 m.insert(t.tid, (d.id, None));
             }
             // Every thread of the QEMU process is the VM's, even unnamed ones.
-            if let Ok(tids) = procfs::tids(&self.proc_root, d.pid) {
-                for tid in tids {
-                    m.entry(tid).or_insert((d.id, None));
-                }
+            for &tid in self.threads(d.pid) {
+                m.entry(tid).or_insert((d.id, None));
             }
             for (i, t) in &d.vcpus {
                 m.insert(t.tid, (d.id, Some(*i)));

@@ -242,6 +242,50 @@ pub fn tids(proc: &Path, pid: u32) -> Result<Vec<u32>, StatError> {
     Ok(v)
 }
 
+/// The number of threads of `pid` without listing them: `/proc/PID/task`'s
+/// link count is its thread count plus two.
+pub fn thread_count(proc: &Path, pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(proc.join(pid.to_string()).join("task")).ok()?;
+    m.nlink().checked_sub(2)
+}
+
+/// Thread lists of processes, re-listed only when a process's thread
+/// count changed ([`thread_count`]: one `stat` instead of a directory walk
+/// of hundreds of entries every interval). A thread that exits while
+/// another starts in the same interval keeps the count: callers that care
+/// re-list everything now and then with [`TaskLister::forget`].
+#[derive(Debug, Default)]
+pub struct TaskLister {
+    cache: HashMap<u32, (u64, Vec<u32>)>,
+}
+
+impl TaskLister {
+    pub fn tids(&mut self, proc: &Path, pid: u32) -> Vec<u32> {
+        let n = thread_count(proc, pid);
+        if let (Some(n), Some((c, v))) = (n, self.cache.get(&pid)) {
+            if *c == n {
+                return v.clone();
+            }
+        }
+        let v = tids(proc, pid).unwrap_or_default();
+        match n {
+            Some(n) => {
+                self.cache.insert(pid, (n, v.clone()));
+            }
+            None => {
+                self.cache.remove(&pid);
+            }
+        }
+        v
+    }
+
+    /// Drop what is cached (processes gone, or a periodic full re-list).
+    pub fn forget(&mut self, keep: impl Fn(u32) -> bool) {
+        self.cache.retain(|&p, _| keep(p));
+    }
+}
+
 /// `/proc/PID/io` counters (syscalls and bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcIo {
@@ -326,6 +370,28 @@ pub fn pids_by_comm_prefix(proc: &Path, prefix: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_lister_relists_when_the_thread_count_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = dir.path().join("5/task");
+        for t in ["5", "6"] {
+            std::fs::create_dir_all(task.join(t)).unwrap();
+        }
+        let mut l = TaskLister::default();
+        assert_eq!(l.tids(dir.path(), 5), vec![5, 6]);
+        std::fs::create_dir(task.join("9")).unwrap();
+        assert_eq!(l.tids(dir.path(), 5), vec![5, 6, 9]);
+        // Same count, different thread: kept until forgotten.
+        std::fs::remove_dir(task.join("6")).unwrap();
+        std::fs::create_dir(task.join("7")).unwrap();
+        if thread_count(dir.path(), 5) == Some(3) {
+            assert_eq!(l.tids(dir.path(), 5), vec![5, 6, 9]);
+        }
+        l.forget(|_| false);
+        assert_eq!(l.tids(dir.path(), 5), vec![5, 7, 9]);
+        assert!(l.tids(dir.path(), 77).is_empty());
+    }
 
     fn fixtures() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
