@@ -34,8 +34,11 @@ use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 use crate::log;
 use crate::server::cut;
 
-/// How long one read of the rings may wait; bounds the poll latency.
-const READ_WAIT: Duration = Duration::from_millis(50);
+/// How long one read of the rings may wait; bounds the poll latency (the
+/// host polls once a second and waits up to 5 s). Each wake-up costs the
+/// guest a ring read and a conversion pass, which TCG emulates slowly, so
+/// it is long: the rings wake the reader earlier when half full.
+const READ_WAIT: Duration = Duration::from_millis(250);
 /// Distinct rows kept between polls; samples of further rows count as lost.
 const MAX_PENDING_ROWS: usize = 200_000;
 /// Budget for the rows of one message, in bytes of JSON (under `MAX_FRAME`).
