@@ -477,7 +477,8 @@ impl Accountant {
             v.shared_io_s = c;
             v.total_s = v.vcpu_run_s + v.direct_io_s + c;
         }
-        let measured = ProcStat::busy_between(&prev.stat, &cur.stat, None).unwrap_or(0.0);
+        let ncpu = cur.stat.cpus.len() as f64;
+        let measured = dt * ncpu * ProcStat::busy_share(&prev.stat, &cur.stat, None).unwrap_or(0.0);
         // Other tasks: a task new since the last sample ran only inside
         // the interval; one that exited took its last slice with it.
         let mut others_ns = 0u64;
@@ -501,7 +502,7 @@ impl Accountant {
             .map(|(cpu, _)| {
                 (
                     *cpu,
-                    ProcStat::busy_between(&prev.stat, &cur.stat, Some(*cpu)).unwrap_or(0.0),
+                    dt * ProcStat::busy_share(&prev.stat, &cur.stat, Some(*cpu)).unwrap_or(0.0),
                 )
             })
             .collect();

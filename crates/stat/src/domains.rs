@@ -92,13 +92,21 @@ pub struct Domains {
     /// Thread ids of each VM at the last full discovery.
     tids: HashMap<u32, Vec<u32>>,
     lister: procfs::TaskLister,
+    /// Each VM thread's name at the last full discovery, re-read through
+    /// kept-open files to find renames without a full discovery.
+    comms: HashMap<(u32, u32), String>,
+    comm_reader: procfs::TaskReader,
     last_full: Option<std::time::Instant>,
+    last_names: Option<std::time::Instant>,
 }
 
 /// A full discovery (every process, every thread name) at least this often,
-/// for renamed threads and kernel vhost workers; in between, only new or
-/// vanished QEMU processes and changed thread lists trigger one.
-const FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// for kernel vhost workers (threads of no QEMU process); in between, new or
+/// vanished QEMU processes, changed thread lists and renamed threads trigger
+/// one.
+const FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// VM thread names are re-read (one `pread` each) this often.
+const NAMES_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Domains {
     pub fn new(proc_root: &Path) -> Domains {
@@ -110,7 +118,10 @@ impl Domains {
             seen: HashMap::new(),
             tids: HashMap::new(),
             lister: procfs::TaskLister::default(),
+            comms: HashMap::new(),
+            comm_reader: procfs::TaskReader::new(proc_root),
             last_full: None,
+            last_names: None,
         }
     }
 
@@ -154,9 +165,24 @@ impl Domains {
         }
         let lister = &mut self.lister;
         let tids = &self.tids;
-        self.current
+        if self
+            .current
             .iter()
             .any(|d| Some(&lister.tids(root, d.pid)) != tids.get(&d.pid))
+        {
+            return true;
+        }
+        if self.last_names.is_some_and(|t| t.elapsed() < NAMES_EVERY) {
+            return false;
+        }
+        self.last_names = Some(std::time::Instant::now());
+        let reader = &mut self.comm_reader;
+        let renamed = self
+            .comms
+            .iter()
+            .any(|(&(pid, tid), name)| reader.comm(pid, tid).is_ok_and(|now| now != *name));
+        reader.end_sample();
+        renamed
     }
 
     pub fn current(&self) -> &[Domain] {
@@ -191,6 +217,16 @@ impl Domains {
             .iter()
             .map(|d| (d.pid, lister.tids(root, d.pid)))
             .collect();
+        self.comms.clear();
+        for (&pid, tids) in &self.tids {
+            for &tid in tids {
+                if let Ok(c) = self.comm_reader.comm(pid, tid) {
+                    self.comms.insert((pid, tid), c);
+                }
+            }
+        }
+        self.comm_reader.end_sample();
+        self.last_names = Some(std::time::Instant::now());
         Ok(changes)
     }
 

@@ -68,20 +68,30 @@ impl ProcStat {
         self.cpus.iter().find(|(c, _)| *c == cpu).map(|(_, t)| t)
     }
 
-    /// Seconds `cpu` (`None`: all CPUs together) was busy between two
-    /// readings: the user, nice, system, irq and softirq columns, which the
-    /// kernel samples at its tick. Wall time less idle would be exact on a
-    /// NO_HZ kernel, but not with steal time: on a host that is itself a VM,
-    /// stolen time lands in idle and in steal at once, and measured against
-    /// the tasks' own run time (`schedstat`) over 1 s intervals, wall less
-    /// idle and steal came out 5–20 % low and wall less idle 12 % high, while
-    /// the ticks agreed within their sampling noise.
-    pub fn busy_between(prev: &ProcStat, cur: &ProcStat, cpu: Option<u32>) -> Option<f64> {
+    /// The share of time `cpu` (`None`: all CPUs together) was busy
+    /// between two readings: the user, nice, system, irq and softirq
+    /// columns over the sum of all columns, as top and mpstat compute it.
+    /// Times the caller's interval, that is the kernel's busy time:
+    /// dividing the columns by wall time instead is wrong on a host that is
+    /// itself a VM, where ticks are lost or counted twice with steal (here,
+    /// a vCPU thread busy 99 % of wall time by its schedstat showed as 89 %
+    /// busy ticks per second of wall time, and 99 % of the columns).
+    ///
+    /// Why the tick-sampled columns and not wall time less idle, which is
+    /// exact on a NO_HZ kernel: with steal time, stolen time lands in idle
+    /// and in steal at once; measured against the tasks' own run time
+    /// (`schedstat`) over 1 s intervals, wall less idle and steal came out
+    /// 5–20 % low and wall less idle 12 % high.
+    pub fn busy_share(prev: &ProcStat, cur: &ProcStat, cpu: Option<u32>) -> Option<f64> {
         let (p, c) = match cpu {
             Some(i) => (prev.cpu(i)?, cur.cpu(i)?),
             None => (&prev.all, &cur.all),
         };
-        Some((c.busy() - p.busy()).max(0.0))
+        let total = c.total() - p.total();
+        if total <= 0.0 {
+            return Some(0.0);
+        }
+        Some(((c.busy() - p.busy()) / total).clamp(0.0, 1.0))
     }
 }
 
@@ -433,10 +443,10 @@ mod tests {
                 },
             )],
         };
-        let b = ProcStat::busy_between(&at(10.0, 5.0), &at(10.7, 5.1), None);
-        assert!((b.unwrap() - 0.1).abs() < 1e-9, "{b:?}");
+        let b = ProcStat::busy_share(&at(10.0, 5.0), &at(10.7, 5.1), None);
+        assert!((b.unwrap() - 0.125).abs() < 1e-9, "{b:?}");
         assert_eq!(
-            ProcStat::busy_between(&at(0.0, 0.0), &at(0.0, 0.0), Some(3)),
+            ProcStat::busy_share(&at(0.0, 0.0), &at(0.0, 0.0), Some(3)),
             None
         );
         assert_eq!(s.run_ns, 5_000_000_000);
@@ -490,6 +500,7 @@ mod tests {
 enum TaskFile {
     Schedstat,
     Stat,
+    Comm,
 }
 
 /// Per-thread `schedstat` and `stat` files kept open between samples and
@@ -522,6 +533,7 @@ impl TaskReader {
         let name = match kind {
             TaskFile::Schedstat => "schedstat",
             TaskFile::Stat => "stat",
+            TaskFile::Comm => "comm",
         };
         let path = || task_dir(&self.root, pid, tid).join(name);
         let key = (pid, tid, kind);
@@ -556,6 +568,15 @@ impl TaskReader {
     pub fn task_stat(&mut self, pid: u32, tid: u32) -> Result<TaskStat, StatError> {
         let text = self.read(pid, tid, TaskFile::Stat)?;
         parse_task_stat(&text, Path::new("stat"))
+    }
+
+    /// The thread's name (`comm`), without the newline.
+    pub fn comm(&mut self, pid: u32, tid: u32) -> Result<String, StatError> {
+        let mut text = self.read(pid, tid, TaskFile::Comm)?;
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        Ok(text)
     }
 
     /// Close the files not read since the previous call.

@@ -239,7 +239,13 @@ impl Stat {
                 let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
                 fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
                 let rows = switch_rows(&times, &map, dt);
-                track_drift(&mut s.drift, &times, s.prev_stat.as_ref(), stat.as_ref());
+                track_drift(
+                    &mut s.drift,
+                    &times,
+                    s.prev_stat.as_ref(),
+                    stat.as_ref(),
+                    dt_ns,
+                );
                 s.prev_stat = stat;
                 (rows, dt, lost, changes)
             }
@@ -537,7 +543,7 @@ fn bounds(
     cpus.sort_unstable();
     cpus.dedup();
     for cpu in cpus {
-        let b = match kernel_busy_ns(prev, cur, cpu) {
+        let b = match kernel_busy_ns(prev, cur, cpu, dt_ns) {
             Some(k) => {
                 let target = k as i64 - drift.get(&cpu).copied().unwrap_or(0);
                 let slack = slack_ns(dt_ns) as i64;
@@ -557,14 +563,16 @@ fn bounds(
     out
 }
 
-/// `/proc/stat` busy nanoseconds of `cpu` between two readings.
+/// The kernel's busy nanoseconds of `cpu` in an interval of `dt_ns`: its
+/// `/proc/stat` busy share between two readings times the interval.
 fn kernel_busy_ns(
     prev: Option<&procfs::ProcStat>,
     cur: Option<&procfs::ProcStat>,
     cpu: u32,
+    dt_ns: u64,
 ) -> Option<u64> {
-    let b = procfs::ProcStat::busy_between(prev?, cur?, Some(cpu))?;
-    Some((b * 1e9) as u64)
+    let share = procfs::ProcStat::busy_share(prev?, cur?, Some(cpu))?;
+    Some((share * dt_ns as f64) as u64)
 }
 
 /// Running (ours − kernel's) busy time per CPU, which the next interval's
@@ -574,6 +582,7 @@ fn track_drift(
     times: &TidTimes,
     prev: Option<&procfs::ProcStat>,
     cur: Option<&procfs::ProcStat>,
+    dt_ns: u64,
 ) {
     let mut busy: HashMap<u32, u64> = HashMap::new();
     for (&(cpu, tid), &ns) in times {
@@ -583,7 +592,7 @@ fn track_drift(
         }
     }
     for (cpu, b) in busy {
-        if let Some(k) = kernel_busy_ns(prev, cur, cpu) {
+        if let Some(k) = kernel_busy_ns(prev, cur, cpu, dt_ns) {
             *drift.entry(cpu).or_default() += b as i64 - k as i64;
         }
     }
@@ -628,8 +637,8 @@ impl SchedSrc {
         let mut rows = Vec::new();
         for (cpu, _) in &stat.cpus {
             // A CPU that came online since the last reading: no busy time yet.
-            let busy =
-                procfs::ProcStat::busy_between(&self.prev_stat, &stat, Some(*cpu)).unwrap_or(0.0);
+            let busy = dt
+                * procfs::ProcStat::busy_share(&self.prev_stat, &stat, Some(*cpu)).unwrap_or(0.0);
             let empty = HashMap::new();
             rows.push(build_row(
                 *cpu,
@@ -693,12 +702,14 @@ mod tests {
     #[test]
     fn proc_stat_bounds_follow_the_running_difference() {
         let ms = 1_000_000u64;
-        let stat = |busy_s: f64| procfs::ProcStat {
+        // Cumulative busy and wall seconds of CPU 0.
+        let stat = |busy_s: f64, wall_s: f64| procfs::ProcStat {
             all: Default::default(),
             cpus: vec![(
                 0,
                 procfs::CpuTimes {
                     user: busy_s,
+                    idle: wall_s - busy_s,
                     ..Default::default()
                 },
             )],
@@ -707,21 +718,26 @@ mod tests {
         t.insert((0, 50), 100 * ms);
         t.insert((1, 51), 100 * ms);
         let mut drift = HashMap::new();
-        // CPU 0: the kernel's 300 ms ± (10 ms + 1 % of 1 s); CPU 1 (no
+        // CPU 0: the kernel's 250 ms ± (10 ms + 1 % of 1 s); CPU 1 (no
         // reading): anything within the interval.
-        let b = bounds(&t, Some(&stat(0.0)), Some(&stat(0.3)), &drift, 1000 * ms);
-        assert_eq!((b[&0].floor, b[&0].ceiling), (280 * ms, 320 * ms));
+        let (p, c) = (stat(0.0, 0.0), stat(0.25, 1.0));
+        let b = bounds(&t, Some(&p), Some(&c), &drift, 1000 * ms);
+        assert_eq!((b[&0].floor, b[&0].ceiling), (230 * ms, 270 * ms));
         assert_eq!((b[&1].floor, b[&1].ceiling), (0, 1000 * ms));
+        // The kernel's share, not its seconds: columns that add up to less
+        // (or more) than the wall time scale to the interval.
+        let b = bounds(&t, Some(&p), Some(&stat(0.2, 0.8)), &drift, 1000 * ms);
+        assert_eq!(b[&0].ceiling, 270 * ms);
         // Never beyond the interval.
-        let b = bounds(&t, Some(&stat(0.0)), Some(&stat(1.0)), &drift, 1000 * ms);
+        let b = bounds(&t, Some(&p), Some(&stat(1.0, 1.0)), &drift, 1000 * ms);
         assert_eq!(b[&0].ceiling, 1000 * ms);
         // 15 ms more than the kernel this time: the next bounds are 15 ms lower.
-        t.insert((0, 50), 315 * ms);
-        track_drift(&mut drift, &t, Some(&stat(0.0)), Some(&stat(0.3)));
+        t.insert((0, 50), 265 * ms);
+        track_drift(&mut drift, &t, Some(&p), Some(&c), 1000 * ms);
         assert_eq!(drift[&0], 15 * ms as i64);
         assert!(!drift.contains_key(&1));
-        let b = bounds(&t, Some(&stat(0.3)), Some(&stat(0.6)), &drift, 1000 * ms);
-        assert_eq!((b[&0].floor, b[&0].ceiling), (265 * ms, 305 * ms));
+        let b = bounds(&t, Some(&c), Some(&stat(0.5, 2.0)), &drift, 1000 * ms);
+        assert_eq!((b[&0].floor, b[&0].ceiling), (215 * ms, 255 * ms));
     }
 
     #[test]
