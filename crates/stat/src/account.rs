@@ -140,14 +140,8 @@ pub struct AccountInterval {
 
 impl AccountInterval {
     pub fn reconciliation(&self) -> Reconciliation {
-        Reconciliation {
-            measured: self.measured_host_s,
-            vms: self.vms.iter().map(|v| v.total_s).sum::<f64>() + 0.0,
-            unattributed: self.unattributed_s,
-            residual: self.measured_host_s
-                - self.vms.iter().map(|v| v.total_s).sum::<f64>()
-                - self.unattributed_s,
-        }
+        let totals: Vec<f64> = self.vms.iter().map(|v| v.total_s).collect();
+        Reconciliation::new(self.measured_host_s, &totals, self.unattributed_s)
     }
 }
 
@@ -493,8 +487,6 @@ impl Accountant {
         let other_tasks_s = others_ns as f64 / 1e9;
         let charged: f64 = vms.iter().map(|v| v.shared_io_s).sum();
         let unattributed = other_tasks_s + (shared - charged) - softirq;
-        let totals: Vec<f64> = vms.iter().map(|v| v.total_s).collect();
-        let rec = Reconciliation::new(measured, &totals, unattributed);
         let cpu_busy_s = cur
             .stat
             .cpus
@@ -515,7 +507,7 @@ impl Accountant {
             cost_per_op_s: cost,
             measured_host_s: measured,
             other_tasks_s,
-            unattributed_s: rec.unattributed,
+            unattributed_s: unattributed,
             exited_tasks,
             capacity_s: dt * cur.stat.cpus.len() as f64,
             cpu_busy_s,

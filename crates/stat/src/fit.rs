@@ -82,37 +82,38 @@ pub fn fit_threads(
 /// `bounds` are left alone). Over the ceiling: host slices (`!is_vm`)
 /// shrink first, in proportion; VM time still over moves, in proportion to
 /// the room left, to CPUs under their ceiling. Under the floor: the rest is
-/// [`UNSEEN_HOST`] time. Idle (tid 0) is then what `dt_ns` leaves.
+/// [`UNSEEN_HOST`] time. Idle (tid 0) is then what `dt_ns` leaves. Returns
+/// each bounded CPU's busy time after the fit.
 pub fn fit_cpus(
     times: &mut TidTimes,
     is_vm: impl Fn(u32) -> bool,
     bounds: &HashMap<u32, Bounds>,
     dt_ns: u64,
-) {
-    let ceiling: HashMap<u32, u64> = bounds.iter().map(|(&c, b)| (c, b.ceiling)).collect();
-    let busy_of = |times: &TidTimes, cpu: u32| -> u64 {
-        times
-            .iter()
-            .filter(|(&(c, t), _)| c == cpu && t != 0)
-            .map(|(_, &ns)| ns)
-            .sum()
-    };
-    let mut cpus: Vec<u32> = ceiling.keys().copied().collect();
+) -> HashMap<u32, u64> {
+    // Busy time and non-idle slices of each bounded CPU, indexed once.
+    let mut busy: HashMap<u32, u64> = bounds.keys().map(|&c| (c, 0)).collect();
+    let mut slices: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+    for (&k, &ns) in times.iter() {
+        if let (Some(b), true) = (busy.get_mut(&k.0), k.1 != 0) {
+            *b += ns;
+            slices.entry(k.0).or_default().push(k);
+        }
+    }
+    let mut cpus: Vec<u32> = bounds.keys().copied().collect();
     cpus.sort_unstable();
     // VM time taken off over-full CPUs, per tid.
     let mut moving: Vec<(u32, u64)> = Vec::new();
     for &cpu in &cpus {
-        let mut over = busy_of(times, cpu).saturating_sub(ceiling[&cpu]);
-        if over == 0 {
-            continue;
-        }
+        let mut over = busy[&cpu].saturating_sub(bounds[&cpu].ceiling);
         for vm_pass in [false, true] {
             if over == 0 {
                 break;
             }
-            let keys: Vec<(u32, u32)> = times
-                .keys()
-                .filter(|&&(c, t)| c == cpu && t != 0 && is_vm(t) == vm_pass)
+            let keys: Vec<(u32, u32)> = slices
+                .get(&cpu)
+                .into_iter()
+                .flatten()
+                .filter(|k| is_vm(k.1) == vm_pass)
                 .copied()
                 .collect();
             let pool: u64 = keys.iter().map(|k| times[k]).sum();
@@ -136,34 +137,35 @@ pub fn fit_cpus(
                 }
             }
             over -= taken;
+            *busy.get_mut(&cpu).unwrap() -= taken;
         }
     }
-    if !moving.is_empty() {
-        let mut room: Vec<(u32, u64)> = cpus
-            .iter()
-            .map(|&c| (c, ceiling[&c].saturating_sub(busy_of(times, c))))
-            .filter(|&(_, r)| r > 0)
-            .collect();
-        let total_room: u64 = room.iter().map(|r| r.1).sum();
-        let total_moving: u64 = moving.iter().map(|m| m.1).sum();
-        // Everything fits when there is room for it; else each CPU fills up.
-        let k = (total_room as f64 / total_moving.max(1) as f64).min(1.0);
-        let initial = room.clone();
-        for (tid, ns) in moving {
-            let mut left = (ns as f64 * k) as u64;
-            let amount = left;
-            for ((cpu, r), &(_, r0)) in room.iter_mut().zip(&initial) {
-                let give = ((amount as u128 * r0 as u128) / total_room as u128) as u64;
-                let give = give.min(*r).min(left);
-                *times.entry((*cpu, tid)).or_default() += give;
-                *r -= give;
-                left -= give;
-            }
-            // Rounding leftovers to whichever CPU still has room.
-            for (cpu, r) in room.iter_mut() {
-                let give = left.min(*r);
+    // Moved VM time goes to CPUs with room, each in proportion to its room;
+    // when there is less room than time, every CPU fills up.
+    let room: Vec<(u32, u64)> = cpus
+        .iter()
+        .map(|&c| (c, bounds[&c].ceiling.saturating_sub(busy[&c])))
+        .filter(|&(_, r)| r > 0)
+        .collect();
+    let total_room: u64 = room.iter().map(|r| r.1).sum();
+    let total_moving: u64 = moving.iter().map(|m| m.1).sum();
+    let k = (total_room as f64 / total_moving.max(1) as f64).min(1.0);
+    let mut left_room = room.clone();
+    for (tid, ns) in moving {
+        let mut left = (ns as f64 * k) as u64;
+        let amount = left;
+        // In proportion first, then rounding leftovers wherever room is left.
+        for pass in 0..2 {
+            for ((cpu, r), &(_, r0)) in left_room.iter_mut().zip(&room) {
+                let want = if pass == 0 {
+                    ((amount as u128 * r0 as u128) / total_room as u128) as u64
+                } else {
+                    left
+                };
+                let give = want.min(*r).min(left);
                 if give > 0 {
                     *times.entry((*cpu, tid)).or_default() += give;
+                    *busy.get_mut(cpu).unwrap() += give;
                     *r -= give;
                     left -= give;
                 }
@@ -171,14 +173,15 @@ pub fn fit_cpus(
         }
     }
     for &cpu in &cpus {
-        let mut busy = busy_of(times, cpu);
+        let b = busy.get_mut(&cpu).unwrap();
         let floor = bounds[&cpu].floor.min(bounds[&cpu].ceiling);
-        if busy < floor {
-            *times.entry((cpu, UNSEEN_HOST)).or_default() += floor - busy;
-            busy = floor;
+        if *b < floor {
+            *times.entry((cpu, UNSEEN_HOST)).or_default() += floor - *b;
+            *b = floor;
         }
-        times.insert((cpu, 0), dt_ns.saturating_sub(busy));
+        times.insert((cpu, 0), dt_ns.saturating_sub(*b));
     }
+    busy
 }
 
 #[cfg(test)]

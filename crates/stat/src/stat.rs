@@ -237,11 +237,11 @@ impl Stat {
                 let stat = procfs::proc_stat(&self.opts.proc_root).ok();
                 let dt_ns = (dt * 1e9) as u64;
                 let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
-                fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
+                let busy = fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
                 let rows = switch_rows(&times, &map, dt);
                 track_drift(
                     &mut s.drift,
-                    &times,
+                    &busy,
                     s.prev_stat.as_ref(),
                     stat.as_ref(),
                     dt_ns,
@@ -579,19 +579,12 @@ fn kernel_busy_ns(
 /// bounds pull back towards zero.
 fn track_drift(
     drift: &mut HashMap<u32, i64>,
-    times: &TidTimes,
+    busy: &HashMap<u32, u64>,
     prev: Option<&procfs::ProcStat>,
     cur: Option<&procfs::ProcStat>,
     dt_ns: u64,
 ) {
-    let mut busy: HashMap<u32, u64> = HashMap::new();
-    for (&(cpu, tid), &ns) in times {
-        let e = busy.entry(cpu).or_default();
-        if tid != 0 {
-            *e += ns;
-        }
-    }
-    for (cpu, b) in busy {
+    for (&cpu, &b) in busy {
         if let Some(k) = kernel_busy_ns(prev, cur, cpu, dt_ns) {
             *drift.entry(cpu).or_default() += b as i64 - k as i64;
         }
@@ -732,8 +725,8 @@ mod tests {
         let b = bounds(&t, Some(&p), Some(&stat(1.0, 1.0)), &drift, 1000 * ms);
         assert_eq!(b[&0].ceiling, 1000 * ms);
         // 15 ms more than the kernel this time: the next bounds are 15 ms lower.
-        t.insert((0, 50), 265 * ms);
-        track_drift(&mut drift, &t, Some(&p), Some(&c), 1000 * ms);
+        let busy = HashMap::from([(0, 265 * ms), (1, 100 * ms)]);
+        track_drift(&mut drift, &busy, Some(&p), Some(&c), 1000 * ms);
         assert_eq!(drift[&0], 15 * ms as i64);
         assert!(!drift.contains_key(&1));
         let b = bounds(&t, Some(&c), Some(&stat(0.5, 2.0)), &drift, 1000 * ms);
