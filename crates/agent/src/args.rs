@@ -37,6 +37,7 @@ pub const DEFAULT_NAME: &str = "vmscope.agent";
 pub const USAGE: &str = "\
 usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--allow-write] [--once] [--log FILE]
        vmscope-agent demo [-d SECONDS] [-t THREADS]
+       vmscope-agent dd if=FILE [bs=SIZE] [count=N] [skip=N] [iflag=direct]
 
 Answers the vmscope host over a virtio-serial port.
   --name NAME     serve the virtio-serial port named NAME (default vmscope.agent),
@@ -52,7 +53,73 @@ Answers the vmscope host over a virtio-serial port.
 `demo` runs the known-answer workload (vmscope_demo_alpha/beta/gamma take
 50/30/20 % of its CPU) for SECONDS (default 10) on THREADS threads (default 1)
 and prints the rounds done and the rounds per second.
+
+`dd` reads FILE (a disk such as /dev/vdb) in blocks of SIZE bytes (default
+512; suffixes k, M, G) and discards them: COUNT reads (default: to the end),
+after skipping N blocks. `iflag=direct` opens with O_DIRECT and reads into a
+4 KiB-aligned buffer, so each block is one request on the virtual disk
+(busybox dd falls back to cached reads there). Prints records, bytes,
+seconds, MiB/s and reads/s.
 ";
+
+/// Options of `vmscope-agent dd`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DdOptions {
+    pub input: PathBuf,
+    pub read: vmscope_workload::blockread::BlockRead,
+}
+
+/// Parses the dd-style operands after `dd`.
+pub fn parse_dd<I: IntoIterator<Item = String>>(args: I) -> Result<DdOptions, String> {
+    use vmscope_workload::blockread::{parse_size, BlockRead};
+    let mut input = None;
+    let mut read = BlockRead {
+        block_size: 512,
+        count: u64::MAX,
+        skip: 0,
+        direct: false,
+    };
+    for a in args {
+        let (key, value) = a
+            .split_once('=')
+            .ok_or_else(|| format!("dd operands are KEY=VALUE, not `{a}`"))?;
+        match key {
+            "if" => input = Some(PathBuf::from(value)),
+            "bs" | "ibs" => {
+                let n = parse_size(value)?;
+                if n == 0 || n > (64 << 20) {
+                    return Err(format!("bs wants 1 byte to 64 MiB, not `{value}`"));
+                }
+                read.block_size = n as usize;
+            }
+            "count" => {
+                read.count = value
+                    .parse()
+                    .map_err(|_| format!("count wants a number of blocks, not `{value}`"))?
+            }
+            "skip" => {
+                read.skip = value
+                    .parse()
+                    .map_err(|_| format!("skip wants a number of blocks, not `{value}`"))?
+            }
+            "iflag" => {
+                for flag in value.split(',') {
+                    match flag {
+                        "direct" => read.direct = true,
+                        "" => {}
+                        other => {
+                            return Err(format!("unsupported iflag `{other}` (only `direct`)"))
+                        }
+                    }
+                }
+            }
+            "of" => return Err("this dd only reads: leave out `of=`".into()),
+            other => return Err(format!("unknown dd operand `{other}`")),
+        }
+    }
+    let input = input.ok_or("dd needs if=FILE")?;
+    Ok(DdOptions { input, read })
+}
 
 /// Options of `vmscope-agent demo`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -137,6 +204,36 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dd_operands() {
+        let o = parse_dd(["if=/dev/vdb", "bs=4k", "count=8000", "iflag=direct"].map(String::from))
+            .unwrap();
+        assert_eq!(o.input, PathBuf::from("/dev/vdb"));
+        assert_eq!(
+            (o.read.block_size, o.read.count, o.read.skip, o.read.direct),
+            (4096, 8000, 0, true)
+        );
+        let o = parse_dd(["if=/x", "skip=3"].map(String::from)).unwrap();
+        assert_eq!(
+            (o.read.block_size, o.read.count, o.read.skip, o.read.direct),
+            (512, u64::MAX, 3, false)
+        );
+        assert!(parse_dd(["bs=512"].map(String::from))
+            .unwrap_err()
+            .contains("if=FILE"));
+        assert!(parse_dd(["if=/x", "of=/y"].map(String::from))
+            .unwrap_err()
+            .contains("only reads"));
+        assert!(parse_dd(["if=/x", "iflag=sync"].map(String::from))
+            .unwrap_err()
+            .contains("sync"));
+        assert!(parse_dd(["if=/x", "bs=0"].map(String::from)).is_err());
+        assert!(parse_dd(["if=/x", "count=many"].map(String::from)).is_err());
+        assert!(parse_dd(["/dev/vdb"].map(String::from))
+            .unwrap_err()
+            .contains("KEY=VALUE"));
+    }
 
     fn p(a: &[&str]) -> Result<Options, String> {
         parse(a.iter().map(|s| s.to_string()))

@@ -1,7 +1,8 @@
 //! `vmscope-agent`: the guest side of vmscope. Finds its virtio-serial port,
 //! then answers the host's requests (hello, ping, and, when allowed, exec
 //! and file copies, profiling, kernel symbols) until stopped. See
-//! docs/protocol.md. `vmscope-agent demo` runs the known-answer workload.
+//! docs/protocol.md. `vmscope-agent demo` runs the known-answer workload,
+//! `vmscope-agent dd` the block reads of cherkasova2005's disk experiment.
 
 mod args;
 mod exec;
@@ -82,6 +83,36 @@ fn demo(args: impl Iterator<Item = String>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `vmscope-agent dd`: block reads at a fixed size, optionally O_DIRECT.
+fn dd(args: impl Iterator<Item = String>) -> ExitCode {
+    let o = match args::parse_dd(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("vmscope-agent dd: {e}\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    match vmscope_workload::blockread::read_blocks(&o.input, &o.read) {
+        Ok(s) => {
+            println!("{}+{} records in", s.full, s.partial);
+            println!(
+                "{} bytes read, {:.3} s, {:.2} MiB/s, {:.1} reads/s, bs {}{}",
+                s.bytes,
+                s.seconds,
+                s.bytes as f64 / (1 << 20) as f64 / s.seconds.max(1e-9),
+                s.reads_per_s(),
+                o.read.block_size,
+                if o.read.direct { " direct" } else { "" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vmscope-agent dd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.iter().any(|a| a == "--help" || a == "-h") {
@@ -90,6 +121,9 @@ fn main() -> ExitCode {
     }
     if argv.first().map(String::as_str) == Some("demo") {
         return demo(argv.into_iter().skip(1));
+    }
+    if argv.first().map(String::as_str) == Some("dd") {
+        return dd(argv.into_iter().skip(1));
     }
     if argv.iter().any(|a| a == "--version") {
         println!("vmscope-agent {}", env!("CARGO_PKG_VERSION"));

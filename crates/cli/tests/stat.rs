@@ -766,3 +766,342 @@ kind = "tap"
         "Prometheus: rate(vmscope_vcpu_run_seconds_total[5s]) of busy = {rate:.3} CPU-seconds/s"
     );
 }
+
+/// `vmscope account`'s JSON intervals.
+fn account_intervals(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["type"] == "interval")
+        .collect()
+}
+
+/// The VM named `name` in one account interval.
+fn vm_of<'a>(interval: &'a Value, name: &str) -> Option<&'a Value> {
+    interval["vms"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == name)
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
+}
+
+/// Bytes on a VM's taps in one interval.
+fn tap_bytes(vm: &Value) -> f64 {
+    vm["devices"]
+        .as_array()
+        .map(|ds| {
+            ds.iter()
+                .filter(|d| d["device"].as_str().is_some_and(|n| n.starts_with("tap:")))
+                .map(|d| d["bytes"].as_f64().unwrap_or(0.0))
+                .sum()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Every interval's shared charge follows the rule charge_i = N_i × T / ΣN.
+fn assert_charge_rule(intervals: &[Value]) {
+    for iv in intervals {
+        let cost = f(iv, "cost_per_op_s");
+        let vms = iv["vms"].as_array().unwrap();
+        let charged: f64 = vms.iter().map(|v| f(v, "shared_io_s")).sum();
+        for v in vms {
+            let want = f(v, "io_ops") * cost;
+            assert!(
+                (f(v, "shared_io_s") - want).abs() <= 1e-6 + 1e-6 * want,
+                "charge of {} is not N × T/ΣN: {v}",
+                v["name"]
+            );
+        }
+        assert!(
+            charged <= f(iv, "shared_io_s") + 1e-6,
+            "more shared time charged than measured: {iv}"
+        );
+    }
+}
+
+/// cherkasova2005 on the lab: (a) two VMs serving 1 KiB and 70 KiB files
+/// under the same fixed request rate, (b) 512-byte vs 4 KiB O_DIRECT reads
+/// of a raw disk in one VM. `account` must show the I/O operations and the
+/// charges the paper's Tables 1 and 2 show: more operations per byte for the
+/// small transfers, and more operations and CPU charged per second for the
+/// small blocks.
+#[test]
+fn lab_cherkasova_io_charging() {
+    let (cache, run, agent) = match lab_env() {
+        Ok(e) => e,
+        Err(why) => {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+    };
+    let Some(httperf) = which("httperf") else {
+        eprintln!("SKIP: httperf not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    // The README's lab, under a name of its own.
+    let spec = tmp.path().join("ci-io.toml");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../labs/io-charging.toml"),
+    )
+    .unwrap();
+    assert!(text.contains("name = \"io-charging\"\n"));
+    std::fs::write(
+        &spec,
+        text.replace("name = \"io-charging\"\n", "name = \"ci-io\"\n"),
+    )
+    .unwrap();
+    let lab = Lab {
+        cache,
+        run,
+        agent,
+        name: "ci-io",
+    };
+    let _ = lab.cmd(&["down", lab.name]).output();
+    let out = lab
+        .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "lab up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = vmscope_lab::load_state_in(&lab.run, lab.name).unwrap();
+    let ip = |vm: &str| {
+        state.vm(vm).unwrap().nics[0]
+            .guest_ip
+            .clone()
+            .expect("tap NIC with an address")
+    };
+    let sites = [
+        ("web1k", 1024usize, ip("web1k")),
+        ("web70k", 70 * 1024, ip("web70k")),
+    ];
+
+    // (a) Web servers: busybox httpd serving /www/f of 1 KiB or 70 KiB.
+    for (vm, size, addr) in &sites {
+        let cmd =
+            format!("mkdir -p /www && head -c {size} /dev/zero > /www/f && httpd -p 80 -h /www");
+        let out = lab
+            .cmd(&["exec", vm, "--", "sh", "-c", &cmd])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "httpd in {vm}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let body = (0..50)
+            .find_map(|_| {
+                std::thread::sleep(Duration::from_millis(200));
+                http_get(&format!("{addr}:80"), "/f")
+            })
+            .unwrap_or_else(|| panic!("httpd in {vm} does not answer on {addr}:80"));
+        assert_eq!(body.len(), *size, "{vm} served the wrong file");
+    }
+    let (rate, conns) = (40, 400);
+    let mut account = Command::new(VMSCOPE)
+        .args(["account", "-i", "1s", "-n", "12", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut acc_out = BufReader::new(account.stdout.take().unwrap());
+    let mut header = String::new();
+    acc_out.read_line(&mut header).unwrap();
+    assert!(header.contains("\"header\""), "{header}");
+    let loads: Vec<(String, Child)> = sites
+        .iter()
+        .map(|(vm, _, addr)| {
+            let c = Command::new(&httperf)
+                .args(["--hog", "--server", addr, "--port", "80", "--uri", "/f"])
+                .args([
+                    "--rate",
+                    &rate.to_string(),
+                    "--num-conns",
+                    &conns.to_string(),
+                ])
+                .args(["--timeout", "5"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (vm.to_string(), c)
+        })
+        .collect();
+    for (vm, c) in loads {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let replies = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Total: connections "))
+            .and_then(|l| l.split_once(" replies "))
+            .and_then(|(_, r)| r.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(0);
+        eprintln!("httperf against {vm}: {replies} replies of {conns}");
+        assert!(
+            replies >= conns * 9 / 10,
+            "{vm} answered {replies} of {conns} requests:\n{text}"
+        );
+    }
+    let mut rest = Vec::new();
+    acc_out.read_to_end(&mut rest).unwrap();
+    let status = account.wait().unwrap();
+    assert!(status.success(), "account failed");
+    let intervals = account_intervals(&rest);
+    assert_eq!(intervals.len(), 12);
+    assert_charge_rule(&intervals);
+    // The load runs for conns/rate = 10 s: the intervals 2..=9 are inside it.
+    let steady = &intervals[1..9];
+    eprintln!("| VM | net packets/s | tap bytes/s | packets per KiB | direct I/O s/s | shared charge s/s |");
+    let mut per_kib = Vec::new();
+    for (vm, _, _) in &sites {
+        let (mut pk, mut by, mut dio, mut sh, mut t) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for iv in steady {
+            let v = vm_of(iv, vm).unwrap_or_else(|| panic!("{vm} missing from {iv}"));
+            pk += f(v, "net_packets");
+            by += tap_bytes(v);
+            dio += f(v, "direct_io_s");
+            sh += f(v, "shared_io_s");
+            t += f(iv, "interval_s");
+        }
+        let ratio = pk / (by / 1024.0);
+        eprintln!(
+            "| {vm} | {:.0} | {:.0} | {ratio:.2} | {:.3} | {:.4} |",
+            pk / t,
+            by / t,
+            dio / t,
+            sh / t
+        );
+        assert!(pk / t > rate as f64, "{vm}: fewer packets than requests");
+        per_kib.push(ratio);
+    }
+    eprintln!(
+        "web1k has {:.1}x the operations per byte of web70k",
+        per_kib[0] / per_kib[1]
+    );
+    assert!(
+        per_kib[0] > 3.0 * per_kib[1],
+        "the 1 KiB VM's operations per byte are not well above the 70 KiB VM's: {per_kib:?}"
+    );
+
+    // (b) Raw-disk reads in web1k, 512 B then 4 KiB, O_DIRECT, 2 MiB each
+    // under one `account` run; the intervals wholly inside each read are
+    // compared. The disk is throttled to 512 KiB/s, so both runs are
+    // bandwidth-bound like the paper's disk (13 MB/s there) and move the
+    // same bytes per second: the 512-byte run needs 8x the requests.
+    let mut account = Command::new(VMSCOPE)
+        .args(["account", "-i", "1s", "-n", "14", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut acc_out = BufReader::new(account.stdout.take().unwrap());
+    let mut header = String::new();
+    acc_out.read_line(&mut header).unwrap();
+    let t0 = Instant::now();
+    let agent_bin = vmscope_lab::image::GUEST_AGENT_PATH;
+    let mut windows = Vec::new();
+    for (bs, count) in [(512u32, 4096u32), (4096, 512)] {
+        std::thread::sleep(Duration::from_millis(300));
+        let start = t0.elapsed().as_secs_f64();
+        let out = lab
+            .cmd(&[
+                "exec",
+                "web1k",
+                "--",
+                agent_bin,
+                "dd",
+                "if=/dev/vda",
+                &format!("bs={bs}"),
+                &format!("count={count}"),
+                "iflag=direct",
+            ])
+            .output()
+            .unwrap();
+        let end = t0.elapsed().as_secs_f64();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&format!("{count}+0 records in")),
+            "dd bs={bs} in web1k: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "dd bs={bs} in web1k ({start:.1}-{end:.1} s): {}",
+            text.trim().replace('\n', "; ")
+        );
+        windows.push((bs, start, end));
+    }
+    let mut rest = Vec::new();
+    acc_out.read_to_end(&mut rest).unwrap();
+    assert!(account.wait().unwrap().success(), "account failed");
+    let intervals = account_intervals(&rest);
+    assert_charge_rule(&intervals);
+    eprintln!("| block | intervals | disk ops/s | MiB/s | vCPU run s/s | direct I/O s/s | shared charge s/s | I/O charge s/s |");
+    let mut rows = Vec::new();
+    for (bs, start, end) in windows {
+        let inside: Vec<&Value> = intervals
+            .iter()
+            .filter(|iv| {
+                let e = f(iv, "time_s");
+                e - f(iv, "interval_s") >= start && e <= end
+            })
+            .collect();
+        assert!(
+            inside.len() >= 2,
+            "dd bs={bs} covered {} whole intervals",
+            inside.len()
+        );
+        let (mut ops, mut by, mut run_s, mut dio, mut sh, mut t) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+        for iv in &inside {
+            let v = vm_of(iv, "web1k").unwrap();
+            assert_eq!(v["disk_source"], "qmp", "{v}");
+            ops += f(v, "disk_ops");
+            by += f(v, "disk_bytes");
+            run_s += f(v, "vcpu_run_s");
+            dio += f(v, "direct_io_s");
+            sh += f(v, "shared_io_s");
+            t += f(iv, "interval_s");
+        }
+        eprintln!(
+            "| {bs} B | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.4} | {:.3} |",
+            inside.len(),
+            ops / t,
+            by / t / (1 << 20) as f64,
+            run_s / t,
+            dio / t,
+            sh / t,
+            (dio + sh) / t
+        );
+        // The bytes per request are the block size: one read, one request.
+        let per_op = by / ops.max(1.0);
+        assert!(
+            (per_op - bs as f64).abs() <= 0.05 * bs as f64,
+            "dd bs={bs}: {per_op:.0} bytes per disk request"
+        );
+        assert!(
+            (by / t - 524_288.0).abs() <= 0.3 * 524_288.0,
+            "dd bs={bs}: {:.0} B/s where the disk is throttled to 524288",
+            by / t
+        );
+        rows.push((ops / t, (dio + sh) / t));
+    }
+    eprintln!(
+        "512 B vs 4 KiB: {:.2}x the disk operations per second, {:.2}x the I/O CPU charged per second",
+        rows[0].0 / rows[1].0,
+        rows[0].1 / rows[1].1
+    );
+    assert!(
+        rows[0].0 > 4.0 * rows[1].0,
+        "512-byte reads are not more operations per second: {rows:?}"
+    );
+    assert!(
+        rows[0].1 > rows[1].1,
+        "512-byte reads are not charged more host I/O CPU per second: {rows:?}"
+    );
+}

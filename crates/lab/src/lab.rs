@@ -715,6 +715,7 @@ fn start_vm(
             iothread: d.iothread.map(|n| format!("iothread{n}")),
             guest_device: None,
             skipped: None,
+            max_bytes_per_s: d.max_bytes_per_s,
         };
         let path: PathBuf = match d.backend {
             DiskBackend::File => match &d.path {
@@ -820,10 +821,13 @@ fn start_vm(
         a(&[
             "-drive",
             &format!(
-                "file={},if=none,id=disk{j},format={fmt},cache={},aio={}",
+                "file={},if=none,id=disk{j},format={fmt},cache={},aio={}{}",
                 path.display(),
                 d.cache,
-                d.aio
+                d.aio,
+                d.max_bytes_per_s
+                    .map(|b| format!(",throttling.bps-total={b}"))
+                    .unwrap_or_default()
             ),
         ]);
         let mut dev = format!("virtio-blk-pci,drive=disk{j}");

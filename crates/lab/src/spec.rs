@@ -192,6 +192,10 @@ pub struct DiskSpec {
     pub iothread: Option<u32>,
     /// Skip (and say so) instead of failing when the backend is unavailable.
     pub optional: bool,
+    /// QEMU's throttle on the disk's reads and writes together, in bytes
+    /// per second (`throttling.bps-total`): a disk that is bandwidth-bound
+    /// like cherkasova2005's at 13 MB/s, whatever the host's storage.
+    pub max_bytes_per_s: Option<u64>,
     /// This disk is the guest's root file system (`root=/dev/vdX`).
     pub root: bool,
 }
@@ -251,6 +255,7 @@ struct RawDisk {
     iothread: Option<Spanned<i64>>,
     optional: Option<bool>,
     root: Option<bool>,
+    max_bytes_per_s: Option<Spanned<i64>>,
 }
 
 /// 1-based line of byte offset `pos` in `text`.
@@ -682,6 +687,21 @@ impl LabSpec {
                     }
                     None => None,
                 };
+                let max_bytes_per_s = match &d.max_bytes_per_s {
+                    Some(b) => {
+                        let v = *b.get_ref();
+                        // QEMU's throttle refuses limits above 1e15 (throttle.c THROTTLE_VALUE_MAX).
+                        if !(512..=1_000_000_000_000_000).contains(&v) {
+                            return Err(cx.err(
+                                b.span(),
+                                &format!("{field}.max_bytes_per_s"),
+                                format!("{v} is not a limit QEMU takes: bytes per second from 512 to 1e15"),
+                            ));
+                        }
+                        Some(v as u64)
+                    }
+                    None => None,
+                };
                 disks.push(DiskSpec {
                     backend: d.backend,
                     format,
@@ -693,6 +713,7 @@ impl LabSpec {
                     iothread,
                     optional: d.optional.unwrap_or(false),
                     root: d.root.unwrap_or(false),
+                    max_bytes_per_s,
                 });
             }
             if disks.iter().filter(|d| d.root).count() > 1 {
@@ -1210,6 +1231,17 @@ ip = "10.9.9.9"
             parsed[1],
             ("eth0".to_string(), Ipv4Addr::new(10, 0, 0, 2), 16)
         );
+    }
+
+    #[test]
+    fn disk_throttle() {
+        let text = "name = \"t\"\n[[vm]]\nname = \"a\"\n[[vm.disk]]\nbackend = \"file\"\nmax_bytes_per_s = 524288\n";
+        let s = parse(text).unwrap();
+        assert_eq!(s.vms[0].disks[0].max_bytes_per_s, Some(524_288));
+        let (line, field, msg) = spec_err("name = \"t\"\n[[vm]]\nname = \"a\"\n[[vm.disk]]\nbackend = \"file\"\nmax_bytes_per_s = 0\n");
+        assert_eq!(field, "vm[0].disk[0].max_bytes_per_s");
+        assert_eq!(line, 6);
+        assert!(msg.contains("from 512"), "{msg}");
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub struct DiskState {
     pub guest_device: Option<String>,
     /// Why the disk was skipped, if it was.
     pub skipped: Option<String>,
+    /// QEMU's throttle, bytes per second (reads and writes together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_s: Option<u64>,
 }
 
 /// One NIC as started.

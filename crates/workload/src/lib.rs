@@ -3,6 +3,8 @@
 //! and 20 % of the workload's CPU. Their names are unmangled so every
 //! symbolizer (vmscope's, perf's, a guest agent's) names them alike.
 
+pub mod blockread;
+
 use std::time::{Duration, Instant};
 
 /// Work units per call; one unit is a short dependent arithmetic chain.
