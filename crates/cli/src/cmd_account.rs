@@ -37,7 +37,12 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
     let fmt: Format = a.format.into();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    render::account_header(&mut out, fmt, a.interval.as_secs_f64())?;
+    render::account_header(
+        &mut out,
+        fmt,
+        a.interval.as_secs_f64(),
+        &acc.softirq_source(),
+    )?;
     let mut next = Instant::now();
     acc.sample().context("first sample")?;
     let mut n = 0;

@@ -953,13 +953,18 @@ fn lab_cherkasova_io_charging() {
     acc_out.read_to_end(&mut rest).unwrap();
     let status = account.wait().unwrap();
     assert!(status.success(), "account failed");
+    assert!(
+        header.contains("softirq tracepoints"),
+        "account did not time softirqs with the tracepoints: {header}"
+    );
     let intervals = account_intervals(&rest);
     assert_eq!(intervals.len(), 12);
     assert_charge_rule(&intervals);
     // The load runs for conns/rate = 10 s: the intervals 2..=9 are inside it.
     let steady = &intervals[1..9];
-    eprintln!("| VM | net packets/s | tap bytes/s | packets per KiB | direct I/O s/s | shared charge s/s |");
+    eprintln!("| VM | net packets/s | tap bytes/s | packets per KiB | direct I/O s/s | shared charge ms/s |");
     let mut per_kib = Vec::new();
+    let mut charge_per_mib = Vec::new();
     for (vm, _, _) in &sites {
         let (mut pk, mut by, mut dio, mut sh, mut t) = (0.0, 0.0, 0.0, 0.0, 0.0);
         for iv in steady {
@@ -972,18 +977,32 @@ fn lab_cherkasova_io_charging() {
         }
         let ratio = pk / (by / 1024.0);
         eprintln!(
-            "| {vm} | {:.0} | {:.0} | {ratio:.2} | {:.3} | {:.4} |",
+            "| {vm} | {:.0} | {:.0} | {ratio:.2} | {:.3} | {:.3} |",
             pk / t,
             by / t,
             dio / t,
-            sh / t
+            1e3 * sh / t
         );
         assert!(pk / t > rate as f64, "{vm}: fewer packets than requests");
+        // The taps' packets make NET_TX/NET_RX softirqs, timed exactly by
+        // the tracepoints, so each VM pays a share.
+        assert!(sh > 0.0, "{vm} was charged no shared I/O time");
         per_kib.push(ratio);
+        charge_per_mib.push(sh / (by / (1 << 20) as f64));
     }
     eprintln!(
         "web1k has {:.1}x the operations per byte of web70k",
         per_kib[0] / per_kib[1]
+    );
+    eprintln!(
+        "shared I/O charge per MiB on the taps: web1k {:.3} ms, web70k {:.3} ms ({:.1}x)",
+        1e3 * charge_per_mib[0],
+        1e3 * charge_per_mib[1],
+        charge_per_mib[0] / charge_per_mib[1]
+    );
+    assert!(
+        charge_per_mib[0] > charge_per_mib[1],
+        "the 1 KiB VM is not charged more per byte: {charge_per_mib:?}"
     );
     assert!(
         per_kib[0] > 3.0 * per_kib[1],
@@ -1042,7 +1061,7 @@ fn lab_cherkasova_io_charging() {
     assert!(account.wait().unwrap().success(), "account failed");
     let intervals = account_intervals(&rest);
     assert_charge_rule(&intervals);
-    eprintln!("| block | intervals | disk ops/s | MiB/s | vCPU run s/s | direct I/O s/s | shared charge s/s | I/O charge s/s |");
+    eprintln!("| block | intervals | disk ops/s | MiB/s | vCPU run s/s | direct I/O s/s | shared charge ms/s | I/O charge s/s |");
     let mut rows = Vec::new();
     for (bs, start, end) in windows {
         let inside: Vec<&Value> = intervals
@@ -1069,13 +1088,13 @@ fn lab_cherkasova_io_charging() {
             t += f(iv, "interval_s");
         }
         eprintln!(
-            "| {bs} B | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.4} | {:.3} |",
+            "| {bs} B | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.2} | {:.3} |",
             inside.len(),
             ops / t,
             by / t / (1 << 20) as f64,
             run_s / t,
             dio / t,
-            sh / t,
+            1e3 * sh / t,
             (dio + sh) / t
         );
         // The bytes per request are the block size: one read, one request.

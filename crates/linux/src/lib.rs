@@ -17,6 +17,7 @@ pub mod procfs;
 pub mod recorder;
 mod ring;
 pub mod sched;
+pub mod softirq;
 pub mod sys;
 
 pub use error::LinuxError;
@@ -24,4 +25,5 @@ pub use procfs::synthesize_from_proc;
 pub use recorder::{working_events, RecordOptions, Recorder, Target};
 
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
+pub use softirq::{SoftirqRecorder, SoftirqTotals};
 pub use sys::{clock_monotonic_ns, online_cpus, parse_cpu_list};

@@ -160,43 +160,117 @@ impl SwitchLayout {
     }
 }
 
-/// `events/sched/sched_switch` under tracefs: /sys/kernel/tracing, else
-/// /sys/kernel/debug/tracing; mounts tracefs on /sys/kernel/tracing when
-/// neither has it (as perf does).
-fn sched_switch_dir() -> Result<PathBuf, LinuxError> {
-    const REL: &str = "events/sched/sched_switch";
+/// A tracepoint's directory (`events/SYSTEM/NAME`) under tracefs:
+/// /sys/kernel/tracing, else /sys/kernel/debug/tracing; mounts tracefs on
+/// /sys/kernel/tracing when neither has it (as perf does). `name` is
+/// `system:event`.
+pub(crate) fn tracepoint_dir(name: &str) -> Result<PathBuf, LinuxError> {
+    let rel = format!("events/{}", name.replacen(':', "/", 1));
     let roots = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
     let find = || {
         roots
             .iter()
-            .map(|r| Path::new(r).join(REL))
+            .map(|r| Path::new(r).join(&rel))
             .find(|d| d.join("id").is_file())
     };
     if let Some(d) = find() {
         return Ok(d);
     }
-    // SAFETY: constant NUL-terminated strings; mount fails cleanly if not allowed.
-    let rc = unsafe {
-        libc::mount(
-            c"nodev".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
-            c"tracefs".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        if let Some(d) = find() {
-            return Ok(d);
+    let mounted = Path::new("/sys/kernel/tracing/events").is_dir()
+        || Path::new("/sys/kernel/debug/tracing/events").is_dir();
+    if !mounted {
+        // SAFETY: constant NUL-terminated strings; mount fails cleanly if not allowed.
+        let rc = unsafe {
+            libc::mount(
+                c"nodev".as_ptr(),
+                c"/sys/kernel/tracing".as_ptr(),
+                c"tracefs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc == 0 {
+            if let Some(d) = find() {
+                return Ok(d);
+            }
+        } else {
+            return Err(LinuxError::Tracepoint {
+                name: name.into(),
+                msg: "tracefs is not mounted and could not be mounted: run `mount -t tracefs nodev /sys/kernel/tracing` as root".into(),
+            });
         }
     }
     Err(LinuxError::Tracepoint {
-        name: TRACEPOINT.into(),
-        msg: "tracefs is not mounted and could not be mounted: run `mount -t tracefs nodev /sys/kernel/tracing` as root".into(),
+        name: name.into(),
+        msg: format!("this kernel has no {rel} under tracefs"),
     })
 }
 
-fn read_file(path: PathBuf) -> Result<String, LinuxError> {
+/// The tracepoint id in `dir/id`.
+pub(crate) fn tracepoint_id(dir: &Path) -> Result<u64, LinuxError> {
+    let id_text = read_file(dir.join("id"))?;
+    id_text.trim().parse().map_err(|_| LinuxError::Parse {
+        path: dir.join("id"),
+        msg: format!("'{}' is not a tracepoint id", id_text.trim()),
+    })
+}
+
+/// Opens tracepoint `id` (named `name` in errors) on `cpu`, disabled,
+/// sampling every hit with TID, TIME (CLOCK_MONOTONIC), CPU and RAW, waking
+/// readers at `wakeup_bytes`. `opened` is how many fds are already open
+/// (for the too-many-files error).
+pub(crate) fn open_tracepoint(
+    name: &str,
+    id: u64,
+    cpu: u32,
+    wakeup_bytes: u32,
+    opened: usize,
+) -> Result<OwnedFd, LinuxError> {
+    let mut attr = new_attr(sys::PERF_TYPE_TRACEPOINT, id);
+    attr.sample_type = SWITCH_SAMPLE_TYPE;
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.set_disabled(1);
+    attr.set_sample_id_all(1);
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    attr.set_watermark(1);
+    attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes;
+    sys_open(&mut attr, -1, cpu as i32).map_err(|e| match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => LinuxError::PermissionDenied {
+            event: name.into(),
+            target: "all CPUs".into(),
+            errno: if e.raw_os_error() == Some(libc::EACCES) {
+                "EACCES"
+            } else {
+                "EPERM"
+            },
+            paranoid: perf_event_paranoid(),
+        },
+        Some(libc::EMFILE | libc::ENFILE) => LinuxError::TooManyFiles { opened },
+        _ => LinuxError::Open {
+            event: name.into(),
+            target: "all CPUs".into(),
+            cpu,
+            source: e,
+        },
+    })
+}
+
+/// Data pages per ring for `ring_pages` as in [`crate::RecordOptions`]
+/// (0 = 1 MiB), checked to be a power of two.
+pub(crate) fn ring_data_pages(ring_pages: usize, page: usize) -> Result<usize, LinuxError> {
+    if ring_pages != 0 && !ring_pages.is_power_of_two() {
+        return Err(LinuxError::Options(format!(
+            "ring_pages must be a power of two, not {ring_pages}"
+        )));
+    }
+    Ok(match ring_pages {
+        0 => ((1 << 20) / page).max(1),
+        n => n,
+    })
+}
+
+pub(crate) fn read_file(path: PathBuf) -> Result<String, LinuxError> {
     std::fs::read_to_string(&path).map_err(|source| LinuxError::Read { path, source })
 }
 
@@ -213,34 +287,22 @@ pub struct SchedSwitchRecorder {
 
 /// PERF_SAMPLE_TID | TIME | CPU | RAW: body = pid, tid, time, cpu, res,
 /// raw size (u32), raw data.
-const SWITCH_SAMPLE_TYPE: u64 =
+pub(crate) const SWITCH_SAMPLE_TYPE: u64 =
     (sys::PERF_SAMPLE_TID | sys::PERF_SAMPLE_TIME | sys::PERF_SAMPLE_CPU | sys::PERF_SAMPLE_RAW)
         as u64;
 /// `sample_id_all` trailer for that sample type: TID, TIME, CPU.
-const SWITCH_TRAILER: usize = 24;
+pub(crate) const SWITCH_TRAILER: usize = 24;
 
 impl SchedSwitchRecorder {
     /// Open the tracepoint on every online CPU, disabled. `ring_pages` as in
     /// [`crate::RecordOptions`] (0 = 1 MiB per CPU).
     pub fn open(ring_pages: usize) -> Result<SchedSwitchRecorder, LinuxError> {
-        if ring_pages != 0 && !ring_pages.is_power_of_two() {
-            return Err(LinuxError::Options(format!(
-                "ring_pages must be a power of two, not {ring_pages}"
-            )));
-        }
-        let dir = sched_switch_dir()?;
-        let id_text = read_file(dir.join("id"))?;
-        let id: u64 = id_text.trim().parse().map_err(|_| LinuxError::Parse {
-            path: dir.join("id"),
-            msg: format!("'{}' is not a tracepoint id", id_text.trim()),
-        })?;
+        let page = page_size();
+        let data_pages = ring_data_pages(ring_pages, page)?;
+        let dir = tracepoint_dir(TRACEPOINT)?;
+        let id = tracepoint_id(&dir)?;
         let layout = SwitchLayout::from_format(&read_file(dir.join("format"))?)?;
         let cpus = online_cpus(Path::new("/sys"))?;
-        let page = page_size();
-        let data_pages = match ring_pages {
-            0 => ((1 << 20) / page).max(1),
-            n => n,
-        };
         let mut rec = SchedSwitchRecorder {
             cpus: cpus.clone(),
             fds: Vec::new(),
@@ -251,36 +313,13 @@ impl SchedSwitchRecorder {
             lost: 0,
         };
         for &cpu in &cpus {
-            let mut attr = new_attr(sys::PERF_TYPE_TRACEPOINT, id);
-            attr.sample_type = SWITCH_SAMPLE_TYPE;
-            attr.__bindgen_anon_1.sample_period = 1;
-            attr.set_disabled(1);
-            attr.set_sample_id_all(1);
-            attr.set_use_clockid(1);
-            attr.clockid = libc::CLOCK_MONOTONIC;
-            attr.set_watermark(1);
-            attr.__bindgen_anon_2.wakeup_watermark = (data_pages * page / 2) as u32;
-            let fd = sys_open(&mut attr, -1, cpu as i32).map_err(|e| match e.raw_os_error() {
-                Some(libc::EACCES | libc::EPERM) => LinuxError::PermissionDenied {
-                    event: TRACEPOINT.into(),
-                    target: "all CPUs".into(),
-                    errno: if e.raw_os_error() == Some(libc::EACCES) {
-                        "EACCES"
-                    } else {
-                        "EPERM"
-                    },
-                    paranoid: perf_event_paranoid(),
-                },
-                Some(libc::EMFILE | libc::ENFILE) => LinuxError::TooManyFiles {
-                    opened: rec.fds.len(),
-                },
-                _ => LinuxError::Open {
-                    event: TRACEPOINT.into(),
-                    target: "all CPUs".into(),
-                    cpu,
-                    source: e,
-                },
-            })?;
+            let fd = open_tracepoint(
+                TRACEPOINT,
+                id,
+                cpu,
+                (data_pages * page / 2) as u32,
+                rec.fds.len(),
+            )?;
             let ring =
                 Ring::map(fd.as_raw_fd(), data_pages, page).map_err(|source| LinuxError::Mmap {
                     cpu,
@@ -348,11 +387,11 @@ impl SchedSwitchRecorder {
     }
 }
 
-fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
 
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+pub(crate) fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 

@@ -381,3 +381,58 @@ fn two_events_share_a_ring_and_keep_their_index() {
     }
     assert!(mine.iter().all(|s| s.event < 2));
 }
+
+#[test]
+fn softirq_time_of_loopback_traffic() {
+    if !is_root() {
+        return;
+    }
+    let mut rec = match vmscope_linux::SoftirqRecorder::open(0) {
+        Ok(r) => r,
+        Err(e) => panic!("softirq tracepoints: {e}"),
+    };
+    let _ = rec.take();
+    // TCP over loopback: every segment is received in NET_RX, run when the
+    // sender re-enables bottom halves, in the sender's context.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut n = 0usize;
+        while let Ok(k) = s.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        n
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+    for _ in 0..2000 {
+        s.write_all(&[1u8; 1000]).unwrap();
+    }
+    drop(s);
+    assert_eq!(reader.join().unwrap(), 2_000_000);
+    let after = rec.take();
+    let net_rx = after.by_vector.get(&3).copied().unwrap_or(0);
+    let count = after.count;
+    eprintln!(
+        "loopback: {count} softirqs, NET_RX {net_rx} ns, in this thread {} ns, unmatched {}, lost {}",
+        after.io_ns_of(me),
+        after.unmatched,
+        rec.lost()
+    );
+    assert!(count >= 100, "only {count} softirqs for 2000 segments");
+    assert!(net_rx > 0);
+    assert!(after.io_ns() >= net_rx);
+    assert!(
+        after.by_tid.keys().any(|(tid, v)| *v == 3 && *tid != 0),
+        "no NET_RX in a task's context: {:?}",
+        after.by_tid
+    );
+}

@@ -6,6 +6,15 @@
 //! `ksoftirqd` threads, `--shared-io` processes) and the reconciliation with
 //! the host's measured CPU. [`Accountant`] does the sampling; the numbers
 //! come from [`crate::math`].
+//!
+//! Softirq time comes from the `irq:softirq_entry`/`softirq_exit`
+//! tracepoints when they can be opened: exact per vector and per context
+//! task. Only the I/O vectors (NET_TX, NET_RX, BLOCK, IRQ_POLL) are shared
+//! I/O work; an I/O softirq that ran in a VM thread's context (a tap write
+//! that received the packet on the spot) is taken out of that thread's
+//! time and charged by the rule instead, so it is not counted twice.
+//! Without the tracepoints, `/proc/stat`'s softirq column is used: every
+//! vector, sampled at the tick.
 
 use crate::domains::{Change, Domain, Domains};
 use crate::math::{self, Reconciliation};
@@ -26,6 +35,8 @@ pub struct AccountOptions {
     /// Ask QMP `query-blockstats` for disk requests when a socket is known.
     pub use_qmp: bool,
     pub qmp_timeout: Duration,
+    /// Measure softirq time with the softirq tracepoints (else `/proc/stat`).
+    pub softirq_tracepoints: bool,
 }
 
 impl Default for AccountOptions {
@@ -36,6 +47,7 @@ impl Default for AccountOptions {
             shared_io_pids: Vec::new(),
             use_qmp: true,
             qmp_timeout: Duration::from_millis(200),
+            softirq_tracepoints: true,
         }
     }
 }
@@ -119,6 +131,11 @@ pub struct AccountInterval {
     pub vms: Vec<VmAccount>,
     /// T: shared host I/O time (softirq + ksoftirqd + `--shared-io`).
     pub shared_io_s: f64,
+    /// The softirq part of T: the I/O vectors' time from the tracepoints,
+    /// or every vector's from `/proc/stat` without them.
+    pub softirq_io_s: f64,
+    /// Softirq time per vector (tracepoints only), seconds.
+    pub softirq_by_vector_s: std::collections::BTreeMap<String, f64>,
     pub shared_ops: u64,
     /// T / ΣN, seconds per operation.
     pub cost_per_op_s: f64,
@@ -158,6 +175,8 @@ struct Snapshot {
     threads: HashMap<(u32, u32), SchedStat>,
     /// (pid, tid) -> run ns of every other task on the host.
     others: HashMap<(u32, u32), u64>,
+    /// Softirq time since the previous snapshot (tracepoints).
+    softirq: Option<vmscope_linux::SoftirqTotals>,
     io: HashMap<u32, VmCounters>,
     domains: Vec<Domain>,
 }
@@ -176,6 +195,9 @@ pub struct Accountant {
     /// Thread lists of every process, for the other-tasks scan.
     lister: procfs::TaskLister,
     relisted: Instant,
+    /// The softirq tracepoints, or why they are not used.
+    softirq: Result<vmscope_linux::SoftirqRecorder, String>,
+    softirq_lost: u64,
 }
 
 /// Every process's thread list is walked again at least this often (a
@@ -186,7 +208,16 @@ const RELIST_EVERY: Duration = Duration::from_secs(2);
 impl Accountant {
     pub fn new(opts: AccountOptions) -> Accountant {
         let ksoftirqd = procfs::pids_by_comm_prefix(&opts.proc_root, "ksoftirqd/");
+        // Small rings: a softirq is two 48-byte records and the rings are
+        // drained every interval.
+        let softirq = if opts.softirq_tracepoints {
+            vmscope_linux::SoftirqRecorder::open(64).map_err(|e| e.to_string())
+        } else {
+            Err("not asked for".to_string())
+        };
         Accountant {
+            softirq,
+            softirq_lost: 0,
             domains: Domains::new(&opts.proc_root),
             reader: procfs::TaskReader::new(&opts.proc_root),
             opts,
@@ -201,6 +232,18 @@ impl Accountant {
 
     pub fn domains(&self) -> &Domains {
         &self.domains
+    }
+
+    /// Where the softirq part of shared I/O time comes from, for headers.
+    pub fn softirq_source(&self) -> String {
+        match &self.softirq {
+            Ok(_) => {
+                "softirq tracepoints (exact; I/O vectors NET_TX, NET_RX, BLOCK, IRQ_POLL)".into()
+            }
+            Err(why) => format!(
+                "/proc/stat softirq, every vector, sampled at the tick (tracepoints: {why})"
+            ),
+        }
     }
 
     /// Take a sample. Returns `None` on the first call (the baseline),
@@ -221,6 +264,7 @@ impl Accountant {
         let root = &self.opts.proc_root;
         let stat = procfs::proc_stat(root)?;
         let at = Instant::now();
+        let softirq = self.softirq.as_mut().ok().map(|r| r.take());
         let mut threads = HashMap::new();
         let mut io = HashMap::new();
         let reader = &mut self.reader;
@@ -323,6 +367,7 @@ impl Accountant {
             stat,
             threads,
             others,
+            softirq,
             io,
             domains: self.domains.current().to_vec(),
         })
@@ -344,6 +389,13 @@ impl Accountant {
             let c = *cur.threads.get(&key)?;
             Some((prev.threads.get(&key).copied(), c))
         };
+        // I/O softirq seconds that ran in the context of `tid`.
+        let io_softirq_s = |tid: u32| {
+            cur.softirq
+                .as_ref()
+                .map_or(0.0, |s| s.io_ns_of(tid) as f64 / 1e9)
+        };
+        let mut vm_thread_sirq = 0.0;
         let mut vms = Vec::new();
         for d in &cur.domains {
             let is_new = !prev_ids.contains_key(&d.id);
@@ -362,6 +414,14 @@ impl Accountant {
                     dt
                 };
                 let s = math::vcpu_split(p, c, span);
+                // I/O softirqs that interrupted the vCPU thread are shared
+                // I/O work, charged by the rule below.
+                let sirq = io_softirq_s(t.tid).min(s.run);
+                vm_thread_sirq += sirq;
+                let s = math::VcpuSplit {
+                    run: s.run - sirq,
+                    ..s
+                };
                 v.vcpus.push(VcpuAccount {
                     index: *index,
                     tid: t.tid,
@@ -378,7 +438,10 @@ impl Accountant {
                     && !vcpu_tids.contains(tid)
             }) {
                 if let Some((p, c)) = run_of((pid, tid), is_new) {
-                    v.direct_io_s += math::run_seconds(p, c);
+                    let run = math::run_seconds(p, c);
+                    let sirq = io_softirq_s(tid).min(run);
+                    vm_thread_sirq += sirq;
+                    v.direct_io_s += run - sirq;
                 }
             }
             // Threads that exited during the interval: their last time is lost.
@@ -455,16 +518,38 @@ impl Accountant {
                 }
             }
         }
-        // Shared I/O work: softirq time of every CPU, ksoftirqd threads and
-        // the --shared-io processes.
-        let softirq = (cur.stat.all.softirq - prev.stat.all.softirq).max(0.0);
+        // Shared I/O work: softirq time, ksoftirqd threads and the
+        // --shared-io processes (less the I/O softirqs inside them, which
+        // the softirq time already holds).
         let mut threads_t = 0.0;
+        let mut threads_sirq = 0.0;
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
             for (&(p, tid), c) in cur.threads.iter().filter(|((p, _), _)| *p == pid) {
-                threads_t += math::run_seconds(prev.threads.get(&(p, tid)).copied(), *c);
+                let run = math::run_seconds(prev.threads.get(&(p, tid)).copied(), *c);
+                let sirq = io_softirq_s(tid).min(run);
+                threads_t += run - sirq;
+                threads_sirq += sirq;
             }
         }
-        let shared = softirq + threads_t;
+        let mut softirq_by_vector_s = std::collections::BTreeMap::new();
+        let (softirq_io, idle_other_sirq) = match &cur.softirq {
+            Some(s) => {
+                for (&v, &ns) in &s.by_vector {
+                    softirq_by_vector_s
+                        .insert(vmscope_linux::softirq::vector_name(v), ns as f64 / 1e9);
+                }
+                // Non-I/O softirqs on idle CPUs are busy time no task counts.
+                let idle_other: u64 = s
+                    .by_tid
+                    .iter()
+                    .filter(|((tid, v), _)| *tid == 0 && !vmscope_linux::softirq::is_io_vector(*v))
+                    .map(|(_, ns)| ns)
+                    .sum();
+                (s.io_ns() as f64 / 1e9, idle_other as f64 / 1e9)
+            }
+            None => ((cur.stat.all.softirq - prev.stat.all.softirq).max(0.0), 0.0),
+        };
+        let shared = softirq_io + threads_t;
         let ops: Vec<u64> = vms.iter().map(|v| v.io_ops).collect();
         let (cost, charges) = math::charge(shared, &ops);
         for (v, c) in vms.iter_mut().zip(charges) {
@@ -486,7 +571,27 @@ impl Accountant {
             .count() as u64;
         let other_tasks_s = others_ns as f64 / 1e9;
         let charged: f64 = vms.iter().map(|v| v.shared_io_s).sum();
-        let unattributed = other_tasks_s + (shared - charged) - softirq;
+        // The I/O softirq time inside other tasks' run time: with the
+        // tracepoints, what is left after the VM threads, the shared
+        // threads and the idle task; without them, all of it (the tick
+        // charged it to whichever task it interrupted).
+        let sirq_in_others = match &cur.softirq {
+            Some(s) => {
+                (softirq_io - vm_thread_sirq - threads_sirq - s.io_ns_of(0) as f64 / 1e9).max(0.0)
+            }
+            None => softirq_io,
+        };
+        let unattributed = other_tasks_s - sirq_in_others + (shared - charged) + idle_other_sirq;
+        let mut notes = exited_notes;
+        if let Ok(r) = &self.softirq {
+            if r.lost() > self.softirq_lost {
+                notes.push(format!(
+                    "{} softirq tracepoint records lost (ring overflow): softirq time is short",
+                    r.lost() - self.softirq_lost
+                ));
+                self.softirq_lost = r.lost();
+            }
+        }
         let cpu_busy_s = cur
             .stat
             .cpus
@@ -504,6 +609,8 @@ impl Accountant {
             shared_ops: ops.iter().sum(),
             vms,
             shared_io_s: shared,
+            softirq_io_s: softirq_io,
+            softirq_by_vector_s,
             cost_per_op_s: cost,
             measured_host_s: measured,
             other_tasks_s,
@@ -511,7 +618,7 @@ impl Accountant {
             exited_tasks,
             capacity_s: dt * cur.stat.cpus.len() as f64,
             cpu_busy_s,
-            notes: exited_notes,
+            notes,
         }
     }
 }

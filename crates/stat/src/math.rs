@@ -93,8 +93,9 @@ pub struct Reconciliation {
     /// Σ over VMs of (vCPU run + direct I/O + shared I/O charge), seconds.
     pub vms: f64,
     /// Host CPU not charged to any VM, measured on its own: the run time of
-    /// every other task, plus shared I/O time no VM was charged for, less
-    /// the softirq time that is already inside some task's run time.
+    /// every other task less the I/O softirq time inside it (which is in
+    /// T), plus shared I/O time no VM was charged for, plus non-I/O
+    /// softirqs on idle CPUs (busy time no task's run time holds).
     pub unattributed: f64,
     /// `measured − vms − unattributed`: interrupt work on idle CPUs, the
     /// last slice of tasks that exited, and the 10 ms resolution of

@@ -171,6 +171,8 @@ mod tests {
             interval_s: 1.0,
             vms: vec![vm],
             shared_io_s: 0.002,
+            softirq_io_s: 0.002,
+            softirq_by_vector_s: Default::default(),
             shared_ops: 12,
             cost_per_op_s: 0.002 / 12.0,
             measured_host_s: 0.5,

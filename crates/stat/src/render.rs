@@ -133,11 +133,19 @@ pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::i
 
 const ACCOUNT_COLS: &str = "time_s,domain,vm,vcpu_run_s,vcpu_runnable_s,vcpu_blocked_s,direct_io_s,net_packets,disk_ops,disk_bytes,io_ops,shared_io_s,total_s,total_pct_of_one_cpu,notes";
 
-pub fn account_header(out: &mut dyn Write, f: Format, interval_s: f64) -> std::io::Result<()> {
+/// The header of `account`; `softirq_source` says where softirq time comes
+/// from ([`crate::account::Accountant::softirq_source`]).
+pub fn account_header(
+    out: &mut dyn Write,
+    f: Format,
+    interval_s: f64,
+    softirq_source: &str,
+) -> std::io::Result<()> {
     match f {
         Format::Text => {
             writeln!(out, "# vmscope account: per VM per {interval_s:.3} s interval; times in seconds, I/O in operations per interval")?;
-            writeln!(out, "# shared I/O = softirq (/proc/stat) + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
+            writeln!(out, "# shared I/O T = softirq + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
+            writeln!(out, "# softirq: {softirq_source}")?;
             writeln!(
                 out,
                 "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>9} {:>9} {:>7}  notes",
@@ -159,7 +167,7 @@ pub fn account_header(out: &mut dyn Write, f: Format, interval_s: f64) -> std::i
         Format::Json => writeln!(
             out,
             "{}",
-            json!({"type": "header", "interval_s": interval_s,
+            json!({"type": "header", "interval_s": interval_s, "softirq_source": softirq_source,
             "units": {"*_s": "seconds", "*_pct": "percent", "net_packets": "packets", "disk_ops": "requests", "disk_bytes": "bytes"}})
         )?,
     }
@@ -198,7 +206,7 @@ pub fn account_interval(
             }
             writeln!(
                 out,
-                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s (residual {:+.4} s, {:.2} %); shared I/O T {:.4} s over {} ops = {:.1} us/op",
+                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s (residual {:+.4} s, {:.2} %); shared I/O T {:.4} s (softirq {:.4} s) over {} ops = {:.1} us/op",
                 a.time_s,
                 "= host",
                 rec.vms,
@@ -208,6 +216,7 @@ pub fn account_interval(
                 rec.residual,
                 100.0 * rec.error(),
                 a.shared_io_s,
+                a.softirq_io_s,
                 a.shared_ops,
                 a.cost_per_op_s * 1e6
             )?;
