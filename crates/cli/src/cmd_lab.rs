@@ -378,6 +378,7 @@ fn print_states(states: &[LabState], format: Format) -> anyhow::Result<()> {
             "accel",
             "vcpus",
             "vcpu tids",
+            "addresses",
             "agent hello",
         ]);
         for v in &st.vms {
@@ -411,6 +412,15 @@ fn print_states(states: &[LabState], format: Format) -> anyhow::Result<()> {
                     .map(|t| t.to_string())
                     .collect::<Vec<_>>()
                     .join(","),
+                v.nics
+                    .iter()
+                    .map(|n| match (&n.tap, &n.guest_ip) {
+                        (Some(tap), Some(ip)) => format!("{ip} ({tap})"),
+                        (None, Some(ip)) => format!("{ip} ({})", n.kind),
+                        _ => n.kind.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 hello,
             ]);
         }

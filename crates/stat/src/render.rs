@@ -148,7 +148,7 @@ pub fn account_header(
             writeln!(out, "# softirq: {softirq_source}")?;
             writeln!(
                 out,
-                "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>9} {:>9} {:>7}  notes",
+                "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>10} {:>9} {:>7}  notes",
                 "time[s]",
                 "VM",
                 "run[s]",
@@ -188,7 +188,7 @@ pub fn account_interval(
             for v in &a.vms {
                 writeln!(
                     out,
-                    "{:>8.2} {:<14} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8} {:>8} {:>11} {:>9.4} {:>9.4} {:>7.1}  {}",
+                    "{:>8.2} {:<14} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8} {:>8} {:>11} {:>10.6} {:>9.4} {:>7.1}  {}",
                     a.time_s,
                     format!("d{} {}", v.domain, v.name),
                     v.vcpu_run_s,
@@ -206,7 +206,7 @@ pub fn account_interval(
             }
             writeln!(
                 out,
-                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s (residual {:+.4} s, {:.2} %); shared I/O T {:.4} s (softirq {:.4} s) over {} ops = {:.1} us/op",
+                "{:>8.2} {:<14} VMs {:.4} s + unattributed {:.4} s = {:.4} s; measured host CPU {:.4} s (residual {:+.4} s, {:.2} %); shared I/O T {:.6} s (softirq {:.6} s) over {} ops = {:.2} us/op",
                 a.time_s,
                 "= host",
                 rec.vms,
