@@ -22,6 +22,7 @@ pub struct Totals {
     io_seconds: BTreeMap<Labels, f64>,
     io_ops: BTreeMap<Labels, f64>,
     cpu_busy: BTreeMap<Labels, f64>,
+    softirq: BTreeMap<Labels, f64>,
     per_cpu: bool,
 }
 
@@ -65,6 +66,9 @@ impl Totals {
                     .entry(l(&[("domain", dom), ("device", &d.device)]))
                     .or_default() += d.ops as f64;
             }
+        }
+        for (vector, s) in &a.softirq_by_vector_s {
+            *self.softirq.entry(l(&[("vector", vector)])).or_default() += s;
         }
         if self.per_cpu {
             for (cpu, busy) in &a.cpu_busy_s {
@@ -115,6 +119,14 @@ impl Totals {
             "I/O operations of a VM: packets on its taps, requests on its disks",
             fam(&self.io_ops),
         );
+        if !self.softirq.is_empty() {
+            reg.register_with_unit(
+                "vmscope_host_softirq",
+                "Host softirq time per vector, all CPUs (softirq tracepoints); NET_TX, NET_RX, BLOCK and IRQ_POLL are the shared I/O work charged to VMs",
+                Unit::Seconds,
+                fam(&self.softirq),
+            );
+        }
         if self.per_cpu {
             reg.register_with_unit(
                 "vmscope_cpu_busy",
@@ -172,7 +184,12 @@ mod tests {
             vms: vec![vm],
             shared_io_s: 0.002,
             softirq_io_s: 0.002,
-            softirq_by_vector_s: Default::default(),
+            softirq_by_vector_s: [
+                ("NET_RX".to_string(), 0.0015),
+                ("TIMER".to_string(), 0.0005),
+            ]
+            .into_iter()
+            .collect(),
             shared_ops: 12,
             cost_per_op_s: 0.002 / 12.0,
             measured_host_s: 0.5,
@@ -196,6 +213,10 @@ mod tests {
             s.contains("vmscope_domain_io_operations_total{domain=\"t0\",device=\"tap:vmst0\"} 24")
         );
         assert!(!s.contains("vmscope_cpu_busy"));
+        assert!(
+            s.contains("vmscope_host_softirq_seconds_total{vector=\"NET_RX\"} 0.003"),
+            "{s}"
+        );
         let mut t = Totals::new(true);
         t.add(&a);
         assert!(t
