@@ -9,7 +9,7 @@
 //! `stat`'s per-VM vCPU time against `pidstat -t` and its per-CPU totals
 //! against `/proc/stat` (within 5 points), `account`'s reconciliation of
 //! VMs, unattributed time (measured on its own, with a host task burning a
-//! CPU) and `/proc/stat` (within 1 % over the run), and `serve` scraped by a real Prometheus whose PromQL
+//! CPU) and `/proc/stat` (within 1 % per 2 s interval and over the run), and `serve` scraped by a real Prometheus whose PromQL
 //! `rate()` of the busy VM's vCPU run time is above zero.
 //!
 //! Tests print `SKIP: <reason>` and pass when what they need is missing.
@@ -614,7 +614,7 @@ kind = "tap"
             .unwrap(),
     );
     let acc = Command::new(VMSCOPE)
-        .args(["account", "-i", "1s", "-n", "4", "--format", "json"])
+        .args(["account", "-i", "2s", "-n", "3", "--format", "json"])
         .output()
         .unwrap();
     assert!(
@@ -643,11 +643,12 @@ kind = "tap"
             100.0 * res / cap
         );
         // Unattributed is measured on its own (other tasks' run time), so
-        // the sum can miss; /proc/stat's 10 ms resolution per CPU bounds
-        // one interval's agreement.
+        // the sum can miss. Both CPUs are busy here, so /proc/stat's busy
+        // share is exact and 1 % holds per 2 s interval; on a partly idle
+        // host its 10 ms unit per CPU is the limit (docs/stat.md).
         assert!(
-            res.abs() <= 0.05 * meas,
-            "reconciliation of one interval beyond 5 %: {v}"
+            res.abs() <= 0.01 * meas,
+            "reconciliation of one interval beyond 1 %: {v}"
         );
         assert!(
             v["other_tasks_s"].as_f64().unwrap() > 0.3 * v["interval_s"].as_f64().unwrap(),
@@ -689,7 +690,7 @@ kind = "tap"
         100.0 * over.iter().cloned().fold(f64::MIN, f64::max)
     );
     assert!(
-        over.len() == 4 && over.iter().all(|o| *o <= 0.05),
+        over.len() == 3 && over.iter().all(|o| *o <= 0.05),
         "{over:?}"
     );
 
