@@ -296,7 +296,7 @@ impl Accountant {
         // rather than left as the remainder.
         let mut others = HashMap::new();
         let vm_pids: Vec<u32> = self.domains.current().iter().map(|d| d.pid).collect();
-        let pids = procfs::pids(root);
+        let pids = self.domains.pids();
         if self.relisted.elapsed() >= RELIST_EVERY {
             self.lister.forget(|_| false);
             self.relisted = Instant::now();

@@ -92,6 +92,9 @@ pub struct Domains {
     /// Thread ids of each VM at the last full discovery.
     tids: HashMap<u32, Vec<u32>>,
     lister: procfs::TaskLister,
+    /// Every pid under the proc root (re-listed when the process count
+    /// changes, or every 2 s).
+    procs: procfs::ProcLister,
     /// Each VM thread's name at the last full discovery, re-read through
     /// kept-open files to find renames without a full discovery.
     comms: HashMap<(u32, u32), String>,
@@ -109,6 +112,12 @@ const FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 const NAMES_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Domains {
+    /// Every pid under the proc root as of the last [`Domains::refresh`]
+    /// (or now, if the process count changed since).
+    pub fn pids(&mut self) -> Vec<u32> {
+        self.procs.pids(&self.proc_root).to_vec()
+    }
+
     pub fn new(proc_root: &Path) -> Domains {
         Domains {
             proc_root: proc_root.to_path_buf(),
@@ -118,6 +127,7 @@ impl Domains {
             seen: HashMap::new(),
             tids: HashMap::new(),
             lister: procfs::TaskLister::default(),
+            procs: procfs::ProcLister::new(NAMES_EVERY),
             comms: HashMap::new(),
             comm_reader: procfs::TaskReader::new(proc_root),
             last_full: None,
@@ -128,13 +138,10 @@ impl Domains {
     /// True when the QEMU processes or their thread lists changed since the
     /// last full discovery (reads only `/proc` and each VM's `task/`).
     fn changed(&mut self) -> bool {
-        let Ok(rd) = std::fs::read_dir(&self.proc_root) else {
+        let pids = self.procs.pids(&self.proc_root).to_vec();
+        if pids.is_empty() {
             return true;
-        };
-        let pids: Vec<u32> = rd
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .collect();
+        }
         let live: std::collections::HashSet<u32> = pids.iter().copied().collect();
         self.seen.retain(|p, _| live.contains(p));
         let root = &self.proc_root;

@@ -296,6 +296,45 @@ impl TaskLister {
     }
 }
 
+/// The pids under the proc root, listed again only when the root's link
+/// count changes (procfs counts every process in `/proc`'s `st_nlink`, so
+/// one `stat` replaces a walk of every entry each interval) or when the
+/// list is older than `max_age`. A process that exits while another starts
+/// between two calls keeps the count: the new one is seen at the next
+/// re-list, at most `max_age` later.
+#[derive(Debug)]
+pub struct ProcLister {
+    nlink: Option<u64>,
+    listed: Option<std::time::Instant>,
+    pids: Vec<u32>,
+    max_age: std::time::Duration,
+}
+
+impl ProcLister {
+    pub fn new(max_age: std::time::Duration) -> ProcLister {
+        ProcLister {
+            nlink: None,
+            listed: None,
+            pids: Vec::new(),
+            max_age,
+        }
+    }
+
+    pub fn pids(&mut self, proc: &Path) -> &[u32] {
+        use std::os::unix::fs::MetadataExt;
+        let nlink = std::fs::metadata(proc).ok().map(|m| m.nlink());
+        let fresh = nlink.is_some()
+            && nlink == self.nlink
+            && self.listed.is_some_and(|t| t.elapsed() < self.max_age);
+        if !fresh {
+            self.pids = pids(proc);
+            self.nlink = nlink;
+            self.listed = Some(std::time::Instant::now());
+        }
+        &self.pids
+    }
+}
+
 /// `/proc/PID/io` counters (syscalls and bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcIo {
@@ -401,6 +440,32 @@ mod tests {
         l.forget(|_| false);
         assert_eq!(l.tids(dir.path(), 5), vec![5, 7, 9]);
         assert!(l.tids(dir.path(), 77).is_empty());
+    }
+
+    #[test]
+    fn proc_lister_relists_when_the_process_count_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        for p in ["1", "20", "self"] {
+            std::fs::create_dir(dir.path().join(p)).unwrap();
+        }
+        let mut l = ProcLister::new(std::time::Duration::from_secs(3600));
+        let mut got = l.pids(dir.path()).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 20]);
+        std::fs::create_dir(dir.path().join("33")).unwrap();
+        let mut got = l.pids(dir.path()).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 20, 33]);
+        // Same count: the cached list until it is too old.
+        std::fs::remove_dir(dir.path().join("20")).unwrap();
+        std::fs::create_dir(dir.path().join("44")).unwrap();
+        let mut got = l.pids(dir.path()).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 20, 33]);
+        let mut l = ProcLister::new(std::time::Duration::ZERO);
+        let mut got = l.pids(dir.path()).to_vec();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 33, 44]);
     }
 
     fn fixtures() -> PathBuf {
