@@ -37,14 +37,15 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
     let fmt: Format = a.format.into();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // The baseline first, so the first interval starts at the header.
+    acc.sample().context("first sample")?;
+    let mut next = Instant::now();
     render::account_header(
         &mut out,
         fmt,
         a.interval.as_secs_f64(),
         &acc.softirq_source(),
     )?;
-    let mut next = Instant::now();
-    acc.sample().context("first sample")?;
     let mut n = 0;
     while a.count.is_none_or(|c| n < c) {
         next += a.interval;

@@ -26,4 +26,4 @@ pub use recorder::{working_events, RecordOptions, Recorder, Target};
 
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
 pub use softirq::{SoftirqRecorder, SoftirqTotals};
-pub use sys::{clock_monotonic_ns, online_cpus, parse_cpu_list};
+pub use sys::{clock_monotonic_ns, irq_time_accounting, online_cpus, parse_cpu_list};

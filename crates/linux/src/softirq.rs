@@ -9,11 +9,18 @@
 //! softirq's start and end. Both events of a CPU write into one ring
 //! (`PERF_EVENT_IOC_SET_OUTPUT`), so entries and exits arrive in order.
 //! Softirqs do not nest on a CPU (they run with softirqs disabled), so an
-//! exit closes the CPU's open entry of the same vector.
+//! exit closes the CPU's open entry of the same vector. A LOST record (ring
+//! overflow) drops the CPU's open entry: an exit after the gap must not
+//! close an entry from before it. A thread drains the rings every 100 ms,
+//! so a caller that reads rarely (a Prometheus scrape every 15 s) does not
+//! overflow them.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use perf_event_open_sys::bindings as sys;
 use perf_event_open_sys::ioctls;
@@ -84,6 +91,26 @@ impl SoftirqTotals {
             .filter_map(|v| self.by_tid.get(&(tid, *v)))
             .sum()
     }
+
+    /// Nanoseconds of every vector that ran in the context of `tid`.
+    pub fn all_ns_of(&self, tid: u32) -> u64 {
+        (0..VECTORS.len() as u32)
+            .filter_map(|v| self.by_tid.get(&(tid, v)))
+            .sum()
+    }
+
+    /// Nanoseconds of every vector.
+    pub fn total_ns(&self) -> u64 {
+        self.by_vector.values().sum()
+    }
+}
+
+/// One decoded ring record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decoded {
+    Event(SoftirqEvent),
+    /// The kernel dropped this many records here.
+    Lost(u64),
 }
 
 /// One decoded softirq event.
@@ -131,8 +158,8 @@ impl SoftirqLayout {
         })
     }
 
-    /// Decode one ring record; `None` for anything else (LOST is counted).
-    pub(crate) fn decode(&self, rec: &[u8], lost: &mut u64) -> Option<SoftirqEvent> {
+    /// Decode one ring record; `None` for anything else.
+    pub(crate) fn decode(&self, rec: &[u8]) -> Option<Decoded> {
         match u32_at(rec, 0) {
             Some(sys::PERF_RECORD_SAMPLE) => {
                 // Body: pid, tid, time, cpu, res, raw size, raw.
@@ -143,17 +170,16 @@ impl SoftirqLayout {
                 let raw = rec.get(36..36usize.checked_add(size)?)?;
                 let ty = Self::int(raw, self.common_type)?;
                 let vec = Self::int(raw, self.vec)? as u32;
-                Some(SoftirqEvent {
+                Some(Decoded::Event(SoftirqEvent {
                     entry: ty == self.entry_id,
                     cpu,
                     tid,
                     time,
                     vec,
-                })
+                }))
             }
             Some(sys::PERF_RECORD_LOST) if rec.len() >= 24 + SWITCH_TRAILER => {
-                *lost += u64_at(rec, 16).unwrap_or(0);
-                None
+                Some(Decoded::Lost(u64_at(rec, 16).unwrap_or(0)))
             }
             _ => None,
         }
@@ -170,7 +196,10 @@ pub(crate) struct Pairer {
 impl Pairer {
     pub(crate) fn push(&mut self, e: SoftirqEvent, totals: &mut SoftirqTotals) {
         if e.entry {
-            self.open.insert(e.cpu, (e.time, e.vec, e.tid));
+            if self.open.insert(e.cpu, (e.time, e.vec, e.tid)).is_some() {
+                // The exit of the previous one never came.
+                totals.unmatched += 1;
+            }
             return;
         }
         match self.open.remove(&e.cpu) {
@@ -183,12 +212,15 @@ impl Pairer {
             _ => totals.unmatched += 1,
         }
     }
+
+    /// Records of `cpu` were lost: its open entry may have lost its exit.
+    pub(crate) fn gap(&mut self, cpu: u32) {
+        self.open.remove(&cpu);
+    }
 }
 
-/// softirq_entry and softirq_exit on every online CPU, one ring per CPU.
-pub struct SoftirqRecorder {
-    cpus: Vec<u32>,
-    fds: Vec<OwnedFd>,
+/// What the drain thread and [`SoftirqRecorder::take`] share.
+struct Drained {
     rings: Vec<Ring>,
     layout: SoftirqLayout,
     scratch: Vec<u64>,
@@ -197,9 +229,46 @@ pub struct SoftirqRecorder {
     lost: u64,
 }
 
+impl Drained {
+    fn drain(&mut self, cpus: &[u32]) {
+        let Drained {
+            rings,
+            layout,
+            scratch,
+            pairer,
+            totals,
+            lost,
+        } = self;
+        for (ring, &cpu) in rings.iter_mut().zip(cpus) {
+            ring.drain(scratch, |rec| match layout.decode(rec) {
+                Some(Decoded::Event(e)) => pairer.push(e, totals),
+                Some(Decoded::Lost(n)) => {
+                    *lost += n;
+                    pairer.gap(cpu);
+                }
+                None => {}
+            });
+        }
+    }
+}
+
+/// How often the drain thread empties the rings at the latest.
+const DRAIN_EVERY: Duration = Duration::from_millis(100);
+
+/// softirq_entry and softirq_exit on every online CPU, one ring per CPU,
+/// drained by a thread of its own until dropped.
+pub struct SoftirqRecorder {
+    cpus: Vec<u32>,
+    _fds: Vec<OwnedFd>,
+    shared: Arc<Mutex<Drained>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
 impl SoftirqRecorder {
-    /// Open both tracepoints on every online CPU and enable them.
-    /// `ring_pages` as in [`crate::RecordOptions`] (0 = 1 MiB per CPU).
+    /// Open both tracepoints on every online CPU, enable them and start
+    /// draining. `ring_pages` as in [`crate::RecordOptions`] (0 = 1 MiB per
+    /// CPU).
     pub fn open(ring_pages: usize) -> Result<SoftirqRecorder, LinuxError> {
         let page = page_size();
         let data_pages = ring_data_pages(ring_pages, page)?;
@@ -209,19 +278,12 @@ impl SoftirqRecorder {
         let exit_id = tracepoint_id(&exit_dir)?;
         let layout = SoftirqLayout::from_format(&read_file(entry_dir.join("format"))?, entry_id)?;
         let cpus = online_cpus(Path::new("/sys"))?;
-        let mut rec = SoftirqRecorder {
-            cpus: cpus.clone(),
-            fds: Vec::new(),
-            rings: Vec::new(),
-            layout,
-            scratch: Vec::new(),
-            pairer: Pairer::default(),
-            totals: SoftirqTotals::default(),
-            lost: 0,
-        };
+        let mut fds = Vec::new();
+        let mut rings = Vec::new();
+        let mut pollfds = Vec::new();
         let wakeup = (data_pages * page / 2) as u32;
         for &cpu in &cpus {
-            let entry = open_tracepoint(ENTRY, entry_id, cpu, wakeup, rec.fds.len())?;
+            let entry = open_tracepoint(ENTRY, entry_id, cpu, wakeup, fds.len())?;
             let ring = Ring::map(entry.as_raw_fd(), data_pages, page).map_err(|source| {
                 LinuxError::Mmap {
                     cpu,
@@ -229,7 +291,7 @@ impl SoftirqRecorder {
                     source,
                 }
             })?;
-            let exit = open_tracepoint(EXIT, exit_id, cpu, wakeup, rec.fds.len() + 1)?;
+            let exit = open_tracepoint(EXIT, exit_id, cpu, wakeup, fds.len() + 1)?;
             // SAFETY: both are open perf fds on the same CPU; SET_OUTPUT
             // takes the target fd as its integer argument.
             if unsafe { ioctls::SET_OUTPUT(exit.as_raw_fd(), entry.as_raw_fd()) } < 0 {
@@ -238,35 +300,62 @@ impl SoftirqRecorder {
                     source: std::io::Error::last_os_error(),
                 });
             }
-            rec.rings.push(ring);
-            rec.fds.push(entry);
-            rec.fds.push(exit);
+            pollfds.push(libc::pollfd {
+                fd: entry.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            rings.push(ring);
+            fds.push(entry);
+            fds.push(exit);
         }
-        crate::sys::ioctl_all(&rec.fds, "PERF_EVENT_IOC_ENABLE", ioctls::ENABLE)?;
-        Ok(rec)
+        crate::sys::ioctl_all(&fds, "PERF_EVENT_IOC_ENABLE", ioctls::ENABLE)?;
+        let shared = Arc::new(Mutex::new(Drained {
+            rings,
+            layout,
+            scratch: Vec::new(),
+            pairer: Pairer::default(),
+            totals: SoftirqTotals::default(),
+            lost: 0,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (shared, stop, cpus) = (shared.clone(), stop.clone(), cpus.clone());
+            std::thread::Builder::new()
+                .name("softirq-rings".into())
+                .spawn(move || {
+                    // The fds stay open while the recorder (which owns
+                    // them) lives, and it joins this thread before closing.
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = crate::sys::poll_fds(&mut pollfds, DRAIN_EVERY, "poll");
+                        if let Ok(mut d) = shared.lock() {
+                            d.drain(&cpus);
+                        }
+                    }
+                })
+                .map_err(|source| LinuxError::Sys {
+                    what: "spawning the softirq ring thread",
+                    source,
+                })?
+        };
+        Ok(SoftirqRecorder {
+            cpus,
+            _fds: fds,
+            shared,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Drain every ring and return the softirq time since the previous
     /// call (since the recorder opened, the first time). A softirq still
-    /// running counts in the call after its exit. Never blocks.
+    /// running counts in the call after its exit. Never blocks for long.
     pub fn take(&mut self) -> SoftirqTotals {
-        let SoftirqRecorder {
-            rings,
-            layout,
-            scratch,
-            pairer,
-            totals,
-            lost,
-            ..
-        } = self;
-        for ring in rings.iter_mut() {
-            ring.drain(scratch, |rec| {
-                if let Some(e) = layout.decode(rec, lost) {
-                    pairer.push(e, totals);
-                }
-            });
-        }
-        std::mem::take(&mut self.totals)
+        let Ok(mut d) = self.shared.lock() else {
+            return SoftirqTotals::default();
+        };
+        d.drain(&self.cpus);
+        std::mem::take(&mut d.totals)
     }
 
     pub fn cpus(&self) -> &[u32] {
@@ -275,7 +364,16 @@ impl SoftirqRecorder {
 
     /// Records the kernel dropped (ring overflow).
     pub fn lost(&self) -> u64 {
-        self.lost
+        self.shared.lock().map(|d| d.lost).unwrap_or(0)
+    }
+}
+
+impl Drop for SoftirqRecorder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -326,7 +424,6 @@ mod tests {
     fn pairs_entries_and_exits_per_cpu() {
         let l = SoftirqLayout::from_format(FORMAT, 7).unwrap();
         let (entry, exit) = (7u16, 8u16);
-        let mut lost = 0;
         let mut p = Pairer::default();
         let mut t = SoftirqTotals::default();
         let recs = [
@@ -339,8 +436,10 @@ mod tests {
             sample(200, 3_050, 0, exit, 4),  // 50 ns
         ];
         for r in &recs {
-            let e = l.decode(r, &mut lost).expect("decodes");
-            p.push(e, &mut t);
+            match l.decode(r) {
+                Some(Decoded::Event(e)) => p.push(e, &mut t),
+                other => panic!("not an event: {other:?}"),
+            }
         }
         assert_eq!(t.count, 3);
         assert_eq!(t.unmatched, 1);
@@ -353,6 +452,40 @@ mod tests {
         assert_eq!(vector_name(3), "NET_RX");
         assert_eq!(vector_name(12), "VEC12");
         // A short record does not decode.
-        assert!(l.decode(&recs[0][..30], &mut lost).is_none());
+        assert!(l.decode(&recs[0][..30]).is_none());
+        assert_eq!(t.all_ns_of(0), 100);
+        assert_eq!(t.total_ns(), 550);
+    }
+
+    #[test]
+    fn a_gap_drops_the_open_entry() {
+        let l = SoftirqLayout::from_format(FORMAT, 7).unwrap();
+        let mut p = Pairer::default();
+        let mut t = SoftirqTotals::default();
+        let ev = |r: Vec<u8>| match l.decode(&r) {
+            Some(Decoded::Event(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        p.push(ev(sample(100, 1_000, 0, 7, 3)), &mut t);
+        // Records lost on CPU 0, then an exit of the same vector seconds later.
+        p.gap(0);
+        p.push(ev(sample(100, 5_000_000_000, 0, 8, 3)), &mut t);
+        assert_eq!(t.count, 0);
+        assert_eq!(t.unmatched, 1);
+        assert_eq!(t.total_ns(), 0);
+        // An entry while one is open: the first lost its exit.
+        p.push(ev(sample(100, 6_000, 1, 7, 1)), &mut t);
+        p.push(ev(sample(100, 7_000, 1, 7, 3)), &mut t);
+        p.push(ev(sample(100, 7_100, 1, 8, 3)), &mut t);
+        assert_eq!((t.count, t.unmatched, t.total_ns()), (1, 2, 100));
+        // A LOST record decodes as such.
+        let mut lost = Vec::new();
+        lost.extend_from_slice(&sys::PERF_RECORD_LOST.to_ne_bytes());
+        lost.extend_from_slice(&0u16.to_ne_bytes());
+        lost.extend_from_slice(&48u16.to_ne_bytes());
+        lost.extend_from_slice(&1u64.to_ne_bytes());
+        lost.extend_from_slice(&12u64.to_ne_bytes());
+        lost.resize(48, 0);
+        assert_eq!(l.decode(&lost), Some(Decoded::Lost(12)));
     }
 }

@@ -34,6 +34,40 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
     Ok(cpus)
 }
 
+/// Whether the running kernel was built with `CONFIG_IRQ_TIME_ACCOUNTING`
+/// (softirq and hardirq time kept out of tasks' run time and counted
+/// exactly in `/proc/stat`), from `/proc/config.gz` or
+/// `/boot/config-RELEASE`; `None` when neither is readable. The kernel can
+/// still turn it off at boot (`tsc=unstable`, `nosched_irqtime`), which no
+/// file shows.
+pub fn irq_time_accounting() -> Option<bool> {
+    use std::io::Read;
+    let text = std::fs::read("/proc/config.gz")
+        .ok()
+        .and_then(|gz| {
+            let mut s = String::new();
+            flate2::read::GzDecoder::new(gz.as_slice())
+                .read_to_string(&mut s)
+                .ok()
+                .map(|_| s)
+        })
+        .or_else(|| {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+            std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()
+        })?;
+    Some(config_flag(&text, "CONFIG_IRQ_TIME_ACCOUNTING"))
+}
+
+/// True for `NAME=y`; false for `# NAME is not set`, `=m` or a config that
+/// does not mention it.
+pub fn config_flag(config: &str, name: &str) -> bool {
+    config.lines().any(|line| {
+        line.strip_prefix(name)
+            .and_then(|r| r.strip_prefix('='))
+            .is_some_and(|v| v.trim() == "y")
+    })
+}
+
 /// Online CPUs from `<sys_root>/devices/system/cpu/online` (e.g. `0-3,5`).
 pub fn online_cpus(sys_root: &Path) -> Result<Vec<u32>, LinuxError> {
     let path = sys_root.join("devices/system/cpu/online");
@@ -125,6 +159,20 @@ pub(crate) fn poll_fds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_flags() {
+        let c = "CONFIG_A=y\n# CONFIG_IRQ_TIME_ACCOUNTING is not set\nCONFIG_B=m\n";
+        assert!(!config_flag(c, "CONFIG_IRQ_TIME_ACCOUNTING"));
+        assert!(config_flag(c, "CONFIG_A"));
+        assert!(!config_flag(c, "CONFIG_B"));
+        assert!(config_flag(
+            "CONFIG_IRQ_TIME_ACCOUNTING=y\n",
+            "CONFIG_IRQ_TIME_ACCOUNTING"
+        ));
+        // A name that only starts the same way is another option.
+        assert!(!config_flag("CONFIG_AB=y\n", "CONFIG_A"));
+    }
 
     #[test]
     fn cpu_lists() {

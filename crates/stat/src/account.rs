@@ -139,7 +139,8 @@ pub struct AccountInterval {
     pub shared_ops: u64,
     /// T / ΣN, seconds per operation.
     pub cost_per_op_s: f64,
-    /// Busy host CPU: wall time less idle, iowait and steal, all CPUs.
+    /// Busy host CPU: wall time less idle and iowait, less the steal that
+    /// fell in busy time, all CPUs ([`ProcStat::busy_from_idle`]).
     pub measured_host_s: f64,
     /// Run time of every task that is neither a VM's nor shared I/O work.
     pub other_tasks_s: f64,
@@ -150,7 +151,7 @@ pub struct AccountInterval {
     pub exited_tasks: u64,
     /// Online CPUs × interval.
     pub capacity_s: f64,
-    /// Busy seconds per host CPU, from `/proc/stat`.
+    /// Busy seconds per host CPU, as `measured_host_s`.
     pub cpu_busy_s: Vec<(u32, f64)>,
     pub notes: Vec<String>,
 }
@@ -197,6 +198,10 @@ pub struct Accountant {
     relisted: Instant,
     /// The softirq tracepoints, or why they are not used.
     softirq: Result<vmscope_linux::SoftirqRecorder, String>,
+    /// `CONFIG_IRQ_TIME_ACCOUNTING`, or `None` if the config is unknown.
+    irqtime: Option<bool>,
+    /// Whether tasks' run time holds the softirqs that interrupted them.
+    sirq_in_tasks: bool,
     softirq_lost: u64,
 }
 
@@ -215,8 +220,11 @@ impl Accountant {
         } else {
             Err("not asked for".to_string())
         };
+        let irqtime = vmscope_linux::irq_time_accounting();
         Accountant {
             softirq,
+            irqtime,
+            sirq_in_tasks: irqtime != Some(true),
             softirq_lost: 0,
             domains: Domains::new(&opts.proc_root),
             reader: procfs::TaskReader::new(&opts.proc_root),
@@ -236,13 +244,17 @@ impl Accountant {
 
     /// Where the softirq part of shared I/O time comes from, for headers.
     pub fn softirq_source(&self) -> String {
-        match &self.softirq {
-            Ok(_) => {
-                "softirq tracepoints (exact; I/O vectors NET_TX, NET_RX, BLOCK, IRQ_POLL)".into()
+        let irqtime = match self.irqtime {
+            Some(true) => "IRQ_TIME_ACCOUNTING on: task run times leave softirqs out",
+            Some(false) => {
+                "no IRQ_TIME_ACCOUNTING: task run times hold the softirqs that interrupted them"
             }
-            Err(why) => format!(
-                "/proc/stat softirq, every vector, sampled at the tick (tracepoints: {why})"
-            ),
+            None => "kernel config unreadable: assuming task run times hold softirqs",
+        };
+        match (&self.softirq, self.irqtime) {
+            (Ok(_), _) => format!("softirq tracepoints (exact; I/O vectors NET_TX, NET_RX, BLOCK, IRQ_POLL); {irqtime}"),
+            (Err(why), Some(true)) => format!("/proc/stat softirq, every vector (tracepoints: {why}); {irqtime}"),
+            (Err(why), _) => format!("/proc/stat softirq, every vector, sampled at the tick (tracepoints: {why}); {irqtime}"),
         }
     }
 
@@ -390,7 +402,14 @@ impl Accountant {
             Some((prev.threads.get(&key).copied(), c))
         };
         // I/O softirq seconds that ran in the context of `tid`.
+        // I/O softirq seconds that ran in the context of VM thread `tid`
+        // and are inside its run time (without IRQ_TIME_ACCOUNTING the
+        // kernel counts a softirq in whatever task it interrupted).
+        let sirq_in_tasks = self.sirq_in_tasks;
         let io_softirq_s = |tid: u32| {
+            if !sirq_in_tasks {
+                return 0.0;
+            }
             cur.softirq
                 .as_ref()
                 .map_or(0.0, |s| s.io_ns_of(tid) as f64 / 1e9)
@@ -519,33 +538,50 @@ impl Accountant {
             }
         }
         // Shared I/O work: softirq time, ksoftirqd threads and the
-        // --shared-io processes (less the I/O softirqs inside them, which
-        // the softirq time already holds).
+        // --shared-io processes, less the softirqs inside their run time
+        // (I/O ones are in the softirq part of T already; other vectors are
+        // not I/O work and go to unattributed). ksoftirqd's run time always
+        // holds the softirqs it runs; other tasks' only without
+        // IRQ_TIME_ACCOUNTING.
+        let sirq = cur.softirq.as_ref();
+        let ns_s = |ns: u64| ns as f64 / 1e9;
         let mut threads_t = 0.0;
-        let mut threads_sirq = 0.0;
+        let mut threads_sirq_io = 0.0;
+        let mut threads_sirq_other = 0.0;
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
+            let holds = sirq_in_tasks || self.ksoftirqd.contains(&pid);
             for (&(p, tid), c) in cur.threads.iter().filter(|((p, _), _)| *p == pid) {
                 let run = math::run_seconds(prev.threads.get(&(p, tid)).copied(), *c);
-                let sirq = io_softirq_s(tid).min(run);
-                threads_t += run - sirq;
-                threads_sirq += sirq;
+                let (io, all) = match sirq {
+                    Some(s) if holds => (ns_s(s.io_ns_of(tid)), ns_s(s.all_ns_of(tid))),
+                    _ => (0.0, 0.0),
+                };
+                let io = io.min(run);
+                let other = (all - io).clamp(0.0, run - io);
+                threads_t += run - io - other;
+                threads_sirq_io += io;
+                threads_sirq_other += other;
             }
         }
         let mut softirq_by_vector_s = std::collections::BTreeMap::new();
-        let (softirq_io, idle_other_sirq) = match &cur.softirq {
+        // softirq_io: the softirq part of T. outside_tasks: non-I/O softirq
+        // time that no task's run time holds (on idle CPUs; everywhere but
+        // ksoftirqd with IRQ_TIME_ACCOUNTING), plus the non-I/O softirqs
+        // taken out of the shared threads above.
+        let (softirq_io, outside_tasks) = match sirq {
             Some(s) => {
                 for (&v, &ns) in &s.by_vector {
-                    softirq_by_vector_s
-                        .insert(vmscope_linux::softirq::vector_name(v), ns as f64 / 1e9);
+                    softirq_by_vector_s.insert(vmscope_linux::softirq::vector_name(v), ns_s(ns));
                 }
-                // Non-I/O softirqs on idle CPUs are busy time no task counts.
-                let idle_other: u64 = s
-                    .by_tid
-                    .iter()
-                    .filter(|((tid, v), _)| *tid == 0 && !vmscope_linux::softirq::is_io_vector(*v))
-                    .map(|(_, ns)| ns)
-                    .sum();
-                (s.io_ns() as f64 / 1e9, idle_other as f64 / 1e9)
+                let other_total = s.total_ns() - s.io_ns();
+                let idle_other = s.all_ns_of(0) - s.io_ns_of(0);
+                let not_held = if sirq_in_tasks {
+                    ns_s(idle_other)
+                } else {
+                    // All but what ksoftirqd (and so threads_sirq_other) holds.
+                    (ns_s(other_total) - threads_sirq_other).max(0.0)
+                };
+                (ns_s(s.io_ns()), not_held + threads_sirq_other)
             }
             None => ((cur.stat.all.softirq - prev.stat.all.softirq).max(0.0), 0.0),
         };
@@ -556,8 +592,10 @@ impl Accountant {
             v.shared_io_s = c;
             v.total_s = v.vcpu_run_s + v.direct_io_s + c;
         }
-        let ncpu = cur.stat.cpus.len() as f64;
-        let measured = dt * ncpu * ProcStat::busy_share(&prev.stat, &cur.stat, None).unwrap_or(0.0);
+        // Busy time from the idle side (exact idle on NO_HZ; interrupt
+        // work on idle CPUs counts): see ProcStat::busy_from_idle.
+        let cpu_busy_s = ProcStat::busy_from_idle(&prev.stat, &cur.stat, dt);
+        let measured: f64 = cpu_busy_s.iter().map(|(_, b)| b).sum();
         // Other tasks: a task new since the last sample ran only inside
         // the interval; one that exited took its last slice with it.
         let mut others_ns = 0u64;
@@ -571,17 +609,19 @@ impl Accountant {
             .count() as u64;
         let other_tasks_s = others_ns as f64 / 1e9;
         let charged: f64 = vms.iter().map(|v| v.shared_io_s).sum();
-        // The I/O softirq time inside other tasks' run time: with the
-        // tracepoints, what is left after the VM threads, the shared
-        // threads and the idle task; without them, all of it (the tick
-        // charged it to whichever task it interrupted).
-        let sirq_in_others = match &cur.softirq {
-            Some(s) => {
-                (softirq_io - vm_thread_sirq - threads_sirq - s.io_ns_of(0) as f64 / 1e9).max(0.0)
+        // The I/O softirq time inside other tasks' run time (already in T):
+        // with the tracepoints, what is left after the VM threads, the
+        // shared threads and the idle task; from /proc/stat, all of it (the
+        // tick charged it to whichever task it interrupted). None of it with
+        // IRQ_TIME_ACCOUNTING, where tasks' run time leaves softirqs out.
+        let sirq_in_others = match (sirq, sirq_in_tasks) {
+            (_, false) => 0.0,
+            (Some(s), true) => {
+                (softirq_io - vm_thread_sirq - threads_sirq_io - ns_s(s.io_ns_of(0))).max(0.0)
             }
-            None => softirq_io,
+            (None, true) => softirq_io,
         };
-        let unattributed = other_tasks_s - sirq_in_others + (shared - charged) + idle_other_sirq;
+        let unattributed = other_tasks_s - sirq_in_others + (shared - charged) + outside_tasks;
         let mut notes = exited_notes;
         if let Ok(r) = &self.softirq {
             if r.lost() > self.softirq_lost {
@@ -592,17 +632,6 @@ impl Accountant {
                 self.softirq_lost = r.lost();
             }
         }
-        let cpu_busy_s = cur
-            .stat
-            .cpus
-            .iter()
-            .map(|(cpu, _)| {
-                (
-                    *cpu,
-                    dt * ProcStat::busy_share(&prev.stat, &cur.stat, Some(*cpu)).unwrap_or(0.0),
-                )
-            })
-            .collect();
         AccountInterval {
             time_s: cur.at.duration_since(first).as_secs_f64(),
             interval_s: dt,

@@ -118,9 +118,10 @@ pub fn read_blocks(path: &Path, spec: &BlockRead) -> io::Result<BlockReadStats> 
     };
     let t0 = Instant::now();
     let mut offset = spec.skip.saturating_mul(bs as u64);
-    for _ in 0..spec.count {
+    while stats.full + stats.partial < spec.count {
         let n = match file.read_at(buf, offset) {
             Ok(n) => n,
+            // A signal before any byte: the same read again.
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if spec.direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 return Err(io::Error::new(
