@@ -19,6 +19,7 @@ mod ring;
 pub mod sched;
 pub mod softirq;
 pub mod sys;
+pub mod taskstats;
 
 pub use error::LinuxError;
 pub use procfs::synthesize_from_proc;
@@ -27,3 +28,4 @@ pub use recorder::{working_events, RecordOptions, Recorder, Target};
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
 pub use softirq::{SoftirqRecorder, SoftirqTotals};
 pub use sys::{clock_monotonic_ns, irq_time_accounting, online_cpus, parse_cpu_list};
+pub use taskstats::{ExitListener, TaskExit};

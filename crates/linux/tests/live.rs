@@ -436,3 +436,48 @@ fn softirq_time_of_loopback_traffic() {
         after.by_tid
     );
 }
+
+#[test]
+fn taskstats_exit_records_hold_the_run_time() {
+    if !is_root() {
+        return;
+    }
+    let cpus = vmscope_linux::online_cpus(std::path::Path::new("/sys")).unwrap();
+    let mut l = vmscope_linux::ExitListener::open(&cpus).expect("taskstats listener");
+    let mut child = Command::new("sh")
+        .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // The run time as schedstat shows it while the child still runs.
+    let mut last = 0u64;
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+            last = s.split_whitespace().next().unwrap().parse().unwrap_or(last);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut exits = Vec::new();
+    for _ in 0..50 {
+        l.drain(&mut exits).unwrap();
+        if exits.iter().any(|e| e.tid == pid) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e = exits
+        .iter()
+        .find(|e| e.tid == pid)
+        .unwrap_or_else(|| panic!("no exit record for {pid} among {} exits", exits.len()));
+    eprintln!(
+        "exit of {pid} ({}): run {} ns, tick cputime {} ns, last schedstat {} ns",
+        e.comm, e.run_ns, e.cputime_ns, last
+    );
+    assert_eq!(e.comm, "sh");
+    assert!(e.run_ns >= last, "exit run time below the last schedstat");
+    assert!(
+        e.run_ns > 10_000_000,
+        "a 200000-step shell loop ran {} ns",
+        e.run_ns
+    );
+}

@@ -149,6 +149,11 @@ pub struct AccountInterval {
     pub unattributed_s: f64,
     /// Tasks that exited during the interval (their last slice is lost).
     pub exited_tasks: u64,
+    /// CPU time of tasks that exited during the interval after the last
+    /// read of their `schedstat` (or started and exited inside it), from
+    /// the kernel's taskstats exit records; included in the VM rows and in
+    /// `other_tasks_s`.
+    pub exited_tasks_s: f64,
     /// Online CPUs × interval.
     pub capacity_s: f64,
     /// Busy seconds per host CPU, as `measured_host_s`.
@@ -203,6 +208,11 @@ pub struct Accountant {
     /// Whether tasks' run time holds the softirqs that interrupted them.
     sirq_in_tasks: bool,
     softirq_lost: u64,
+    /// taskstats exit records, or why there are none.
+    exits: Result<vmscope_linux::ExitListener, String>,
+    /// Exit records not yet matched to an interval, with their age in
+    /// intervals.
+    exit_pool: Vec<(vmscope_linux::TaskExit, u8)>,
 }
 
 /// Every process's thread list is walked again at least this often (a
@@ -226,6 +236,12 @@ impl Accountant {
             irqtime,
             sirq_in_tasks: irqtime != Some(true),
             softirq_lost: 0,
+            exits: vmscope_linux::online_cpus(&opts.sys_root)
+                .map_err(|e| e.to_string())
+                .and_then(|cpus| {
+                    vmscope_linux::ExitListener::open(&cpus).map_err(|e| e.to_string())
+                }),
+            exit_pool: Vec::new(),
             domains: Domains::new(&opts.proc_root),
             reader: procfs::TaskReader::new(&opts.proc_root),
             opts,
@@ -330,6 +346,14 @@ impl Accountant {
             }
         }
         self.reader.end_sample();
+        // Exits so far (after the reads: a task read above that exits now
+        // is matched at the next interval).
+        if let Ok(l) = &mut self.exits {
+            let mut got = Vec::new();
+            if l.drain(&mut got).is_ok() {
+                self.exit_pool.extend(got.into_iter().map(|e| (e, 0)));
+            }
+        }
         for d in self.domains.current() {
             let mut c = VmCounters::default();
             for tap in &d.taps {
@@ -401,6 +425,42 @@ impl Accountant {
             let c = *cur.threads.get(&key)?;
             Some((prev.threads.get(&key).copied(), c))
         };
+        // Exit records: a task seen in the previous sample and gone now gets
+        // its last slice (run at exit − run then); one never seen started
+        // and exited inside the interval. A record of a task still in this
+        // sample (it exited after being read) waits one interval.
+        let mut exit_run: HashMap<u32, u64> = HashMap::new();
+        let mut unseen_ns = 0u64;
+        {
+            let tids_of = |s: &Snapshot| -> std::collections::HashSet<u32> {
+                s.threads
+                    .keys()
+                    .chain(s.others.keys())
+                    .map(|k| k.1)
+                    .collect()
+            };
+            let (cur_tids, prev_tids) = (tids_of(cur), tids_of(prev));
+            let mut keep = Vec::new();
+            for (e, age) in self.exit_pool.drain(..) {
+                if cur_tids.contains(&e.tid) {
+                    if age == 0 {
+                        keep.push((e, 1));
+                    }
+                } else if prev_tids.contains(&e.tid) {
+                    exit_run.insert(e.tid, e.run_ns);
+                } else {
+                    unseen_ns += e.run_ns;
+                }
+            }
+            self.exit_pool = keep;
+        }
+        // The last slice of a thread of the previous sample that exited.
+        let last_slice = |key: (u32, u32), prev_run: u64| -> f64 {
+            exit_run
+                .get(&key.1)
+                .map_or(0.0, |&r| r.saturating_sub(prev_run) as f64 / 1e9)
+        };
+        let mut exited_s = 0.0;
         // I/O softirq seconds that ran in the context of `tid`.
         // I/O softirq seconds that ran in the context of VM thread `tid`
         // and are inside its run time (without IRQ_TIME_ACCOUNTING the
@@ -463,7 +523,22 @@ impl Accountant {
                     v.direct_io_s += run - sirq;
                 }
             }
-            // Threads that exited during the interval: their last time is lost.
+            // Threads that exited during the interval: their last slice.
+            if !is_new {
+                for (&key, p) in prev
+                    .threads
+                    .iter()
+                    .filter(|(k, _)| k.0 == d.pid && !cur.threads.contains_key(k))
+                {
+                    let x = last_slice(key, p.run_ns);
+                    exited_s += x;
+                    if vcpu_tids.contains(&key.1) {
+                        v.vcpu_run_s += x;
+                    } else {
+                        v.direct_io_s += x;
+                    }
+                }
+            }
             let c_io = cur.io.get(&d.id).cloned().unwrap_or_default();
             let p_io = prev.io.get(&d.id);
             v.disk_source = c_io.disk_source;
@@ -517,12 +592,27 @@ impl Accountant {
                     }
                 }
                 Change::Exited { id, name, pid } => {
-                    vms.push(VmAccount {
-                        notes: vec![
-                            "exited during the interval (its last CPU time is not counted)".into(),
-                        ],
-                        ..VmAccount::empty(*id, name.clone(), *pid)
+                    // Its last CPU time, from the exit records.
+                    let mut row = VmAccount::empty(*id, name.clone(), *pid);
+                    let vcpus: Vec<u32> = prev_ids
+                        .get(id)
+                        .map(|d| d.vcpus.iter().map(|(_, t)| t.tid).collect())
+                        .unwrap_or_default();
+                    for (&key, p) in prev.threads.iter().filter(|(k, _)| k.0 == *pid) {
+                        let x = last_slice(key, p.run_ns);
+                        exited_s += x;
+                        if vcpus.contains(&key.1) {
+                            row.vcpu_run_s += x;
+                        } else {
+                            row.direct_io_s += x;
+                        }
+                    }
+                    row.notes.push(if self.exits.is_ok() {
+                        "exited during the interval (its last CPU time from the kernel's exit records)".into()
+                    } else {
+                        "exited during the interval (its last CPU time is not counted)".into()
                     });
+                    vms.push(row);
                 }
                 Change::PidReused { old, new, pid } => {
                     exited_notes.push(c.to_string());
@@ -598,10 +688,21 @@ impl Accountant {
         let measured: f64 = cpu_busy_s.iter().map(|(_, b)| b).sum();
         // Other tasks: a task new since the last sample ran only inside
         // the interval; one that exited took its last slice with it.
-        let mut others_ns = 0u64;
+        let mut others_ns = unseen_ns;
         for (k, &run) in &cur.others {
             others_ns += run.saturating_sub(prev.others.get(k).copied().unwrap_or(0));
         }
+        let mut exited_others_ns = unseen_ns;
+        for (k, &run) in prev
+            .others
+            .iter()
+            .filter(|(k, _)| !cur.others.contains_key(k))
+        {
+            let x = exit_run.get(&k.1).map_or(0, |&r| r.saturating_sub(run));
+            others_ns += x;
+            exited_others_ns += x;
+        }
+        exited_s += exited_others_ns as f64 / 1e9;
         let exited_tasks = prev
             .others
             .keys()
@@ -645,6 +746,7 @@ impl Accountant {
             other_tasks_s,
             unattributed_s: unattributed,
             exited_tasks,
+            exited_tasks_s: exited_s,
             capacity_s: dt * cur.stat.cpus.len() as f64,
             cpu_busy_s,
             notes,

@@ -196,6 +196,7 @@ mod tests {
             other_tasks_s: 0.238,
             unattributed_s: 0.238,
             exited_tasks: 0,
+            exited_tasks_s: 0.0,
             capacity_s: 2.0,
             cpu_busy_s: vec![(0, 0.3), (1, 0.2)],
             notes: vec![],
