@@ -78,6 +78,25 @@ pub(crate) struct Field {
     pub size: usize,
 }
 
+impl Field {
+    /// This field's bytes in a raw payload; `None` if it is too short.
+    pub(crate) fn bytes(self, raw: &[u8]) -> Option<&[u8]> {
+        raw.get(self.offset..self.offset.checked_add(self.size)?)
+    }
+
+    /// This field as an unsigned integer of its size (1, 2, 4 or 8 bytes).
+    pub(crate) fn int(self, raw: &[u8]) -> Option<u64> {
+        let b = self.bytes(raw)?;
+        Some(match self.size {
+            1 => b[0] as u64,
+            2 => u16::from_ne_bytes(b.try_into().ok()?) as u64,
+            4 => u32::from_ne_bytes(b.try_into().ok()?) as u64,
+            8 => u64::from_ne_bytes(b.try_into().ok()?),
+            _ => return None,
+        })
+    }
+}
+
 /// Find `name`'s offset and size in a tracepoint `format` text.
 pub(crate) fn format_field(format: &str, name: &str) -> Option<Field> {
     for line in format.lines() {
@@ -137,17 +156,8 @@ impl SwitchLayout {
 
     /// Decode a raw payload; `None` if it is shorter than the format says.
     pub(crate) fn decode(&self, raw: &[u8], cpu: u32, time: u64) -> Option<SchedSwitch> {
-        let bytes = |f: Field| raw.get(f.offset..f.offset.checked_add(f.size)?);
-        let int = |f: Field| -> Option<u64> {
-            let b = bytes(f)?;
-            Some(match f.size {
-                1 => b[0] as u64,
-                2 => u16::from_ne_bytes(b.try_into().ok()?) as u64,
-                4 => u32::from_ne_bytes(b.try_into().ok()?) as u64,
-                8 => u64::from_ne_bytes(b.try_into().ok()?),
-                _ => return None,
-            })
-        };
+        let bytes = |f: Field| f.bytes(raw);
+        let int = |f: Field| f.int(raw);
         Some(SchedSwitch {
             cpu,
             time,
@@ -320,12 +330,7 @@ impl SchedSwitchRecorder {
                 (data_pages * page / 2) as u32,
                 rec.fds.len(),
             )?;
-            let ring =
-                Ring::map(fd.as_raw_fd(), data_pages, page).map_err(|source| LinuxError::Mmap {
-                    cpu,
-                    bytes: (data_pages + 1) * page,
-                    source,
-                })?;
+            let ring = map_ring(&fd, cpu, data_pages, page)?;
             rec.pollfds.push(libc::pollfd {
                 fd: fd.as_raw_fd(),
                 events: libc::POLLIN,
@@ -395,6 +400,54 @@ pub(crate) fn u64_at(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
+/// A ring record of a tracepoint opened by [`open_tracepoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TpRecord<'a> {
+    /// A sample: the task it hit, when, where, and the raw payload.
+    Sample {
+        tid: u32,
+        time: u64,
+        cpu: u32,
+        raw: &'a [u8],
+    },
+    /// The kernel dropped this many records here.
+    Lost(u64),
+}
+
+/// Split a ring record of [`SWITCH_SAMPLE_TYPE`] (body: pid, tid, time,
+/// cpu, res, raw size, raw); `None` for other or short records.
+pub(crate) fn tp_record(rec: &[u8]) -> Option<TpRecord<'_>> {
+    match u32_at(rec, 0)? {
+        sys::PERF_RECORD_SAMPLE => {
+            let size = u32_at(rec, 32)? as usize;
+            Some(TpRecord::Sample {
+                tid: u32_at(rec, 12)?,
+                time: u64_at(rec, 16)?,
+                cpu: u32_at(rec, 24)?,
+                raw: rec.get(36..36usize.checked_add(size)?)?,
+            })
+        }
+        sys::PERF_RECORD_LOST if rec.len() >= 24 + SWITCH_TRAILER => {
+            Some(TpRecord::Lost(u64_at(rec, 16).unwrap_or(0)))
+        }
+        _ => None,
+    }
+}
+
+/// Maps the ring of perf fd `fd` on `cpu`.
+pub(crate) fn map_ring(
+    fd: &OwnedFd,
+    cpu: u32,
+    data_pages: usize,
+    page: usize,
+) -> Result<Ring, LinuxError> {
+    Ring::map(fd.as_raw_fd(), data_pages, page).map_err(|source| LinuxError::Mmap {
+        cpu,
+        bytes: (data_pages + 1) * page,
+        source,
+    })
+}
+
 /// One ring record: a sched_switch sample or a LOST record.
 pub(crate) fn decode_switch(
     rec: &[u8],
@@ -402,24 +455,35 @@ pub(crate) fn decode_switch(
     out: &mut Vec<SchedSwitch>,
     lost: &mut u64,
 ) {
-    match u32_at(rec, 0) {
-        Some(sys::PERF_RECORD_SAMPLE) => {
-            let parsed = (|| {
-                let time = u64_at(rec, 16)?;
-                let cpu = u32_at(rec, 24)?;
-                let size = u32_at(rec, 32)? as usize;
-                let raw = rec.get(36..36usize.checked_add(size)?)?;
-                layout.decode(raw, cpu, time)
-            })();
-            if let Some(s) = parsed {
+    match tp_record(rec) {
+        Some(TpRecord::Sample { time, cpu, raw, .. }) => {
+            if let Some(s) = layout.decode(raw, cpu, time) {
                 out.push(s);
             }
         }
-        Some(sys::PERF_RECORD_LOST) if rec.len() >= 24 + SWITCH_TRAILER => {
-            *lost += u64_at(rec, 16).unwrap_or(0);
-        }
-        _ => {}
+        Some(TpRecord::Lost(n)) => *lost += n,
+        None => {}
     }
+}
+
+/// A sample record as the kernel writes it for [`SWITCH_SAMPLE_TYPE`].
+#[cfg(test)]
+pub(crate) fn sample_record(tid: u32, raw: &[u8], cpu: u32, time: u64) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&tid.to_ne_bytes());
+    body.extend_from_slice(&tid.to_ne_bytes());
+    body.extend_from_slice(&time.to_ne_bytes());
+    body.extend_from_slice(&cpu.to_ne_bytes());
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    body.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
+    body.extend_from_slice(raw);
+    body.resize(body.len().div_ceil(8) * 8, 0);
+    let mut rec = Vec::new();
+    rec.extend_from_slice(&sys::PERF_RECORD_SAMPLE.to_ne_bytes());
+    rec.extend_from_slice(&0u16.to_ne_bytes());
+    rec.extend_from_slice(&((body.len() + 8) as u16).to_ne_bytes());
+    rec.extend(body);
+    rec
 }
 
 #[cfg(test)]
@@ -465,23 +529,8 @@ mod tests {
         );
     }
 
-    /// A sample record as the kernel writes it, raw payload per `layout`.
     fn sample(raw: &[u8], cpu: u32, time: u64) -> Vec<u8> {
-        let mut body = Vec::new();
-        body.extend_from_slice(&5u32.to_ne_bytes());
-        body.extend_from_slice(&5u32.to_ne_bytes());
-        body.extend_from_slice(&time.to_ne_bytes());
-        body.extend_from_slice(&cpu.to_ne_bytes());
-        body.extend_from_slice(&0u32.to_ne_bytes());
-        body.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
-        body.extend_from_slice(raw);
-        body.resize(body.len().div_ceil(8) * 8, 0);
-        let mut rec = Vec::new();
-        rec.extend_from_slice(&sys::PERF_RECORD_SAMPLE.to_ne_bytes());
-        rec.extend_from_slice(&0u16.to_ne_bytes());
-        rec.extend_from_slice(&((body.len() + 8) as u16).to_ne_bytes());
-        rec.extend(body);
-        rec
+        sample_record(5, raw, cpu, time)
     }
 
     #[test]

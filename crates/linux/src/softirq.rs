@@ -22,13 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use perf_event_open_sys::bindings as sys;
 use perf_event_open_sys::ioctls;
 
 use crate::ring::Ring;
 use crate::sched::{
-    format_field, open_tracepoint, read_file, ring_data_pages, tracepoint_dir, tracepoint_id,
-    u32_at, u64_at, Field, SWITCH_TRAILER,
+    format_field, map_ring, open_tracepoint, read_file, ring_data_pages, tp_record, tracepoint_dir,
+    tracepoint_id, Field, TpRecord,
 };
 use crate::sys::{online_cpus, page_size};
 use crate::LinuxError;
@@ -147,41 +146,22 @@ impl SoftirqLayout {
         })
     }
 
-    fn int(raw: &[u8], f: Field) -> Option<u64> {
-        let b = raw.get(f.offset..f.offset.checked_add(f.size)?)?;
-        Some(match f.size {
-            1 => b[0] as u64,
-            2 => u16::from_ne_bytes(b.try_into().ok()?) as u64,
-            4 => u32::from_ne_bytes(b.try_into().ok()?) as u64,
-            8 => u64::from_ne_bytes(b.try_into().ok()?),
-            _ => return None,
-        })
-    }
-
     /// Decode one ring record; `None` for anything else.
     pub(crate) fn decode(&self, rec: &[u8]) -> Option<Decoded> {
-        match u32_at(rec, 0) {
-            Some(sys::PERF_RECORD_SAMPLE) => {
-                // Body: pid, tid, time, cpu, res, raw size, raw.
-                let tid = u32_at(rec, 12)?;
-                let time = u64_at(rec, 16)?;
-                let cpu = u32_at(rec, 24)?;
-                let size = u32_at(rec, 32)? as usize;
-                let raw = rec.get(36..36usize.checked_add(size)?)?;
-                let ty = Self::int(raw, self.common_type)?;
-                let vec = Self::int(raw, self.vec)? as u32;
-                Some(Decoded::Event(SoftirqEvent {
-                    entry: ty == self.entry_id,
-                    cpu,
-                    tid,
-                    time,
-                    vec,
-                }))
-            }
-            Some(sys::PERF_RECORD_LOST) if rec.len() >= 24 + SWITCH_TRAILER => {
-                Some(Decoded::Lost(u64_at(rec, 16).unwrap_or(0)))
-            }
-            _ => None,
+        match tp_record(rec)? {
+            TpRecord::Sample {
+                tid,
+                time,
+                cpu,
+                raw,
+            } => Some(Decoded::Event(SoftirqEvent {
+                entry: self.common_type.int(raw)? == self.entry_id,
+                cpu,
+                tid,
+                time,
+                vec: self.vec.int(raw)? as u32,
+            })),
+            TpRecord::Lost(n) => Some(Decoded::Lost(n)),
         }
     }
 }
@@ -284,13 +264,7 @@ impl SoftirqRecorder {
         let wakeup = (data_pages * page / 2) as u32;
         for &cpu in &cpus {
             let entry = open_tracepoint(ENTRY, entry_id, cpu, wakeup, fds.len())?;
-            let ring = Ring::map(entry.as_raw_fd(), data_pages, page).map_err(|source| {
-                LinuxError::Mmap {
-                    cpu,
-                    bytes: (data_pages + 1) * page,
-                    source,
-                }
-            })?;
+            let ring = map_ring(&entry, cpu, data_pages, page)?;
             let exit = open_tracepoint(EXIT, exit_id, cpu, wakeup, fds.len() + 1)?;
             // SAFETY: both are open perf fds on the same CPU; SET_OUTPUT
             // takes the target fd as its integer argument.
@@ -358,10 +332,6 @@ impl SoftirqRecorder {
         std::mem::take(&mut d.totals)
     }
 
-    pub fn cpus(&self) -> &[u32] {
-        &self.cpus
-    }
-
     /// Records the kernel dropped (ring overflow).
     pub fn lost(&self) -> u64 {
         self.shared.lock().map(|d| d.lost).unwrap_or(0)
@@ -380,6 +350,7 @@ impl Drop for SoftirqRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use perf_event_open_sys::bindings as sys;
 
     const FORMAT: &str = include_str!("../tests/fixtures/tracing/softirq_entry_format");
 
@@ -388,21 +359,7 @@ mod tests {
         raw[0..2].copy_from_slice(&ty.to_ne_bytes());
         raw[4..8].copy_from_slice(&(tid as i32).to_ne_bytes());
         raw[8..12].copy_from_slice(&vec.to_ne_bytes());
-        let mut body = Vec::new();
-        body.extend_from_slice(&tid.to_ne_bytes());
-        body.extend_from_slice(&tid.to_ne_bytes());
-        body.extend_from_slice(&time.to_ne_bytes());
-        body.extend_from_slice(&cpu.to_ne_bytes());
-        body.extend_from_slice(&0u32.to_ne_bytes());
-        body.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
-        body.extend_from_slice(&raw);
-        body.resize(body.len().div_ceil(8) * 8, 0);
-        let mut rec = Vec::new();
-        rec.extend_from_slice(&sys::PERF_RECORD_SAMPLE.to_ne_bytes());
-        rec.extend_from_slice(&0u16.to_ne_bytes());
-        rec.extend_from_slice(&((body.len() + 8) as u16).to_ne_bytes());
-        rec.extend(body);
-        rec
+        crate::sched::sample_record(tid, &raw, cpu, time)
     }
 
     #[test]

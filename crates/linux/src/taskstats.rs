@@ -13,6 +13,7 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use crate::sched::u64_at;
 use crate::LinuxError;
 
 const GENL_ID_CTRL: u16 = 0x10;
@@ -101,10 +102,6 @@ pub(crate) fn attrs(mut b: &[u8]) -> Vec<(u16, &[u8])> {
         b = &b[align4(len).min(b.len())..];
     }
     out
-}
-
-fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_ne_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
 /// The netlink messages in one datagram: (type, payload after nlmsghdr).
