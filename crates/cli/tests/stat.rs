@@ -310,6 +310,24 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// Takes down a leftover lab of this name, brings the spec up and
+    /// returns its state.
+    fn up(&self, spec: &Path) -> vmscope_lab::LabState {
+        let _ = self.cmd(&["down", self.name]).output();
+        let out = self
+            .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "lab up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        vmscope_lab::load_state_in(&self.run, self.name).unwrap()
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = self.cmd(&["down", self.name]).output();
@@ -451,17 +469,7 @@ kind = "tap"
         agent,
         name: "ci-stat",
     };
-    let _ = lab.cmd(&["down", lab.name]).output();
-    let out = lab
-        .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "lab up: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let state = vmscope_lab::load_state_in(&lab.run, lab.name).unwrap();
+    let state = lab.up(&spec);
     let busy = state.vm("busy").unwrap();
     let busy_pid = busy.pid.unwrap();
     let busy_vcpus = busy.vcpu_tids.clone();
@@ -903,17 +911,7 @@ fn lab_cherkasova_io_charging() {
         agent,
         name: "ci-io",
     };
-    let _ = lab.cmd(&["down", lab.name]).output();
-    let out = lab
-        .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "lab up: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let state = vmscope_lab::load_state_in(&lab.run, lab.name).unwrap();
+    let state = lab.up(&spec);
     let ip = |vm: &str| {
         state.vm(vm).unwrap().nics[0]
             .guest_ip

@@ -198,6 +198,11 @@ pub struct Accountant {
     first: Option<Instant>,
     /// Notes about devices that vanished, reported once.
     gone_devices: HashMap<u32, Vec<String>>,
+    /// Each VM's device counters as last read (by domain id), so a device
+    /// missing from one sample (a QMP query that timed out, and the
+    /// `/proc/PID/io` fallback in its place) resumes from its last value
+    /// instead of counting nothing for the interval after.
+    last_devices: HashMap<u32, HashMap<String, (u64, u64)>>,
     /// Thread lists of every process, for the other-tasks scan.
     lister: procfs::TaskLister,
     relisted: Instant,
@@ -213,6 +218,7 @@ pub struct Accountant {
     /// Exit records not yet matched to an interval, with their age in
     /// intervals.
     exit_pool: Vec<(vmscope_linux::TaskExit, u8)>,
+    exit_overruns: u64,
 }
 
 /// Every process's thread list is walked again at least this often (a
@@ -242,6 +248,7 @@ impl Accountant {
                     vmscope_linux::ExitListener::open(&cpus).map_err(|e| e.to_string())
                 }),
             exit_pool: Vec::new(),
+            exit_overruns: 0,
             domains: Domains::new(&opts.proc_root),
             reader: procfs::TaskReader::new(&opts.proc_root),
             opts,
@@ -249,6 +256,7 @@ impl Accountant {
             prev: None,
             first: None,
             gone_devices: HashMap::new(),
+            last_devices: HashMap::new(),
             lister: procfs::TaskLister::default(),
             relisted: Instant::now(),
         }
@@ -431,7 +439,7 @@ impl Accountant {
         // sample (it exited after being read) waits one interval.
         let mut exit_run: HashMap<u32, u64> = HashMap::new();
         let mut unseen_ns = 0u64;
-        {
+        if !self.exit_pool.is_empty() {
             let tids_of = |s: &Snapshot| -> std::collections::HashSet<u32> {
                 s.threads
                     .keys()
@@ -545,7 +553,10 @@ impl Accountant {
             let mut devs: Vec<_> = c_io.devices.iter().collect();
             devs.sort_by(|a, b| a.0.cmp(b.0));
             for (dev, &(ops, bytes)) in devs {
-                let (pops, pbytes) = match p_io.and_then(|p| p.devices.get(dev)) {
+                let last = p_io
+                    .and_then(|p| p.devices.get(dev))
+                    .or_else(|| self.last_devices.get(&d.id).and_then(|m| m.get(dev)));
+                let (pops, pbytes) = match last {
                     Some(&x) => x,
                     None if is_new => (0, 0),
                     None => (ops, bytes),
@@ -580,8 +591,14 @@ impl Accountant {
                 v.notes.extend(notes);
             }
             v.io_ops = v.net_packets + v.disk_ops;
+            self.last_devices
+                .entry(d.id)
+                .or_default()
+                .extend(c_io.devices.iter().map(|(k, x)| (k.clone(), *x)));
             vms.push(v);
         }
+        self.last_devices
+            .retain(|id, _| cur.domains.iter().any(|d| d.id == *id));
         // VMs that exited: a row saying so.
         let mut exited_notes = Vec::new();
         for c in changes {
@@ -731,6 +748,15 @@ impl Accountant {
                     r.lost() - self.softirq_lost
                 ));
                 self.softirq_lost = r.lost();
+            }
+        }
+        if let Ok(l) = &self.exits {
+            if l.overruns() > self.exit_overruns {
+                notes.push(format!(
+                    "{} overruns of the exit-record socket: some exited tasks' last CPU time is missing",
+                    l.overruns() - self.exit_overruns
+                ));
+                self.exit_overruns = l.overruns();
             }
         }
         AccountInterval {
