@@ -16,7 +16,6 @@
 //! events and ends without answering.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
@@ -304,7 +303,7 @@ impl Worker {
             Symbolizer::new(SymbolizerOptions::default()),
             ThreadMap::new(),
         );
-        for r in vmscope_linux::synthesize_from_proc(Path::new("/proc"), None) {
+        for r in vmscope_linux::synthesize_from_proc(&vmscope_linux::ProcRoot::system(), None) {
             conv.push(r);
         }
         let t_ns = clock_monotonic_ns();

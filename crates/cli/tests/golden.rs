@@ -133,7 +133,18 @@ fn coordinated_session(path: &Path) {
     let ms = 1_000_000u64;
     let mut host = Profile::new();
     use Context::*;
-    let host_rows: &[(u32, &str, Context, &str, &str, &str, &str, u64, u64)] = &[
+    type Row<'a> = (
+        u32,
+        &'a str,
+        Context,
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a str,
+        u64,
+        u64,
+    );
+    let host_rows: &[Row] = &[
         (
             0,
             "host",

@@ -4,15 +4,13 @@
 //! ids) and `query-block` (disks as they are now). Any failure leaves the
 //! `/proc` view as it was and adds a warning.
 
-use crate::procfs::ProcRoot;
 use crate::qmp::Qmp;
-use crate::{
-    host_view, Accel, DiscoverError, Disk, DiskSource, ThreadKind, Vm, VmThread, VCPUS_UNKNOWN,
-};
+use crate::{host_view, Accel, Disk, DiskSource, ThreadKind, Vm, VmThread, VCPUS_UNKNOWN};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use vmscope_linux::procfs::ProcRoot;
 
 /// Query the VM's monitor and merge the answers into `vm`.
 pub(crate) fn with_qmp(vm: &mut Vm, proc: &ProcRoot, timeout: Duration) {
@@ -33,7 +31,7 @@ pub(crate) fn with_qmp(vm: &mut Vm, proc: &ProcRoot, timeout: Duration) {
     };
     vm.qmp_used = true;
 
-    match query_cpus(&mut q) {
+    match crate::qmp::vcpu_threads(&mut q) {
         Ok(cpus) => apply_cpus(vm, &cpus),
         Err(e) => vm.warnings.push(format!("QMP: {e}")),
     }
@@ -55,29 +53,6 @@ pub(crate) fn with_qmp(vm: &mut Vm, proc: &ProcRoot, timeout: Duration) {
         Ok(v) => merge_disks(&mut vm.disks, &v),
         Err(e) => vm.warnings.push(format!("QMP: {e}")),
     }
-}
-
-/// (cpu index, thread id) of every vCPU.
-fn query_cpus(q: &mut Qmp) -> Result<Vec<(u32, u32)>, DiscoverError> {
-    let (v, idx_key, tid_key) = match q.execute("query-cpus-fast", None) {
-        Ok(v) => (v, "cpu-index", "thread-id"),
-        Err(DiscoverError::QmpCommand { class, .. }) if class == "CommandNotFound" => {
-            (q.execute("query-cpus", None)?, "CPU", "thread_id")
-        }
-        Err(e) => return Err(e),
-    };
-    let num = |c: &Value, k: &str| {
-        c.get(k)
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-    };
-    Ok(v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| Some((num(c, idx_key)?, num(c, tid_key)?)))
-                .collect()
-        })
-        .unwrap_or_default())
 }
 
 /// QMP's vCPU threads replace the ones the names suggested.

@@ -8,12 +8,8 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverError {
     /// The proc root itself cannot be listed: nothing can be discovered.
-    #[error("cannot list processes in {path}: {source}")]
-    ProcRoot {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot list processes: {0}")]
+    ProcRoot(#[source] vmscope_linux::LinuxError),
     /// Connecting to a QMP socket failed.
     #[error("cannot connect to QMP socket {socket}: {source}")]
     QmpConnect {

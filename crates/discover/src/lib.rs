@@ -4,8 +4,6 @@
 //!
 //! [`discover`] reads a `/proc` tree (any root, so tests run on fixture
 //! trees) and, when asked, each VM's QMP monitor:
-//! - [`procfs`]: rooted `/proc` reads (processes, threads, fds, fdinfo,
-//!   Unix sockets);
 //! - [`cmdline`]: the QEMU command line, plain and libvirt style;
 //! - [`threads`]: thread roles from thread names;
 //! - [`qmp`]: a small QMP client, reusable elsewhere;
@@ -17,7 +15,6 @@ pub mod cmdline;
 mod enrich;
 mod error;
 mod image;
-pub mod procfs;
 pub mod qmp;
 pub mod threads;
 mod vm;
@@ -26,11 +23,11 @@ pub use error::DiscoverError;
 pub use vm::{thread_map, Accel, Disk, DiskSource, ThreadKind, VhostWorker, Vm, VmThread};
 
 use cmdline::{MonitorSpec, QemuCmdline};
-use procfs::{is_vanished, socket_inode, ProcRoot};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use threads::NamedRole;
+use vmscope_linux::procfs::{socket_inode, ProcRoot};
 
 /// Where and how to look for VMs.
 #[derive(Debug, Clone)]
@@ -67,10 +64,7 @@ const QMP_PARALLEL: usize = 16;
 /// be listed.
 pub fn discover(opts: &DiscoverOptions) -> Result<Vec<Vm>, DiscoverError> {
     let proc = ProcRoot::new(&opts.proc_root);
-    let pids = proc.pids().map_err(|source| DiscoverError::ProcRoot {
-        path: opts.proc_root.clone(),
-        source,
-    })?;
+    let pids = proc.pids().map_err(DiscoverError::ProcRoot)?;
     // Old kernels (< 6.4): vhost workers are kernel threads, children of
     // kthreadd (pid 2), named `vhost-<pid of the QEMU that owns them>`.
     let mut kernel_vhost: HashMap<u32, Vec<(u32, String)>> = HashMap::new();
@@ -148,12 +142,9 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
 
     let thread_accel = match proc.tids(pid) {
         Ok(tids) => scan_threads(proc, &mut vm, &tids, cmd.debug_threads),
-        Err(e) if is_vanished(&e) => return None,
+        Err(e) if e.is_vanished() => return None,
         Err(e) => {
-            vm.warnings.push(format!(
-                "cannot list threads in {}: {e}",
-                proc.pid_path(pid, "task").display()
-            ));
+            vm.warnings.push(e.to_string());
             None
         }
     };
@@ -180,7 +171,7 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
     };
 
     // Files read one by one: if the process is gone now, drop it whole.
-    if !proc.pid_path(pid, "").exists() {
+    if !proc.exists(pid) {
         return None;
     }
     Some(vm)
@@ -194,7 +185,7 @@ fn scan_threads(proc: &ProcRoot, vm: &mut Vm, tids: &[u32], debug_threads: bool)
     for &tid in tids {
         let comm = match proc.thread_comm(pid, tid) {
             Ok(c) => c,
-            Err(e) if is_vanished(&e) => continue,
+            Err(e) if e.is_vanished() => continue,
             Err(e) => {
                 vm.warnings.push(format!("thread {tid}: {e}"));
                 continue;
@@ -314,11 +305,9 @@ fn find_taps(
                     spec.id.as_deref().unwrap_or("?"),
                     proc.pid_path(pid, &format!("fdinfo/{fd}")).display()
                 )),
-                Err(e) => warnings.push(format!(
-                    "netdev {}: cannot read {}: {e}",
-                    spec.id.as_deref().unwrap_or("?"),
-                    proc.pid_path(pid, &format!("fdinfo/{fd}")).display()
-                )),
+                Err(e) => {
+                    warnings.push(format!("netdev {}: {e}", spec.id.as_deref().unwrap_or("?"),))
+                }
             }
         }
     }

@@ -181,6 +181,50 @@ impl Qmp {
     }
 }
 
+/// (cpu index, thread id) of every vCPU, from `query-cpus-fast`
+/// (`query-cpus` on QEMU before 2.12), sorted by index.
+pub fn vcpu_threads(q: &mut Qmp) -> Result<Vec<(u32, u32)>, DiscoverError> {
+    let (v, idx_key, tid_key) = match q.execute("query-cpus-fast", None) {
+        Ok(v) => (v, "cpu-index", "thread-id"),
+        Err(DiscoverError::QmpCommand { class, .. }) if class == "CommandNotFound" => {
+            (q.execute("query-cpus", None)?, "CPU", "thread_id")
+        }
+        Err(e) => return Err(e),
+    };
+    let num = |c: &Value, k: &str| {
+        c.get(k)
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    let mut out: Vec<(u32, u32)> = v
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| Some((num(c, idx_key)?, num(c, tid_key)?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// (id, thread id) of every I/O thread, from `query-iothreads`.
+pub fn iothreads(q: &mut Qmp) -> Result<Vec<(String, u32)>, DiscoverError> {
+    let v = q.execute("query-iothreads", None)?;
+    Ok(v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| {
+                    Some((
+                        t.get("id")?.as_str()?.to_string(),
+                        u32::try_from(t.get("thread-id")?.as_u64()?).ok()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// `connect(2)` on a Unix socket returns at once unless the listener's
 /// backlog is full; that case blocks, so the connect runs on a helper
 /// thread that is abandoned (and finishes on its own) after `timeout`.

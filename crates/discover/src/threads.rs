@@ -57,6 +57,18 @@ pub fn parse_vcpu_name(comm: &str) -> Option<(Option<u32>, Accel)> {
     Some((index, accel))
 }
 
+/// vCPU thread ids of a process from its (tid, name) list: threads named
+/// `CPU n/ACCEL`, in vCPU index order. What QMP's `query-cpus-fast` says
+/// when no monitor answers.
+pub fn vcpu_tids_by_name(threads: &[(u32, String)]) -> Vec<u32> {
+    let mut v: Vec<(u32, u32)> = threads
+        .iter()
+        .filter_map(|(tid, comm)| Some((parse_vcpu_name(comm)?.0?, *tid)))
+        .collect();
+    v.sort_unstable();
+    v.into_iter().map(|x| x.1).collect()
+}
+
 /// `vhost-1234` → 1234.
 pub fn vhost_owner(comm: &str) -> Option<u32> {
     comm.strip_prefix("vhost-")?.parse().ok()
@@ -65,6 +77,22 @@ pub fn vhost_owner(comm: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vcpus_by_name_in_index_order() {
+        let t: Vec<(u32, String)> = [
+            (10, "qemu-system-x86"),
+            (14, "CPU 1/TCG"),
+            (12, "CPU 0/TCG"),
+            (13, "IO iothread0"),
+            (15, "ALL CPUs/TCG"),
+        ]
+        .iter()
+        .map(|(t, n)| (*t, n.to_string()))
+        .collect();
+        assert_eq!(vcpu_tids_by_name(&t), vec![12, 14]);
+        assert!(vcpu_tids_by_name(&[]).is_empty());
+    }
 
     #[test]
     fn names() {

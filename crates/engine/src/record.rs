@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use vmscope_linux::ProcRoot;
 use vmscope_linux::{RecordOptions as RingOptions, Recorder, Target};
 use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent, ThreadMap};
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
@@ -216,10 +217,8 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-fn read_trim(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+fn sysctl(name: &str) -> String {
+    ProcRoot::system().sysctl(name).unwrap_or_default()
 }
 
 /// Record until the command exits, the duration ends, every target process
@@ -234,7 +233,7 @@ pub fn record(
     }
     if let Scope::Pids(pids) = &opts.scope {
         for &p in pids {
-            if !std::path::Path::new(&format!("/proc/{p}")).exists() {
+            if !ProcRoot::system().exists(p) {
                 return Err(EngineError::NoSuchProcess(p));
             }
         }
@@ -281,8 +280,8 @@ pub fn record(
     let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
     writer.set_events(&events)?;
     let started = unix_now();
-    let hostname = read_trim("/proc/sys/kernel/hostname");
-    let kernel = read_trim("/proc/sys/kernel/osrelease");
+    let hostname = sysctl("kernel.hostname");
+    let kernel = sysctl("kernel.osrelease");
     for (k, v) in [
         ("source", "record".to_string()),
         ("command", opts.command_line.clone()),
@@ -332,9 +331,7 @@ pub fn record(
         Target::AllCpus => None,
         Target::Pids(p) => Some(p.clone()),
     };
-    for r in
-        vmscope_linux::synthesize_from_proc(std::path::Path::new("/proc"), pids_filter.as_deref())
-    {
+    for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
         conv.push(r);
     }
     conv.set_origin(vmscope_linux::clock_monotonic_ns());
@@ -442,10 +439,7 @@ pub fn record(
             }
         }
         if let Target::Pids(p) = &target {
-            if child.is_none()
-                && p.iter()
-                    .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-            {
+            if child.is_none() && p.iter().all(|pid| !ProcRoot::system().exists(*pid)) {
                 break;
             }
         }
@@ -589,9 +583,7 @@ fn mark_ended_vms(
 ) -> Result<(), EngineError> {
     for (name, (d, det)) in vms {
         let Some(pid) = d.pid else { continue };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            && agents.ended.insert(name.clone())
-        {
+        if !ProcRoot::system().exists(pid) && agents.ended.insert(name.clone()) {
             writer.upsert_domain(&DomainRecord {
                 domain: d.clone(),
                 status: "ended".into(),

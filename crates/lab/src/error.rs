@@ -68,11 +68,11 @@ pub enum LabError {
     #[error("VM {vm}: agent: {message}")]
     Agent { vm: String, message: String },
     /// QMP talk with QEMU failed.
-    #[error("VM {vm}: QMP {}: {message}", socket.display())]
+    #[error("VM {vm}: {source}")]
     Qmp {
         vm: String,
-        socket: PathBuf,
-        message: String,
+        #[source]
+        source: vmscope_discover::DiscoverError,
     },
     /// The state file is unreadable.
     #[error("lab state {}: {message}", path.display())]

@@ -6,7 +6,7 @@
 use crate::error::{LabError, Result};
 use crate::image::{self, GuestImage, ImageOptions, AGENT_PORT_NAME};
 use crate::names;
-use crate::qemu::{self, Qmp, MAX_SOCKET_PATH};
+use crate::qemu::{self, MAX_SOCKET_PATH};
 use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, NicKind, VmSpec};
 use crate::state::{
     self, DiskState, HelloInfo, LabState, NicState, Phase, Resource, TeardownReport, VmState,
@@ -17,6 +17,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use vmscope_discover::qmp::Qmp;
 use vmscope_protocol::{AgentClient, AgentHello};
 
 /// How a lab is run: where caches and run directories live, timeouts.
@@ -163,8 +164,8 @@ struct KvmVerdict {
 }
 
 fn host_kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
+    vmscope_linux::ProcRoot::system()
+        .sysctl("kernel.osrelease")
         .unwrap_or_else(|_| "unknown".into())
 }
 
@@ -384,13 +385,9 @@ fn bring_up(
     // Threads and pinning.
     for (vi, vm) in spec.vms.iter().enumerate() {
         let mut q = qmps.remove(0);
-        let threads = qemu::query_threads(&mut q)?;
         let vs = &mut st.vms[vi];
-        vs.vcpu_tids = if threads.vcpus.is_empty() {
-            vs.pid.map(qemu::vcpu_tids_by_name).unwrap_or_default()
-        } else {
-            threads.vcpus
-        };
+        let threads = qemu::query_threads(&vs.name, vs.pid.unwrap_or(0), &mut q)?;
+        vs.vcpu_tids = threads.vcpus;
         vs.iothread_tids = threads.iothreads;
         pin_vm(vm, vs)?;
     }

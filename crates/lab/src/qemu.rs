@@ -1,17 +1,16 @@
-//! QEMU: the command line of a lab VM, a detached launch (own session, so
-//! the lab process can exit or die without taking the VM along), a minimal
-//! QMP client, the VM's thread ids (vCPUs from `query-cpus-fast`, I/O threads
-//! from `query-iothreads`, checked against `/proc/PID/task/*/comm`) and
-//! pinning with `sched_setaffinity`.
+//! QEMU processes of a lab: the binary, a detached launch (own session, so
+//! the lab process can exit or die without taking the VM along), waiting for
+//! the QMP socket (the client is discovery's, [`vmscope_discover::qmp`]),
+//! the VM's thread ids and pinning with `sched_setaffinity`.
 
 use crate::error::{LabError, Result};
-use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use vmscope_discover::qmp::{self, Qmp};
+use vmscope_discover::threads;
+use vmscope_linux::ProcRoot;
 
 /// Longest usable `sun_path`.
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -73,161 +72,6 @@ pub fn spawn_detached(vm: &str, argv: &[String], log: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A connected QMP session.
-pub struct Qmp {
-    vm: String,
-    socket: PathBuf,
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Qmp {
-    /// Connect, read the greeting and negotiate capabilities.
-    pub fn connect(vm: &str, socket: &Path, timeout: Duration) -> Result<Qmp> {
-        let err = |m: String| LabError::Qmp {
-            vm: vm.to_string(),
-            socket: socket.to_path_buf(),
-            message: m,
-        };
-        let stream = UnixStream::connect(socket).map_err(|e| err(e.to_string()))?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| err(e.to_string()))?;
-        let writer = stream.try_clone().map_err(|e| err(e.to_string()))?;
-        let mut q = Qmp {
-            vm: vm.to_string(),
-            socket: socket.to_path_buf(),
-            reader: BufReader::new(stream),
-            writer,
-        };
-        let greeting = q.read_msg()?;
-        if greeting.get("QMP").is_none() {
-            return Err(err(format!("unexpected greeting {greeting}")));
-        }
-        q.execute("qmp_capabilities", None)?;
-        Ok(q)
-    }
-
-    fn err(&self, m: impl Into<String>) -> LabError {
-        LabError::Qmp {
-            vm: self.vm.clone(),
-            socket: self.socket.clone(),
-            message: m.into(),
-        }
-    }
-
-    fn read_msg(&mut self) -> Result<Value> {
-        let mut line = String::new();
-        let n = self
-            .reader
-            .read_line(&mut line)
-            .map_err(|e| self.err(format!("read: {e}")))?;
-        if n == 0 {
-            return Err(self.err("QEMU closed the connection"));
-        }
-        serde_json::from_str(&line).map_err(|e| self.err(format!("bad JSON {line:?}: {e}")))
-    }
-
-    /// Run a command; returns its `return` value. Events are skipped.
-    pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
-        let mut msg = json!({ "execute": command });
-        if let Some(a) = arguments {
-            msg["arguments"] = a;
-        }
-        let mut text = msg.to_string();
-        text.push('\n');
-        self.writer
-            .write_all(text.as_bytes())
-            .map_err(|e| self.err(format!("write: {e}")))?;
-        loop {
-            let v = self.read_msg()?;
-            if let Some(r) = v.get("return") {
-                return Ok(r.clone());
-            }
-            if let Some(e) = v.get("error") {
-                return Err(self.err(format!("{command}: {e}")));
-            }
-        }
-    }
-}
-
-/// Thread ids of a running VM.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmThreads {
-    pub vcpus: Vec<u32>,
-    pub iothreads: Vec<(String, u32)>,
-}
-
-/// vCPU and I/O thread ids from QMP.
-pub fn query_threads(qmp: &mut Qmp) -> Result<VmThreads> {
-    let cpus = qmp.execute("query-cpus-fast", None)?;
-    let mut vcpus: Vec<(u64, u32)> = cpus
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|c| {
-                    Some((
-                        c.get("cpu-index")?.as_u64()?,
-                        u32::try_from(c.get("thread-id")?.as_u64()?).ok()?,
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    vcpus.sort_unstable();
-    let io = qmp.execute("query-iothreads", None)?;
-    let iothreads = io
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| {
-                    Some((
-                        t.get("id")?.as_str()?.to_string(),
-                        u32::try_from(t.get("thread-id")?.as_u64()?).ok()?,
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(VmThreads {
-        vcpus: vcpus.into_iter().map(|v| v.1).collect(),
-        iothreads,
-    })
-}
-
-/// (tid, comm) of every thread of `pid`.
-pub fn threads_of(pid: u32) -> Vec<(u32, String)> {
-    let dir = format!("/proc/{pid}/task");
-    let Ok(rd) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut out: Vec<(u32, String)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let tid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            Some((tid, comm.trim().to_string()))
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-/// vCPU thread ids from thread names `CPU n/TCG` or `CPU n/KVM` (index order).
-pub fn vcpu_tids_by_name(pid: u32) -> Vec<u32> {
-    let mut v: Vec<(u32, u32)> = threads_of(pid)
-        .into_iter()
-        .filter_map(|(tid, comm)| {
-            let rest = comm.strip_prefix("CPU ")?;
-            let (n, accel) = rest.split_once('/')?;
-            (accel == "TCG" || accel == "KVM").then_some(())?;
-            Some((n.parse().ok()?, tid))
-        })
-        .collect();
-    v.sort_unstable();
-    v.into_iter().map(|x| x.1).collect()
-}
-
 /// Pin thread `tid` to `cpus`.
 pub fn pin(tid: u32, cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_SET stays within CPU_SETSIZE.
@@ -269,6 +113,34 @@ pub fn affinity(tid: u32) -> std::io::Result<Vec<usize>> {
     }
 }
 
+/// Thread ids of a running VM.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmThreads {
+    pub vcpus: Vec<u32>,
+    pub iothreads: Vec<(String, u32)>,
+}
+
+/// vCPU and I/O thread ids from QMP; the vCPUs from the thread names when
+/// QMP lists none.
+pub fn query_threads(vm: &str, pid: u32, qmp: &mut Qmp) -> Result<VmThreads> {
+    let err = |source| LabError::Qmp {
+        vm: vm.to_string(),
+        source,
+    };
+    let mut vcpus: Vec<u32> = qmp::vcpu_threads(qmp)
+        .map_err(err)?
+        .into_iter()
+        .map(|(_, tid)| tid)
+        .collect();
+    if vcpus.is_empty() {
+        vcpus = threads::vcpu_tids_by_name(&ProcRoot::system().threads(pid));
+    }
+    Ok(VmThreads {
+        vcpus,
+        iothreads: qmp::iothreads(qmp).map_err(err)?,
+    })
+}
+
 /// Wait until QEMU's QMP socket answers; fails early with QEMU's own error
 /// when the process is gone.
 pub fn wait_qmp(
@@ -288,7 +160,7 @@ pub fn wait_qmp(
         }
         if let Some(p) = pid {
             if socket.exists() {
-                if let Ok(q) = Qmp::connect(vm, socket, Duration::from_secs(5)) {
+                if let Ok(q) = Qmp::connect(socket, Duration::from_secs(5)) {
                     return Ok((q, p));
                 }
             }
@@ -363,12 +235,5 @@ mod tests {
         pin(tid, &cpus[..1]).unwrap();
         assert_eq!(affinity(tid).unwrap(), cpus[..1].to_vec());
         pin(tid, &before).unwrap();
-    }
-
-    #[test]
-    fn own_threads_are_listed() {
-        let t = threads_of(std::process::id());
-        assert!(!t.is_empty());
-        assert!(vcpu_tids_by_name(std::process::id()).is_empty());
     }
 }

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use vmscope_linux::ProcRoot;
 
 /// Default root of lab run directories: `$VMSCOPE_RUN` or /run/vmscope/labs.
 pub fn default_run_root() -> PathBuf {
@@ -442,24 +443,12 @@ pub fn remove(r: &Resource) -> std::result::Result<Removal, String> {
 
 /// Command line of a process, NUL-separated args joined by spaces.
 pub fn cmdline(pid: u32) -> Option<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    Some(
-        raw.split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
+    ProcRoot::system().cmdline(pid).ok().map(|a| a.join(" "))
 }
 
 /// Whether `pid` is alive (not a zombie).
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit_once(')')
-            .map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
-            .unwrap_or(false),
-        Err(_) => false,
-    }
+    ProcRoot::system().is_alive(pid)
 }
 
 /// Whether `pid` is alive and its command line contains `marker`.
@@ -470,11 +459,10 @@ pub fn process_matches(pid: u32, marker: &str) -> bool {
 /// Every live process whose command line contains `marker`.
 pub fn find_processes(marker: &str) -> Vec<u32> {
     let me = std::process::id();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+    ProcRoot::system()
+        .pids()
+        .unwrap_or_default()
+        .into_iter()
         .filter(|&p| p != me && process_matches(p, marker))
         .collect()
 }

@@ -74,3 +74,16 @@ pub enum LinuxError {
     #[error("tracepoint '{name}': {msg}")]
     Tracepoint { name: String, msg: String },
 }
+
+impl LinuxError {
+    /// True when a file vanished because its process, thread or device is
+    /// gone (`ENOENT`, or `ESRCH` from a task that exited while being read):
+    /// a normal event for readers of `/proc` and `/sys`, not a failure.
+    pub fn is_vanished(&self) -> bool {
+        match self {
+            LinuxError::Read { source, .. } => crate::procfs::io_vanished(source),
+            LinuxError::NoSuchProcess(_) => true,
+            _ => false,
+        }
+    }
+}

@@ -5,8 +5,11 @@
 //!   decoded into [`vmscope_model::Record`]s ([`Recorder`]);
 //! - [`sched`]: the `sched:sched_switch` tracepoint per CPU
 //!   ([`SchedSwitchRecorder`]) for exact per-CPU scheduling (vm-stat);
-//! - [`procfs`]: records synthesized from a rooted `/proc` tree;
-//! - [`sys`]: rooted `/sys` readers and the record clock.
+//! - [`procfs`]: the one rooted `/proc` reader of every crate ([`ProcRoot`]),
+//!   its cached paths for per-interval sampling, and records synthesized
+//!   from a `/proc` tree;
+//! - [`sys`]: rooted `/sys` readers (online CPUs, interface counters) and
+//!   the record clock.
 //!
 //! Ring access (`ring`) and record decoding (`decode`) are private; both are
 //! unit-tested on hand-built bytes, so the live path and the tests share code.
@@ -22,10 +25,12 @@ pub mod sys;
 pub mod taskstats;
 
 pub use error::LinuxError;
-pub use procfs::synthesize_from_proc;
+pub use procfs::{synthesize_from_proc, ProcRoot};
 pub use recorder::{working_events, RecordOptions, Recorder, Target};
 
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
 pub use softirq::{SoftirqRecorder, SoftirqTotals};
-pub use sys::{clock_monotonic_ns, irq_time_accounting, online_cpus, parse_cpu_list};
+pub use sys::{
+    clock_monotonic_ns, irq_time_accounting, net_stats, online_cpus, parse_cpu_list, NetStats,
+};
 pub use taskstats::{ExitListener, TaskExit};

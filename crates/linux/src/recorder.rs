@@ -232,13 +232,9 @@ fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
 
 /// Threads of `pid` from `/proc/PID/task`.
 fn threads_of(pid: u32) -> Result<Vec<u32>, LinuxError> {
-    let rd = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(|_| LinuxError::NoSuchProcess(pid))?;
-    let mut tids: Vec<u32> = rd
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
+    crate::ProcRoot::system()
+        .tids(pid)
+        .map_err(|_| LinuxError::NoSuchProcess(pid))
 }
 
 impl Recorder {

@@ -52,8 +52,8 @@ pub fn irq_time_accounting() -> Option<bool> {
                 .map(|_| s)
         })
         .or_else(|| {
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-            std::fs::read_to_string(format!("/boot/config-{}", release.trim())).ok()
+            let release = crate::ProcRoot::system().sysctl("kernel.osrelease").ok()?;
+            std::fs::read_to_string(format!("/boot/config-{release}")).ok()
         })?;
     Some(config_flag(&text, "CONFIG_IRQ_TIME_ACCOUNTING"))
 }
@@ -65,6 +65,37 @@ pub fn config_flag(config: &str, name: &str) -> bool {
         line.strip_prefix(name)
             .and_then(|r| r.strip_prefix('='))
             .is_some_and(|v| v.trim() == "y")
+    })
+}
+
+/// Packet and byte counters of a network interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// `<sys_root>/class/net/DEV/statistics/*`.
+pub fn net_stats(sys_root: &Path, dev: &str) -> Result<NetStats, LinuxError> {
+    let dir = sys_root.join("class/net").join(dev).join("statistics");
+    let get = |name: &str| -> Result<u64, LinuxError> {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|source| LinuxError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        text.trim().parse().map_err(|_| LinuxError::Parse {
+            msg: format!("'{}' is not a counter", text.trim()),
+            path,
+        })
+    };
+    Ok(NetStats {
+        rx_packets: get("rx_packets")?,
+        tx_packets: get("tx_packets")?,
+        rx_bytes: get("rx_bytes")?,
+        tx_bytes: get("tx_bytes")?,
     })
 }
 
@@ -93,16 +124,16 @@ pub fn clock_monotonic_ns() -> u64 {
 
 /// Current `kernel.perf_event_paranoid`, as text, or `unknown`.
 pub(crate) fn perf_event_paranoid() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .map(|s| s.trim().to_string())
+    crate::ProcRoot::system()
+        .sysctl("kernel.perf_event_paranoid")
         .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Current `kernel.perf_event_max_sample_rate`, if readable.
 pub(crate) fn perf_event_max_sample_rate() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+    crate::ProcRoot::system()
+        .sysctl("kernel.perf_event_max_sample_rate")
         .ok()?
-        .trim()
         .parse()
         .ok()
 }

@@ -1,7 +1,7 @@
 //! `synthesize_from_proc` on the fixture tree and on the live /proc.
 
 use std::path::{Path, PathBuf};
-use vmscope_linux::synthesize_from_proc;
+use vmscope_linux::{synthesize_from_proc, ProcRoot};
 use vmscope_model::{ImageRef, ProcessTable, Record};
 
 fn fixture() -> PathBuf {
@@ -10,7 +10,7 @@ fn fixture() -> PathBuf {
 
 #[test]
 fn fixture_tree_gives_comms_and_exec_maps() {
-    let recs = synthesize_from_proc(&fixture(), None);
+    let recs = synthesize_from_proc(&ProcRoot::new(fixture()), None);
     let comms: Vec<(u32, u32, &str)> = recs
         .iter()
         .filter_map(|r| match r {
@@ -91,7 +91,7 @@ fn fixture_tree_gives_comms_and_exec_maps() {
 
 #[test]
 fn pid_filter_and_missing_pids() {
-    let recs = synthesize_from_proc(&fixture(), Some(&[200, 999]));
+    let recs = synthesize_from_proc(&ProcRoot::new(fixture()), Some(&[200, 999]));
     assert_eq!(recs.len(), 1);
     assert!(matches!(
         &recs[0],
@@ -101,14 +101,14 @@ fn pid_filter_and_missing_pids() {
             ..
         }
     ));
-    assert!(synthesize_from_proc(Path::new("/nonexistent-root"), None).is_empty());
+    assert!(synthesize_from_proc(&ProcRoot::new("/nonexistent-root"), None).is_empty());
 }
 
 #[test]
 fn live_proc_finds_own_executable() {
     let me = std::process::id();
     let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
-    let recs = synthesize_from_proc(Path::new("/proc"), Some(&[me]));
+    let recs = synthesize_from_proc(&ProcRoot::system(), Some(&[me]));
     let found = recs.iter().any(|r| {
         matches!(r, Record::Mmap { pid, path, executable: true, .. }
             if *pid == me && Path::new(&**path) == exe)
@@ -118,7 +118,7 @@ fn live_proc_finds_own_executable() {
         .iter()
         .any(|r| matches!(r, Record::Comm { pid, tid, .. } if *pid == me && *tid == me)));
     // All processes: at least ourselves and pid 1.
-    let all = synthesize_from_proc(Path::new("/proc"), None);
+    let all = synthesize_from_proc(&ProcRoot::system(), None);
     for pid in [1, me] {
         assert!(all
             .iter()

@@ -18,12 +18,12 @@
 
 use crate::domains::{Change, Domain, Domains};
 use crate::math::{self, Reconciliation};
-use crate::procfs::{self, ProcStat, SchedStat};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vmscope_linux::procfs::{self, ProcRoot, ProcStat, SchedStat};
 
 /// What to sample and where.
 #[derive(Debug, Clone)]
@@ -191,6 +191,7 @@ struct Snapshot {
 /// the interval since the previous one.
 pub struct Accountant {
     opts: AccountOptions,
+    proc: ProcRoot,
     domains: Domains,
     ksoftirqd: Vec<u32>,
     reader: procfs::TaskReader,
@@ -228,7 +229,8 @@ const RELIST_EVERY: Duration = Duration::from_secs(2);
 
 impl Accountant {
     pub fn new(opts: AccountOptions) -> Accountant {
-        let ksoftirqd = procfs::pids_by_comm_prefix(&opts.proc_root, "ksoftirqd/");
+        let proc = ProcRoot::new(&opts.proc_root);
+        let ksoftirqd = proc.pids_by_comm_prefix("ksoftirqd/");
         // Small rings: a softirq is two 48-byte records and the rings are
         // drained every interval.
         let softirq = if opts.softirq_tracepoints {
@@ -249,8 +251,9 @@ impl Accountant {
                 }),
             exit_pool: Vec::new(),
             exit_overruns: 0,
-            domains: Domains::new(&opts.proc_root),
-            reader: procfs::TaskReader::new(&opts.proc_root),
+            domains: Domains::new(&proc),
+            reader: procfs::TaskReader::new(&proc),
+            proc,
             opts,
             ksoftirqd,
             prev: None,
@@ -297,8 +300,8 @@ impl Accountant {
     }
 
     fn snapshot(&mut self) -> Result<Snapshot, StatError> {
-        let root = &self.opts.proc_root;
-        let stat = procfs::proc_stat(root)?;
+        let root = &self.proc;
+        let stat = root.cpu_times()?;
         let at = Instant::now();
         let softirq = self.softirq.as_mut().ok().map(|r| r.take());
         let mut threads = HashMap::new();
@@ -324,7 +327,7 @@ impl Accountant {
             }
         }
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
-            for tid in procfs::tids(root, pid).unwrap_or_default() {
+            for tid in root.tids(pid).unwrap_or_default() {
                 read(&mut threads, pid, tid);
             }
         }
@@ -365,7 +368,7 @@ impl Accountant {
         for d in self.domains.current() {
             let mut c = VmCounters::default();
             for tap in &d.taps {
-                match procfs::net_stats(&self.opts.sys_root, tap) {
+                match vmscope_linux::net_stats(&self.opts.sys_root, tap) {
                     Ok(n) => {
                         c.devices.insert(
                             format!("tap:{tap}"),
@@ -395,7 +398,7 @@ impl Accountant {
                         c.devices.insert(format!("disk:{dev}"), (ops, bytes));
                     }
                 }
-                None => match procfs::proc_io(root, d.pid) {
+                None => match root.io(d.pid) {
                     Ok(p) => {
                         c.disk_source = "proc-io";
                         c.devices

@@ -6,10 +6,10 @@
 //! threads, workers, vhost workers, threads or kernel threads), and which
 //! threads were renamed since the last interval.
 
-use crate::procfs;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use vmscope_discover::{DiscoverOptions, Vm};
+use vmscope_linux::procfs::{self, ProcRoot};
 
 /// A thread `stat`/`account` reads: its `/proc/PID/task/TID` location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl std::fmt::Display for Change {
 /// The domain registry, updated once per interval.
 #[derive(Debug)]
 pub struct Domains {
-    proc_root: PathBuf,
+    proc: ProcRoot,
     next: u32,
     current: Vec<Domain>,
     names: HashMap<u32, String>,
@@ -115,12 +115,12 @@ impl Domains {
     /// Every pid under the proc root as of the last [`Domains::refresh`]
     /// (or now, if the process count changed since).
     pub fn pids(&mut self) -> Vec<u32> {
-        self.procs.pids(&self.proc_root).to_vec()
+        self.procs.pids(&self.proc).to_vec()
     }
 
-    pub fn new(proc_root: &Path) -> Domains {
+    pub fn new(proc: &ProcRoot) -> Domains {
         Domains {
-            proc_root: proc_root.to_path_buf(),
+            proc: proc.clone(),
             next: 1,
             current: Vec::new(),
             names: HashMap::new(),
@@ -129,7 +129,7 @@ impl Domains {
             lister: procfs::TaskLister::default(),
             procs: procfs::ProcLister::new(NAMES_EVERY),
             comms: HashMap::new(),
-            comm_reader: procfs::TaskReader::new(proc_root),
+            comm_reader: procfs::TaskReader::new(proc),
             last_full: None,
             last_names: None,
         }
@@ -138,26 +138,22 @@ impl Domains {
     /// True when the QEMU processes or their thread lists changed since the
     /// last full discovery (reads only `/proc` and each VM's `task/`).
     fn changed(&mut self) -> bool {
-        let pids = self.procs.pids(&self.proc_root).to_vec();
+        let pids = self.procs.pids(&self.proc).to_vec();
         if pids.is_empty() {
             return true;
         }
         let live: std::collections::HashSet<u32> = pids.iter().copied().collect();
         self.seen.retain(|p, _| live.contains(p));
-        let root = &self.proc_root;
+        let root = &self.proc;
         let mut qemu = Vec::new();
         for pid in pids {
             let is = *self.seen.entry(pid).or_insert_with(|| {
-                let dir = root.join(pid.to_string());
-                let argv0 = std::fs::read(dir.join("cmdline"))
+                let argv0 = root
+                    .cmdline(pid)
                     .ok()
-                    .and_then(|b| {
-                        b.split(|&c| c == 0)
-                            .next()
-                            .map(|a| String::from_utf8_lossy(a).into_owned())
-                    })
+                    .and_then(|a| a.into_iter().next())
                     .unwrap_or_default();
-                let exe = std::fs::read_link(dir.join("exe")).ok();
+                let exe = root.exe(pid).ok();
                 vmscope_discover::qemu_binary(exe.as_deref(), &argv0).is_some()
             });
             if is {
@@ -211,14 +207,14 @@ impl Domains {
         }
         self.last_full = Some(std::time::Instant::now());
         let vms = vmscope_discover::discover(&DiscoverOptions {
-            proc_root: self.proc_root.clone(),
+            proc_root: self.proc.root().to_path_buf(),
             query_qmp: false,
             ..DiscoverOptions::default()
         })?;
         let changes = self.update(vms);
         // A full discovery lists every thread again.
         self.lister.forget(|_| false);
-        let (root, lister) = (&self.proc_root, &mut self.lister);
+        let (root, lister) = (&self.proc, &mut self.lister);
         self.tids = self
             .current
             .iter()
@@ -243,7 +239,9 @@ impl Domains {
         let mut old: HashMap<u32, Domain> = self.current.drain(..).map(|d| (d.pid, d)).collect();
         let mut next = Vec::new();
         for vm in vms {
-            let start = procfs::task_stat(&self.proc_root, vm.pid, vm.pid)
+            let start = self
+                .proc
+                .task_stat(vm.pid, vm.pid)
                 .map(|s| s.starttime)
                 .unwrap_or(0);
             let id = match old.remove(&vm.pid) {
@@ -432,7 +430,7 @@ mod tests {
         }
     }
 
-    fn set_start(root: &Path, pid: u32, start: u64) {
+    fn set_start(root: &std::path::Path, pid: u32, start: u64) {
         let dir = root.join(format!("{pid}/task/{pid}"));
         std::fs::create_dir_all(&dir).unwrap();
         let fields: Vec<String> = (1..=35)
@@ -457,7 +455,7 @@ mod tests {
         let root = tmp.path();
         set_start(root, 100, 5000);
         set_start(root, 200, 6000);
-        let mut d = Domains::new(root);
+        let mut d = Domains::new(&ProcRoot::new(root));
         let c = d.update(vec![vm("a", 100, &[(101, "CPU 0/KVM")]), vm("b", 200, &[])]);
         assert_eq!(c.len(), 2);
         assert_eq!(d.legend(), "d0=host d1=a (pid 100) d2=b (pid 200)");

@@ -6,7 +6,6 @@
 //! - [`metrics`]: the same as Prometheus counters for `serve`;
 //! - [`math`]: the pure arithmetic (rates, shares, charging, reconciling);
 //! - [`fit`]: sched_switch slices fitted to `schedstat` and `/proc/stat`;
-//! - [`procfs`]: rooted readers of `/proc` and `/sys`;
 //! - [`domains`]: stable `dN` numbers for re-discovered VMs;
 //! - [`render`]: text (the vm-stat layout), JSON lines and CSV.
 
@@ -16,7 +15,6 @@ mod error;
 pub mod fit;
 pub mod math;
 pub mod metrics;
-pub mod procfs;
 pub mod render;
 pub mod stat;
 

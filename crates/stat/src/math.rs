@@ -4,7 +4,7 @@
 //! rule for shared I/O work (`cost = T / ΣN`, `charge_i = N_i × cost`), and
 //! the per-interval reconciliation (Σ VM totals + unattributed = measured).
 
-use crate::procfs::SchedStat;
+use vmscope_linux::procfs::SchedStat;
 
 /// `cur - prev` for a monotonic counter; `None` when it went backwards (the
 /// counter was reset: a reused id, a recreated device).

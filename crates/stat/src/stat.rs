@@ -9,12 +9,12 @@
 
 use crate::domains::{Change, Domains};
 use crate::fit::{self, TidTimes};
-use crate::procfs;
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vmscope_linux::procfs::{self, ProcRoot};
 use vmscope_linux::{clock_monotonic_ns, SchedSwitch, SchedSwitchRecorder};
 
 /// Where the per-CPU times come from.
@@ -158,7 +158,7 @@ enum Src {
 
 /// The vm-stat sampler.
 pub struct Stat {
-    opts: StatOptions,
+    proc: ProcRoot,
     domains: Domains,
     src: Src,
     start: Instant,
@@ -169,16 +169,17 @@ pub struct Stat {
 
 impl Stat {
     pub fn new(opts: StatOptions) -> Result<Stat, StatError> {
-        let mut domains = Domains::new(&opts.proc_root);
+        let proc = ProcRoot::new(&opts.proc_root);
+        let mut domains = Domains::new(&proc);
         domains.refresh()?;
         let mut fallback_reason = None;
         let src = match opts.source {
-            Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&opts, &domains)?)),
-            want => match open_switch(&opts.proc_root) {
+            Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&proc, &domains)?)),
+            want => match open_switch(&proc) {
                 Ok(s) => Src::Switch(Box::new(s)),
                 Err(e) if want.is_none() => {
                     fallback_reason = Some(e.to_string());
-                    Src::Sched(Box::new(sched_src(&opts, &domains)?))
+                    Src::Sched(Box::new(sched_src(&proc, &domains)?))
                 }
                 Err(e) => return Err(e),
             },
@@ -192,7 +193,7 @@ impl Stat {
             }
         }
         Ok(Stat {
-            opts,
+            proc,
             domains,
             src,
             start: Instant::now(),
@@ -234,7 +235,7 @@ impl Stat {
                         }
                     }
                 }
-                let stat = procfs::proc_stat(&self.opts.proc_root).ok();
+                let stat = self.proc.cpu_times().ok();
                 let dt_ns = (dt * 1e9) as u64;
                 let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
                 let busy = fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
@@ -252,7 +253,7 @@ impl Stat {
             Src::Sched(s) => {
                 std::thread::sleep(interval.saturating_sub(s.at.elapsed()));
                 let changes = self.domains.refresh()?;
-                let (rows, dt) = s.collect(&self.opts, &self.domains, &before)?;
+                let (rows, dt) = s.collect(&self.proc, &self.domains, &before)?;
                 (rows, dt, 0, changes)
             }
         };
@@ -272,13 +273,13 @@ impl Stat {
     }
 }
 
-fn open_switch(proc_root: &std::path::Path) -> Result<SwitchSrc, StatError> {
+fn open_switch(proc: &ProcRoot) -> Result<SwitchSrc, StatError> {
     let mut rec = SchedSwitchRecorder::open(0)?;
     rec.enable()?;
     Ok(SwitchSrc {
-        reader: procfs::TaskReader::new(proc_root),
+        reader: procfs::TaskReader::new(proc),
         prev_run: HashMap::new(),
-        prev_stat: procfs::proc_stat(proc_root).ok(),
+        prev_stat: proc.cpu_times().ok(),
         drift: HashMap::new(),
         rec,
         buf: Vec::new(),
@@ -290,13 +291,13 @@ fn open_switch(proc_root: &std::path::Path) -> Result<SwitchSrc, StatError> {
     })
 }
 
-fn sched_src(opts: &StatOptions, domains: &Domains) -> Result<SchedSrc, StatError> {
+fn sched_src(proc: &ProcRoot, domains: &Domains) -> Result<SchedSrc, StatError> {
     let mut prev = HashMap::new();
-    let mut reader = procfs::TaskReader::new(&opts.proc_root);
+    let mut reader = procfs::TaskReader::new(proc);
     read_threads(&mut reader, domains, &mut prev, |_, _, _| {});
     Ok(SchedSrc {
         reader,
-        prev_stat: procfs::proc_stat(&opts.proc_root)?,
+        prev_stat: proc.cpu_times()?,
         prev,
         at: Instant::now(),
     })
@@ -594,11 +595,11 @@ fn track_drift(
 impl SchedSrc {
     fn collect(
         &mut self,
-        opts: &StatOptions,
+        proc: &ProcRoot,
         domains: &Domains,
         before: &HashMap<u32, (u32, Option<u32>)>,
     ) -> Result<(Vec<CpuRow>, f64), StatError> {
-        let stat = procfs::proc_stat(&opts.proc_root)?;
+        let stat = proc.cpu_times()?;
         let now_at = Instant::now();
         let dt = now_at.duration_since(self.at).as_secs_f64();
         let mut map = before.clone();
