@@ -31,7 +31,7 @@ pub struct Options {
 }
 
 /// Default virtio-serial port name.
-pub const DEFAULT_NAME: &str = "vmscope.agent";
+pub const DEFAULT_NAME: &str = vmscope_protocol::AGENT_PORT;
 
 /// Usage text.
 pub const USAGE: &str = "\

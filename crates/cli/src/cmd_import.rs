@@ -29,7 +29,7 @@ pub struct ImportArgs {
 }
 
 pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
-    let threads = crate::vmmap::current().threads;
+    let threads = vmscope_engine::plan::vm_map(&Default::default()).threads;
     let opts = ImportOptions {
         symbolizer: SymbolizerOptions {
             kallsyms: args.kallsyms.clone(),

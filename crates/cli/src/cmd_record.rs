@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_engine::record::{record, RecordOptions, Scope};
 use vmscope_model::{EventSpec, Role, SampleRate, DEFAULT_FREQUENCY};
 use vmscope_symbols::SymbolizerOptions;
@@ -110,13 +111,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let crate::vmmap::VmMap {
-        threads,
-        domains: vms,
-        mut meta,
-        vms: found,
-    } = crate::vmmap::current();
-    let mut roles: std::collections::HashMap<String, Role> = std::collections::HashMap::new();
+    let mut roles = Vec::new();
     for r in &args.vm_roles {
         let (name, role) = r
             .split_once('=')
@@ -125,94 +120,28 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
             Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
             _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
         };
-        if !found.iter().any(|v| v.name == name) {
-            anyhow::bail!(
-                "--vm {r}: no VM named '{name}' on this host (found: {})",
-                if found.is_empty() {
-                    "none".to_string()
-                } else {
-                    found
-                        .iter()
-                        .map(|v| v.name.clone())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            );
-        }
-        roles.insert(name.to_string(), role);
+        roles.push((name.to_string(), role));
     }
-    let mut guest_syms: Vec<(String, vmscope_symbols::Kallsyms)> = Vec::new();
+    let mut guest_kallsyms = Vec::new();
     for g in &args.guest_kallsyms {
         let (name, path) = g
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--guest-kallsyms {g}: expected NAME=PATH"))?;
         let k = vmscope_symbols::Kallsyms::from_path(std::path::Path::new(path))?;
-        guest_syms.push((name.to_string(), k));
+        guest_kallsyms.push((name.to_string(), k));
     }
     if !(args.barrier_timeout > 0.0 && args.barrier_timeout.is_finite()) {
         anyhow::bail!("--barrier-timeout must be a positive number of seconds");
     }
-    // Agents: active where one answers (or where asked), passive elsewhere.
-    let mut guests: Vec<Box<dyn vmscope_engine::guest::GuestProfiler>> = Vec::new();
-    let mut unmonitored = Vec::new();
-    let mut vms = vms;
-    for vm in &found {
-        let wanted = roles.get(&vm.name).copied();
-        if wanted == Some(Role::Unmonitored) {
-            unmonitored.push(vm.name.clone());
-            if let Some(d) = vms.iter_mut().find(|(d, _)| d.name == vm.name) {
-                d.0.role = Role::Unmonitored;
-            }
-            continue;
-        }
-        if wanted == Some(Role::Passive) {
-            // A passive VM's guest-mode samples (KVM) resolve with its own
-            // kernel symbols: from its agent when one answers (no sampling).
-            let has_file = guest_syms.iter().any(|(n, _)| n == &vm.name);
-            if vm.accel == vmscope_discover::Accel::Kvm && !has_file {
-                if let Some(sock) = crate::agents::agent_socket(&vm.cmdline) {
-                    let fetched = crate::agents::AgentProfiler::connect(
-                        &vm.name,
-                        &sock,
-                        Duration::from_secs(3),
-                    )
-                    .and_then(|mut a| a.kallsyms(Duration::from_secs(30)));
-                    match fetched.map(|t| vmscope_symbols::Kallsyms::parse(&t)) {
-                        Ok(Ok(k)) => guest_syms.push((vm.name.clone(), k)),
-                        Ok(Err(e)) => {
-                            eprintln!("vmscope: VM {}: its kallsyms do not parse: {e}", vm.name)
-                        }
-                        Err(e) => {
-                            eprintln!("vmscope: VM {}: no kallsyms from its agent: {e}", vm.name)
-                        }
-                    }
-                }
-            }
-            continue;
-        }
-        let Some(sock) = crate::agents::agent_socket(&vm.cmdline) else {
-            if wanted == Some(Role::Active) {
-                anyhow::bail!(
-                    "--vm {}=active: this VM has no '{}' channel on its QEMU command line",
-                    vm.name,
-                    crate::agents::AGENT_PORT
-                );
-            }
-            continue;
-        };
-        match crate::agents::AgentProfiler::connect(&vm.name, &sock, Duration::from_secs(3)) {
-            Ok(a) => guests.push(Box::new(a)),
-            Err(e) if wanted == Some(Role::Active) || args.strict => {
-                anyhow::bail!("VM {}: its agent does not answer: {e}", vm.name)
-            }
-            Err(e) => {
-                eprintln!(
-                    "vmscope: VM {}: no agent answered ({e}); profiling it as passive",
-                    vm.name
-                );
-                meta.push((format!("agent_{}", vm.name), format!("passive: {e}")));
-            }
-        }
+    let plan = plan_session(PlanRequest {
+        roles,
+        guest_kallsyms,
+        hello_timeout: Duration::from_secs(3),
+        strict: args.strict,
+        ..PlanRequest::default()
+    })?;
+    for v in plan.fallbacks() {
+        eprintln!("vmscope: VM {}: profiled as {}", v.name, v.describe());
     }
     let opts = RecordOptions {
         events: events.clone(),
@@ -226,16 +155,12 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
             symfs: args.symfs.clone(),
             ..SymbolizerOptions::default()
         },
-        threads,
-        vms,
+        plan,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         ring_pages: args.mmap_pages,
         flush_interval: Duration::from_millis(500),
-        meta,
-        guests,
+        meta: Vec::new(),
         barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
-        unmonitored,
-        guest_kallsyms: guest_syms,
     };
     let rates: Vec<String> = events
         .iter()

@@ -2,7 +2,6 @@
 //! arguments into a library options struct and calls one library function.
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
-mod agents;
 mod cmd_account;
 mod cmd_demo;
 mod cmd_import;
@@ -12,7 +11,6 @@ mod cmd_report;
 mod cmd_serve;
 mod cmd_stat;
 mod cmd_vms;
-mod vmmap;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -31,7 +31,11 @@ pub struct QemuCmdline {
     /// Ids of `-object iothread` objects.
     pub iothreads: Vec<String>,
     /// The first QMP monitor on a Unix socket.
-    pub monitor: Option<MonitorSpec>,
+    pub monitor: Option<SocketSpec>,
+    /// The agent's channel ([`crate::agent_channel`]): `Some(Ok)` for a
+    /// socket chardev, `Some(Err(why))` when the port is declared on a
+    /// chardev that is not a Unix socket (or not declared at all).
+    pub agent: Option<Result<SocketSpec, String>>,
 }
 
 /// A tap NIC backend: `-netdev tap,...` or `-netdev bridge,...` (whose tap
@@ -45,9 +49,9 @@ pub struct TapSpec {
     pub fds: Vec<u32>,
 }
 
-/// Where the QMP monitor listens.
+/// Where a socket chardev (the QMP monitor, the agent's channel) listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MonitorSpec {
+pub enum SocketSpec {
     /// A Unix socket path (possibly relative to QEMU's working directory).
     Path(PathBuf),
     /// A listening socket QEMU inherited as this descriptor (libvirt passes
@@ -104,9 +108,11 @@ impl QemuCmdline {
     pub fn parse(argv: &[String]) -> QemuCmdline {
         let mut c = QemuCmdline::default();
         let mut blockdevs: Vec<Map<String, Value>> = Vec::new();
-        let mut chardevs: HashMap<String, MonitorSpec> = HashMap::new();
+        let mut chardevs: HashMap<String, SocketSpec> = HashMap::new();
         let mut control_mons: Vec<String> = Vec::new();
-        let mut qmp: Option<MonitorSpec> = None;
+        let mut agent_chardev: Option<String> = None;
+        let mut other_chardevs: HashMap<String, String> = HashMap::new();
+        let mut qmp: Option<SocketSpec> = None;
         let mut i = 1;
         while i < argv.len() {
             let arg = &argv[i];
@@ -168,12 +174,22 @@ impl QemuCmdline {
                 "qmp" | "qmp-pretty" if qmp.is_none() => qmp = legacy_chardev_unix(val),
                 "chardev" => {
                     let o = Opts::parse(val, "backend");
-                    if let (Some(id), Some("socket")) = (o.get("id"), o.get("backend").as_deref()) {
+                    let backend = o.get("backend").unwrap_or_default();
+                    if let (Some(id), "socket") = (o.get("id"), backend.as_str()) {
                         if let Some(p) = o.get("path") {
-                            chardevs.insert(id, MonitorSpec::Path(p.into()));
+                            chardevs.insert(id, SocketSpec::Path(p.into()));
                         } else if let Some(fd) = o.get("fd").and_then(|f| f.parse().ok()) {
-                            chardevs.insert(id, MonitorSpec::Fd(fd));
+                            chardevs.insert(id, SocketSpec::Fd(fd));
                         }
+                    } else if let Some(id) = o.get("id") {
+                        other_chardevs.insert(id, backend);
+                    }
+                }
+                "device" => {
+                    if let Some(ch) =
+                        crate::agent_channel::chardev_of_port(&Opts::parse(val, "driver"))
+                    {
+                        agent_chardev.get_or_insert(ch);
                     }
                 }
                 "mon" => {
@@ -189,6 +205,13 @@ impl QemuCmdline {
         }
         c.disks.extend(blockdev_disks(&blockdevs));
         c.monitor = qmp.or_else(|| control_mons.iter().find_map(|id| chardevs.get(id).cloned()));
+        c.agent = agent_chardev.map(|id| match chardevs.get(&id) {
+            Some(s) => Ok(s.clone()),
+            None => Err(match other_chardevs.get(&id) {
+                Some(b) => format!("its chardev '{id}' is a '{b}' backend, not a Unix socket"),
+                None => format!("its chardev '{id}' is not on the command line"),
+            }),
+        });
         c
     }
 
@@ -589,12 +612,12 @@ fn tap_spec(o: &Opts) -> Option<TapSpec> {
 }
 
 /// `-qmp unix:PATH,server=on,wait=off` (also `unix:path=PATH`).
-fn legacy_chardev_unix(val: &str) -> Option<MonitorSpec> {
+fn legacy_chardev_unix(val: &str) -> Option<SocketSpec> {
     let o = Opts::parse(val, "spec");
     let spec = o.get("spec")?;
     let rest = spec.strip_prefix("unix:")?;
     let path = rest.strip_prefix("path=").unwrap_or(rest);
-    (!path.is_empty()).then(|| MonitorSpec::Path(path.into()))
+    (!path.is_empty()).then(|| SocketSpec::Path(path.into()))
 }
 
 #[cfg(test)]
@@ -775,16 +798,16 @@ mod tests {
         assert_eq!(c.taps[2].ifname.as_deref(), Some("tap-x"));
         assert!(c.taps[3].fds.is_empty() && c.taps[3].ifname.is_none());
         assert_eq!(c.iothreads, vec!["iothread1", "iothread2"]);
-        assert_eq!(c.monitor, Some(MonitorSpec::Fd(29)));
+        assert_eq!(c.monitor, Some(SocketSpec::Fd(29)));
 
         let q = |v: &str| QemuCmdline::parse(&argv(&["q", "-qmp", v])).monitor;
         assert_eq!(
             q("unix:/run/q.sock,server,nowait"),
-            Some(MonitorSpec::Path("/run/q.sock".into()))
+            Some(SocketSpec::Path("/run/q.sock".into()))
         );
         assert_eq!(
             q("unix:/t/qmp.sock,server=on,wait=off"),
-            Some(MonitorSpec::Path("/t/qmp.sock".into()))
+            Some(SocketSpec::Path("/t/qmp.sock".into()))
         );
         assert_eq!(q("tcp:localhost:4444,server"), None);
         let c = QemuCmdline::parse(&argv(&[
@@ -798,6 +821,6 @@ mod tests {
             "-mon",
             "chardev=m2,mode=control",
         ]));
-        assert_eq!(c.monitor, Some(MonitorSpec::Path("/p/qmp.sock".into())));
+        assert_eq!(c.monitor, Some(SocketSpec::Path("/p/qmp.sock".into())));
     }
 }

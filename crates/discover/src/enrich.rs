@@ -275,6 +275,7 @@ mod tests {
             taps: vec![],
             qmp: None,
             qmp_used: true,
+            agent: Default::default(),
             cmdline: vec![],
             warnings: vec![format!("{VCPUS_UNKNOWN} x")],
         }

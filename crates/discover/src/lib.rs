@@ -5,12 +5,15 @@
 //! [`discover`] reads a `/proc` tree (any root, so tests run on fixture
 //! trees) and, when asked, each VM's QMP monitor:
 //! - [`cmdline`]: the QEMU command line, plain and libvirt style;
+//! - [`agent_channel`]: the agent's virtio-serial port: the QEMU arguments
+//!   and libvirt XML that create it, and finding it on any command line;
 //! - [`threads`]: thread roles from thread names;
 //! - [`qmp`]: a small QMP client, reusable elsewhere;
 //! - `enrich`: merging QMP's answers into the `/proc` view;
 //! - `image`: backing files from qcow2 headers;
 //! - `vm`: the result types ([`Vm`]) and [`thread_map`].
 
+pub mod agent_channel;
 pub mod cmdline;
 mod enrich;
 mod error;
@@ -20,9 +23,11 @@ pub mod threads;
 mod vm;
 
 pub use error::DiscoverError;
-pub use vm::{thread_map, Accel, Disk, DiskSource, ThreadKind, VhostWorker, Vm, VmThread};
+pub use vm::{
+    thread_map, Accel, AgentChannel, Disk, DiskSource, ThreadKind, VhostWorker, Vm, VmThread,
+};
 
-use cmdline::{MonitorSpec, QemuCmdline};
+use cmdline::{QemuCmdline, SocketSpec};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -136,6 +141,7 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
         taps: Vec::new(),
         qmp: None,
         qmp_used: false,
+        agent: AgentChannel::None,
         cmdline: argv.clone(),
         warnings: Vec::new(),
     };
@@ -156,9 +162,9 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
     }
     vm.taps = find_taps(proc, &mut vm.warnings, pid, &cmd);
     vm.qmp = match &cmd.monitor {
-        Some(MonitorSpec::Path(p)) => Some(absolute(cwd.as_deref(), p)),
-        Some(MonitorSpec::Fd(fd)) => {
-            let p = monitor_from_fd(proc, pid, *fd);
+        Some(SocketSpec::Path(p)) => Some(absolute(cwd.as_deref(), p)),
+        Some(SocketSpec::Fd(fd)) => {
+            let p = socket_from_fd(proc, pid, *fd);
             if p.is_none() {
                 vm.warnings.push(format!(
                     "QMP monitor on inherited fd {fd}: no socket path found in {}",
@@ -168,6 +174,22 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
             p
         }
         None => None,
+    };
+    vm.agent = match &cmd.agent {
+        None => AgentChannel::None,
+        Some(Err(why)) => AgentChannel::Unreachable(format!(
+            "the {} port exists but {why}",
+            agent_channel::AGENT_PORT
+        )),
+        Some(Ok(SocketSpec::Path(p))) => AgentChannel::Socket(absolute(cwd.as_deref(), p)),
+        Some(Ok(SocketSpec::Fd(fd))) => match socket_from_fd(proc, pid, *fd) {
+            Some(p) => AgentChannel::Socket(p),
+            None => AgentChannel::Unreachable(format!(
+                "the {} port's socket is inherited fd {fd}, and no bound path for it is in {}",
+                agent_channel::AGENT_PORT,
+                proc.pid_path(pid, "net/unix").display()
+            )),
+        },
     };
 
     // Files read one by one: if the process is gone now, drop it whole.
@@ -324,7 +346,7 @@ fn find_taps(
 }
 
 /// The path of the listening socket QEMU inherited as `fd`.
-fn monitor_from_fd(proc: &ProcRoot, pid: u32, fd: u32) -> Option<PathBuf> {
+fn socket_from_fd(proc: &ProcRoot, pid: u32, fd: u32) -> Option<PathBuf> {
     let inode = socket_inode(&proc.fd_target(pid, fd).ok()?)?;
     proc.unix_socket_paths(pid).ok()?.remove(&inode)
 }

@@ -2,7 +2,7 @@
 //! attribution roles ([`Vm::tids`], [`thread_map`]).
 
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use vmscope_model::{ThreadMap, ThreadRole};
 
 /// How a VM runs guest code.
@@ -105,6 +105,29 @@ pub struct Disk {
     pub source: DiskSource,
 }
 
+/// A VM's agent channel ([`crate::agent_channel`]) as discovery found it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "detail", rename_all = "snake_case")]
+pub enum AgentChannel {
+    /// No `vmscope.agent` port on the VM's command line.
+    #[default]
+    None,
+    /// The host end of the port: the Unix socket to connect to.
+    Socket(PathBuf),
+    /// The port exists but its host end cannot be used, and why.
+    Unreachable(String),
+}
+
+impl AgentChannel {
+    /// The socket, when there is one to connect to.
+    pub fn socket(&self) -> Option<&Path> {
+        match self {
+            AgentChannel::Socket(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 /// One QEMU process and everything discovery learned about it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Vm {
@@ -130,6 +153,9 @@ pub struct Vm {
     pub qmp: Option<PathBuf>,
     /// True when QMP answered and its view was merged in.
     pub qmp_used: bool,
+    /// The guest agent's channel.
+    #[serde(default)]
+    pub agent: AgentChannel,
     pub cmdline: Vec<String>,
     /// What could not be determined, and why.
     pub warnings: Vec<String>,

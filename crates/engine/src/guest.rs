@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vmscope_model::{Context, EventSpec};
+use vmscope_protocol::ProtocolError;
 
 /// One row an agent measured in its guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,11 +44,11 @@ pub trait GuestProfiler: Send {
         events: &[EventSpec],
         callchain: bool,
         timeout: Duration,
-    ) -> Result<(), String>;
+    ) -> Result<(), ProtocolError>;
     /// Rows measured since the last call.
-    fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, String>;
+    fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
     /// Stop sampling; the last rows.
-    fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, String>;
+    fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
 }
 
 /// Messages from a VM's thread to the recorder.
@@ -61,7 +62,7 @@ pub enum GuestEvent {
     Lost {
         domain: Arc<str>,
         at: f64,
-        why: String,
+        why: ProtocolError,
     },
     Stopped {
         domain: Arc<str>,
@@ -71,7 +72,7 @@ pub enum GuestEvent {
 /// Outcome of the readiness barrier for one VM.
 pub struct Armed {
     pub domain: Arc<str>,
-    pub result: Result<Box<dyn GuestProfiler>, (Box<dyn GuestProfiler>, String)>,
+    pub result: Result<Box<dyn GuestProfiler>, (Box<dyn GuestProfiler>, ProtocolError)>,
 }
 
 /// Start every agent in parallel and wait for all of them (the barrier).
@@ -211,17 +212,19 @@ mod tests {
         fn domain(&self) -> &str {
             &self.name
         }
-        fn start(&mut self, _: &[EventSpec], _: bool, _: Duration) -> Result<(), String> {
+        fn start(&mut self, _: &[EventSpec], _: bool, _: Duration) -> Result<(), ProtocolError> {
             if self.ready {
                 Ok(())
             } else {
-                Err("no answer".into())
+                Err(ProtocolError::Timeout {
+                    what: "profile_ready".into(),
+                })
             }
         }
-        fn poll(&mut self, _: Duration) -> Result<GuestDelta, String> {
+        fn poll(&mut self, _: Duration) -> Result<GuestDelta, ProtocolError> {
             self.polls += 1;
             if self.die_after.is_some_and(|n| self.polls > n) {
-                return Err("agent hung up".into());
+                return Err(ProtocolError::Io(std::io::ErrorKind::BrokenPipe.into()));
             }
             Ok(GuestDelta {
                 rows: vec![GuestRow {
@@ -237,7 +240,7 @@ mod tests {
                 lost: 0,
             })
         }
-        fn stop(&mut self, _: Duration) -> Result<GuestDelta, String> {
+        fn stop(&mut self, _: Duration) -> Result<GuestDelta, ProtocolError> {
             Ok(GuestDelta::default())
         }
     }
@@ -265,10 +268,16 @@ mod tests {
                 a.result
                     .as_ref()
                     .err()
-                    .map(|(_, e)| (a.domain.to_string(), e.clone()))
+                    .map(|(_, e)| (a.domain.to_string(), e.to_string()))
             })
             .collect();
-        assert_eq!(failed, vec![("b".to_string(), "no answer".to_string())]);
+        assert_eq!(
+            failed,
+            vec![(
+                "b".to_string(),
+                "timed out waiting for profile_ready".to_string()
+            )]
+        );
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //! [`Profile`]; live recording ([`record`]) and perf.data import ([`import`])
 //! both feed it, so tests on recorded files exercise the live code path.
 
+#[cfg(feature = "host")]
+pub mod agent;
 mod convert;
-#[cfg(feature = "store")]
+#[cfg(feature = "host")]
 pub mod guest;
-#[cfg(feature = "store")]
+#[cfg(feature = "host")]
 pub mod import;
-#[cfg(feature = "store")]
+#[cfg(feature = "host")]
+pub mod plan;
+#[cfg(feature = "host")]
 pub mod record;
 
 pub use convert::{Converter, ConverterStats};
@@ -21,10 +25,10 @@ use std::path::PathBuf;
 pub enum EngineError {
     #[error(transparent)]
     Linux(#[from] vmscope_linux::LinuxError),
-    #[cfg(feature = "store")]
+    #[cfg(feature = "host")]
     #[error(transparent)]
     Store(#[from] vmscope_store::StoreError),
-    #[cfg(feature = "store")]
+    #[cfg(feature = "host")]
     #[error(transparent)]
     PerfData(#[from] vmscope_perfdata::PerfDataError),
     #[error(transparent)]
@@ -43,4 +47,14 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// `--vm NAME=ROLE` names a VM that is not on this host.
+    #[error("--vm {name}={role}: no VM named '{name}' on this host (found: {})", if found.is_empty() { "none".to_string() } else { found.join(", ") })]
+    NoSuchVm {
+        name: String,
+        role: &'static str,
+        found: Vec<String>,
+    },
+    /// A VM that had to be active (`--vm NAME=active`, `--strict`) cannot be.
+    #[error("VM {vm} cannot be profiled as active: {why}")]
+    NotActive { vm: String, why: String },
 }

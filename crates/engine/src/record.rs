@@ -2,6 +2,7 @@
 //! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
 
 use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
+use crate::plan::SessionPlan;
 use crate::{Converter, EngineError};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vmscope_linux::ProcRoot;
 use vmscope_linux::{RecordOptions as RingOptions, Recorder, Target};
-use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent, ThreadMap};
+use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent};
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
@@ -35,25 +36,17 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     pub output: PathBuf,
     pub symbolizer: SymbolizerOptions,
-    /// VM threads for attribution (empty on a host without VMs).
-    pub threads: ThreadMap,
-    /// VM domains to list in the session (name, pid, role, detail).
-    pub vms: Vec<(Domain, String)>,
+    /// The VMs, their roles and agents ([`crate::plan::plan_session`]).
+    pub plan: SessionPlan,
     /// `vmscope record ...` as typed, for the session metadata.
     pub command_line: String,
     /// Ring size in pages per CPU (0 = default).
     pub ring_pages: usize,
     pub flush_interval: Duration,
-    /// Extra metadata (e.g. accelerator mode).
+    /// Extra metadata (e.g. the version that wrote the session).
     pub meta: Vec<(String, String)>,
-    /// Agents of the active VMs.
-    pub guests: Vec<Box<dyn GuestProfiler>>,
     /// How long the readiness barrier waits for each agent.
     pub barrier_timeout: Duration,
-    /// VMs counted as one line each, not resolved.
-    pub unmonitored: Vec<String>,
-    /// Guest kernel symbols per VM (passive VMs' guest-kernel samples).
-    pub guest_kallsyms: Vec<(String, vmscope_symbols::Kallsyms)>,
 }
 
 /// What a recording produced.
@@ -293,7 +286,7 @@ pub fn record(
     ] {
         writer.set_meta(k, &v)?;
     }
-    for (k, v) in &opts.meta {
+    for (k, v) in opts.meta.iter().chain(&opts.plan.meta) {
         writer.set_meta(k, v)?;
     }
     writer.upsert_domain(&DomainRecord {
@@ -302,7 +295,7 @@ pub fn record(
         ended_at: None,
         detail: String::new(),
     })?;
-    for (d, detail) in &opts.vms {
+    for (d, detail) in &opts.plan.domains {
         writer.upsert_domain(&DomainRecord {
             domain: Domain {
                 role: if d.role == Role::Initiator {
@@ -319,11 +312,11 @@ pub fn record(
     }
 
     let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-    let mut conv = Converter::new(symbolizer, opts.threads.clone());
-    for vm in &opts.unmonitored {
+    let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
+    for vm in &opts.plan.unmonitored {
         conv.set_unmonitored(vm);
     }
-    for (vm, k) in opts.guest_kallsyms {
+    for (vm, k) in opts.plan.guest_kallsyms {
         conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
     }
     // Existing processes: maps and names from /proc.
@@ -340,12 +333,13 @@ pub fn record(
     let mut notes = Vec::new();
     let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
     let mut vm_detail: HashMap<String, (Domain, String)> = opts
-        .vms
+        .plan
+        .domains
         .iter()
         .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
         .collect();
     for a in arm_all(
-        opts.guests,
+        opts.plan.guests,
         &opts.events,
         opts.callchain,
         opts.barrier_timeout,

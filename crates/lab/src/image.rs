@@ -26,9 +26,6 @@ pub const AGENT_BUILD: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS=\
 /// Where the agent lives in the guest.
 pub const GUEST_AGENT_PATH: &str = "/usr/bin/vmscope-agent";
 
-/// Virtio-serial port name of the agent channel.
-pub const AGENT_PORT_NAME: &str = "vmscope.agent";
-
 /// Line `/init` prints on the console once the guest is set up.
 pub const READY_MARKER: &str = "vmscope-init: ready";
 
@@ -187,7 +184,7 @@ while true; do
 done
 "#,
         agent = GUEST_AGENT_PATH,
-        port = AGENT_PORT_NAME,
+        port = vmscope_protocol::AGENT_PORT,
         ready = READY_MARKER,
     )
 }

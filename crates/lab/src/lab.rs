@@ -4,20 +4,18 @@
 //! through the state file (see [`crate::state`]) before it is created.
 
 use crate::error::{LabError, Result};
-use crate::image::{self, GuestImage, ImageOptions, AGENT_PORT_NAME};
+use crate::image::{self, GuestImage, ImageOptions};
+use crate::kvm_probe;
 use crate::names;
 use crate::qemu::{self, MAX_SOCKET_PATH};
-use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, NicKind, VmSpec};
-use crate::state::{
-    self, DiskState, HelloInfo, LabState, NicState, Phase, Resource, TeardownReport, VmState,
-};
+use crate::qemu_args::Accelerator;
+use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, VmSpec};
+use crate::start::{ip, Starter};
+use crate::state::{self, HelloInfo, LabState, Phase, Resource, TeardownReport, VmState};
 use crate::util;
-use serde::{Deserialize, Serialize};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
-use vmscope_discover::qmp::Qmp;
 use vmscope_protocol::{AgentClient, AgentHello};
 
 /// How a lab is run: where caches and run directories live, timeouts.
@@ -60,7 +58,7 @@ impl Default for LabOptions {
 }
 
 impl LabOptions {
-    fn say(&self, lab: &str, msg: &str) {
+    pub(crate) fn say(&self, lab: &str, msg: &str) {
         if self.verbose {
             eprintln!("lab {lab}: {msg}");
         }
@@ -115,7 +113,7 @@ pub fn vm_running(vm: &VmState) -> bool {
 }
 
 /// The string in a VM's QEMU command line that identifies it.
-fn marker(vm_dir: &Path) -> String {
+pub(crate) fn marker(vm_dir: &Path) -> String {
     format!("{}/", vm_dir.display())
 }
 
@@ -153,27 +151,11 @@ fn hello_info(h: &AgentHello) -> HelloInfo {
     }
 }
 
-/// Cached verdict of the KVM probe.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct KvmVerdict {
-    usable: bool,
-    reason: String,
-    host_kernel: String,
-    qemu_version: String,
-    checked_unix: u64,
-}
-
-fn host_kernel_release() -> String {
-    vmscope_linux::ProcRoot::system()
-        .sysctl("kernel.osrelease")
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// Boot files of a lab: the spec's own kernel/initrd or the built image.
-struct Boot {
-    kernel: PathBuf,
-    initrd: Option<PathBuf>,
-    image: Option<GuestImage>,
+pub(crate) struct Boot {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub image: Option<GuestImage>,
 }
 
 /// Bring a lab up: check the spec against the host, build or reuse the
@@ -326,24 +308,28 @@ fn bring_up(
 ) -> Result<()> {
     // Accelerator.
     let wanted = opts.accel.unwrap_or(spec.accel);
+    let kvm = Accelerator::Kvm { cpu: &opts.kvm_cpu };
     let (accel, reason) = match wanted {
-        Accel::Tcg => ("tcg".to_string(), "accel = \"tcg\" requested".to_string()),
+        Accel::Tcg => (Accelerator::Tcg, "accel = \"tcg\" requested".to_string()),
         Accel::Kvm | Accel::Auto => {
-            let (ok, why) = kvm_verdict(spec, opts, st, boot, qemu_bin)?;
+            let (ok, why) = kvm_probe::kvm_verdict(spec, opts, st, boot, qemu_bin)?;
             match (ok, wanted) {
-                (true, _) => ("kvm".to_string(), why),
+                (true, _) => (kvm, why),
                 (false, Accel::Kvm) => {
                     return Err(LabError::Resource {
                         resource: "accelerator".into(),
                         message: format!("accel = \"kvm\" requested but KVM is unusable: {why}"),
                     })
                 }
-                (false, _) => ("tcg".to_string(), format!("fell back to TCG: {why}")),
+                (false, _) => (Accelerator::Tcg, format!("fell back to TCG: {why}")),
             }
         }
     };
-    opts.say(&spec.name, &format!("accelerator {accel} ({reason})"));
-    st.accel = accel.clone();
+    opts.say(
+        &spec.name,
+        &format!("accelerator {} ({reason})", accel.name()),
+    );
+    st.accel = accel.name().to_string();
     st.accel_reason = reason;
     st.save()?;
 
@@ -372,14 +358,19 @@ fn bring_up(
     }
 
     // VMs.
-    let mut tap_n = 0usize;
+    let mut starter = Starter {
+        spec,
+        opts,
+        boot,
+        qemu_bin,
+        facts,
+        accel,
+        bridge: &bridge,
+        taps: 0,
+    };
     let mut qmps = Vec::new();
     for (vi, vm) in spec.vms.iter().enumerate() {
-        let (vs, q) = start_vm(
-            spec, opts, st, boot, qemu_bin, facts, vi, vm, &accel, &bridge, &mut tap_n,
-        )?;
-        let _ = vs;
-        qmps.push(q);
+        qmps.push(starter.start_vm(st, vi, vm)?);
     }
 
     // Threads and pinning.
@@ -446,7 +437,7 @@ fn bring_up(
 }
 
 /// Wait for a VM's agent hello; returns it with the seconds since QEMU started.
-fn wait_hello(vm: &VmState, timeout: Duration) -> Result<(AgentHello, f64)> {
+pub(crate) fn wait_hello(vm: &VmState, timeout: Duration) -> Result<(AgentHello, f64)> {
     let start = Instant::now();
     let started = std::fs::metadata(&vm.qmp).and_then(|m| m.modified()).ok();
     let mut last_err = None;
@@ -525,597 +516,6 @@ fn pin_vm(vm: &VmSpec, vs: &mut VmState) -> Result<()> {
     Ok(())
 }
 
-fn ip(args: &[&str], context: &str) -> Result<()> {
-    let bin = util::require_tool("ip", "iproute2")?;
-    util::run(context, Command::new(bin).args(args)).map(|_| ())
-}
-
-/// MAC address of NIC `n` of VM `vm` in lab `lab` (locally administered, QEMU OUI).
-fn mac(lab: &str, vm: &str, n: usize) -> String {
-    let h = util::sha256_hex(format!("{lab}/{vm}/{n}").as_bytes());
-    format!("52:54:00:{}:{}:{}", &h[0..2], &h[2..4], &h[4..6])
-}
-
-#[allow(clippy::too_many_arguments)]
-fn start_vm(
-    spec: &LabSpec,
-    opts: &LabOptions,
-    st: &mut LabState,
-    boot: &Boot,
-    qemu_bin: &Path,
-    facts: &HostFacts,
-    vi: usize,
-    vm: &VmSpec,
-    accel: &str,
-    bridge: &str,
-    tap_n: &mut usize,
-) -> Result<(usize, Qmp)> {
-    let dir = st.run_dir.join(&vm.name);
-    let i = st.intend(Resource::Dir { path: dir.clone() })?;
-    std::fs::create_dir_all(&dir).map_err(|e| LabError::io("create", &dir, e))?;
-    st.created(i, None)?;
-    let mut vs = VmState {
-        name: vm.name.clone(),
-        dir: dir.clone(),
-        qmp: dir.join("qmp.sock"),
-        agent_socket: vm.agent.then(|| dir.join("agent.sock")),
-        console_socket: dir.join("console.sock"),
-        console_log: dir.join("console.log"),
-        vcpus: vm.vcpus,
-        memory_mib: vm.memory_mib,
-        pin_vcpus: vm.pin_vcpus.clone(),
-        pin_emulator: vm.pin_emulator.clone(),
-        pin_io: vm.pin_io.clone(),
-        kernel: boot.kernel.clone(),
-        ..Default::default()
-    };
-
-    let mut argv: Vec<String> = vec![qemu_bin.display().to_string()];
-    let mut a = |s: &[&str]| argv.extend(s.iter().map(|x| x.to_string()));
-    a(&["-name", &format!("guest={},debug-threads=on", vm.name)]);
-    if accel == "kvm" {
-        a(&["-accel", "kvm", "-cpu", &opts.kvm_cpu]);
-    } else {
-        a(&["-accel", "tcg,thread=multi", "-cpu", "max"]);
-    }
-    a(&[
-        "-smp",
-        &vm.vcpus.to_string(),
-        "-m",
-        &format!("{}M", vm.memory_mib),
-    ]);
-    a(&[
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ]);
-    a(&["-pidfile", &dir.join("qemu.pid").display().to_string()]);
-    a(&[
-        "-qmp",
-        &format!("unix:{},server=on,wait=off", vs.qmp.display()),
-    ]);
-    a(&[
-        "-chardev",
-        &format!(
-            "socket,id=ser0,path={},server=on,wait=off,logfile={},logappend=on",
-            vs.console_socket.display(),
-            vs.console_log.display()
-        ),
-        "-serial",
-        "chardev:ser0",
-    ]);
-    if let Some(sock) = &vs.agent_socket {
-        a(&[
-            "-device",
-            "virtio-serial-pci,id=vser0",
-            "-chardev",
-            &format!(
-                "socket,id=agent0,path={},server=on,wait=off",
-                sock.display()
-            ),
-            "-device",
-            &format!("virtserialport,bus=vser0.0,chardev=agent0,name={AGENT_PORT_NAME}"),
-        ]);
-    }
-    for n in 0..vm.iothreads {
-        a(&["-object", &format!("iothread,id=iothread{n}")]);
-    }
-
-    // Kernel command line.
-    let mut cmdline = vec![
-        "console=ttyS0".to_string(),
-        "panic=-1".to_string(),
-        "quiet".to_string(),
-        format!("vmscope_name={}", vm.name),
-    ];
-    if !vm.agent {
-        cmdline.push("vmscope_agent=0".into());
-    }
-
-    // NICs.
-    let mut has_user = false;
-    for (j, nic) in vm.nics.iter().enumerate() {
-        let id = format!("net{j}");
-        let guest_if = format!("eth{j}");
-        match nic.kind {
-            NicKind::User => {
-                has_user = true;
-                a(&["-netdev", &format!("user,id={id}")]);
-                cmdline.push(format!("vmscope_net{j}=user"));
-                vs.nics.push(NicState {
-                    kind: "user".into(),
-                    tap: None,
-                    guest_ip: Some("10.0.2.15".into()),
-                    guest_if,
-                    vhost: false,
-                });
-            }
-            NicKind::Tap => {
-                let tap = names::tap(&spec.name, *tap_n);
-                *tap_n += 1;
-                let ti = st.intend(Resource::Tap { name: tap.clone() })?;
-                ip(
-                    &["tuntap", "add", "dev", &tap, "mode", "tap"],
-                    &format!("VM {}: creating tap {tap}", vm.name),
-                )?;
-                ip(
-                    &["link", "set", &tap, "master", bridge],
-                    &format!("VM {}: adding tap {tap} to {bridge}", vm.name),
-                )?;
-                ip(
-                    &["link", "set", &tap, "up"],
-                    &format!("VM {}: bringing up tap {tap}", vm.name),
-                )?;
-                st.created(ti, None)?;
-                let vhost = nic.vhost && facts.vhost_net;
-                a(&[
-                    "-netdev",
-                    &format!(
-                        "tap,id={id},ifname={tap},script=no,downscript=no{}",
-                        if vhost { ",vhost=on" } else { "" }
-                    ),
-                ]);
-                let ip_addr = nic.ip.map(|i| i.to_string()).unwrap_or_default();
-                cmdline.push(format!("vmscope_net{j}={ip_addr}/{}", spec.subnet.prefix));
-                vs.nics.push(NicState {
-                    kind: "tap".into(),
-                    tap: Some(tap),
-                    guest_ip: Some(ip_addr),
-                    guest_if,
-                    vhost,
-                });
-            }
-        }
-        a(&[
-            "-device",
-            &format!(
-                "virtio-net-pci,netdev={id},mac={}",
-                mac(&spec.name, &vm.name, j)
-            ),
-        ]);
-    }
-    if !has_user && vm.nics.iter().any(|n| n.kind == NicKind::Tap) {
-        cmdline.push(format!("vmscope_gw={}", spec.subnet.host(1)));
-    }
-
-    // Disks.
-    let mut letter = b'a';
-    for (j, d) in vm.disks.iter().enumerate() {
-        let mut ds = DiskState {
-            backend: format!("{:?}", d.backend).to_lowercase(),
-            format: d.format.as_str().into(),
-            path: None,
-            cache: d.cache.clone(),
-            aio: d.aio.clone(),
-            iothread: d.iothread.map(|n| format!("iothread{n}")),
-            guest_device: None,
-            skipped: None,
-            max_bytes_per_s: d.max_bytes_per_s,
-        };
-        let path: PathBuf = match d.backend {
-            DiskBackend::File => match &d.path {
-                Some(p) => p.clone(),
-                None => {
-                    let p = dir.join(format!("disk{j}.{}", d.format.as_str()));
-                    let fi = st.intend(Resource::File { path: p.clone() })?;
-                    let qemu_img = util::require_tool("qemu-img", "qemu-utils")?;
-                    util::run(
-                        &format!("VM {}: creating disk {j}", vm.name),
-                        Command::new(qemu_img)
-                            .args(["create", "-q", "-f", d.format.as_str()])
-                            .arg(&p)
-                            .arg(format!("{}M", d.size_mib)),
-                    )?;
-                    st.created(fi, None)?;
-                    p
-                }
-            },
-            DiskBackend::Block => match &d.path {
-                Some(p) => p.clone(),
-                None => {
-                    let backing = dir.join(format!("disk{j}.blk"));
-                    let fi = st.intend(Resource::File {
-                        path: backing.clone(),
-                    })?;
-                    let f = std::fs::File::create(&backing)
-                        .map_err(|e| LabError::io("create", &backing, e))?;
-                    f.set_len(d.size_mib << 20)
-                        .map_err(|e| LabError::io("size", &backing, e))?;
-                    drop(f);
-                    st.created(fi, None)?;
-                    let li = st.intend(Resource::LoopDevice {
-                        device: None,
-                        backing: backing.clone(),
-                    })?;
-                    let losetup = util::require_tool("losetup", "mount")?;
-                    let out = util::run(
-                        &format!("VM {}: attaching a loop device for disk {j}", vm.name),
-                        Command::new(losetup).args(["-f", "--show"]).arg(&backing),
-                    )?;
-                    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                    st.created(
-                        li,
-                        Some(Resource::LoopDevice {
-                            device: Some(dev.clone()),
-                            backing,
-                        }),
-                    )?;
-                    PathBuf::from(dev)
-                }
-            },
-            DiskBackend::Lvm => {
-                if !facts.device_mapper {
-                    let why = "LVM needs device-mapper, which this kernel lacks".to_string();
-                    st.notes
-                        .push(format!("VM {}: disk {j} (lvm) skipped: {why}", vm.name));
-                    opts.say(
-                        &spec.name,
-                        &format!("VM {}: disk {j} (lvm) skipped: {why}", vm.name),
-                    );
-                    ds.skipped = Some(why);
-                    vs.disks.push(ds);
-                    continue;
-                }
-                let vg = d.vg.clone().unwrap_or_default();
-                let lv = names::lv(&spec.name, &vm.name, j);
-                let li = st.intend(Resource::LogicalVolume {
-                    vg: vg.clone(),
-                    lv: lv.clone(),
-                })?;
-                let lvcreate = util::require_tool("lvcreate", "lvm2")?;
-                let r = util::run(
-                    &format!("VM {}: creating LV {vg}/{lv}", vm.name),
-                    Command::new(lvcreate).args([
-                        "-y",
-                        "-L",
-                        &format!("{}M", d.size_mib),
-                        "-n",
-                        &lv,
-                        &vg,
-                    ]),
-                );
-                if let Err(e) = r {
-                    if d.optional {
-                        st.notes
-                            .push(format!("VM {}: disk {j} (lvm) skipped: {e}", vm.name));
-                        ds.skipped = Some(e.to_string());
-                        vs.disks.push(ds);
-                        continue;
-                    }
-                    return Err(e);
-                }
-                st.created(li, None)?;
-                Path::new("/dev").join(&vg).join(&lv)
-            }
-        };
-        let fmt = if d.backend == DiskBackend::File {
-            d.format.as_str()
-        } else {
-            "raw"
-        };
-        a(&[
-            "-drive",
-            &format!(
-                "file={},if=none,id=disk{j},format={fmt},cache={},aio={}{}",
-                path.display(),
-                d.cache,
-                d.aio,
-                d.max_bytes_per_s
-                    .map(|b| format!(",throttling.bps-total={b}"))
-                    .unwrap_or_default()
-            ),
-        ]);
-        let mut dev = format!("virtio-blk-pci,drive=disk{j}");
-        if let Some(n) = d.iothread {
-            dev.push_str(&format!(",iothread=iothread{n}"));
-        }
-        a(&["-device", &dev]);
-        let gdev = format!("/dev/vd{}", letter as char);
-        letter += 1;
-        if d.root {
-            cmdline.push(format!("vmscope_root={gdev}"));
-            if boot.initrd.is_none() {
-                cmdline.push(format!("root={gdev}"));
-                cmdline.push("rw".into());
-            }
-        }
-        ds.path = Some(path);
-        ds.guest_device = Some(gdev);
-        vs.disks.push(ds);
-    }
-
-    // Boot files, with the extra files appended as a second cpio archive.
-    let initrd = match (&boot.initrd, vm.files.is_empty()) {
-        (None, _) => None,
-        (Some(i), true) => Some(i.clone()),
-        (Some(i), false) => {
-            let p = dir.join("initrd.cpio");
-            let fi = st.intend(Resource::File { path: p.clone() })?;
-            let mut data = std::fs::read(i).map_err(|e| LabError::io("read initrd", i, e))?;
-            while data.len() % 4 != 0 {
-                data.push(0);
-            }
-            data.extend(image::overlay(&vm.files)?);
-            std::fs::write(&p, data).map_err(|e| LabError::io("write", &p, e))?;
-            st.created(fi, None)?;
-            Some(p)
-        }
-    };
-    if !vm.kernel_args.is_empty() {
-        cmdline.push(vm.kernel_args.clone());
-    }
-    let cmdline = cmdline.join(" ");
-    a(&["-kernel", &boot.kernel.display().to_string()]);
-    if let Some(i) = &initrd {
-        a(&["-initrd", &i.display().to_string()]);
-    }
-    a(&["-append", &cmdline]);
-    vs.initrd = initrd;
-    vs.cmdline = cmdline;
-    vs.qemu_argv = argv.clone();
-
-    // Start QEMU.
-    let pidfile = dir.join("qemu.pid");
-    let pi = st.intend(Resource::Process {
-        vm: vm.name.clone(),
-        pid: None,
-        pidfile: pidfile.clone(),
-        marker: marker(&dir),
-    })?;
-    st.vms.push(vs);
-    st.save()?;
-    opts.say(
-        &spec.name,
-        &format!(
-            "VM {}: starting QEMU ({accel}, {} vCPUs, {} MiB)",
-            vm.name, vm.vcpus, vm.memory_mib
-        ),
-    );
-    let log = dir.join("qemu.log");
-    qemu::spawn_detached(&vm.name, &argv, &log)?;
-    let (q, pid) = qemu::wait_qmp(
-        &vm.name,
-        &dir.join("qmp.sock"),
-        &pidfile,
-        &log,
-        Duration::from_secs(15),
-    )?;
-    st.vms[vi].pid = Some(pid);
-    st.created(
-        pi,
-        Some(Resource::Process {
-            vm: vm.name.clone(),
-            pid: Some(pid),
-            pidfile,
-            marker: marker(&dir),
-        }),
-    )?;
-    Ok((vi, q))
-}
-
-/// KVM verdict for this host: cached by host kernel release and QEMU
-/// version, else a probe boot with a short hello timeout.
-fn kvm_verdict(
-    spec: &LabSpec,
-    opts: &LabOptions,
-    st: &mut LabState,
-    boot: &Boot,
-    qemu_bin: &Path,
-) -> Result<(bool, String)> {
-    if !Path::new("/dev/kvm").exists() {
-        return Ok((false, "no /dev/kvm on this host".into()));
-    }
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        return Ok((false, format!("cannot open /dev/kvm: {e}")));
-    }
-    let host_kernel = host_kernel_release();
-    let qemu_version = qemu::qemu_version(qemu_bin);
-    let key = format!(
-        "kvm-{host_kernel}-qemu-{qemu_version}-cpu-{}.json",
-        opts.kvm_cpu
-    )
-    .replace('/', "_");
-    let cache = opts.cache_dir.join("accel").join(key);
-    if let Ok(text) = std::fs::read_to_string(&cache) {
-        if let Ok(v) = serde_json::from_str::<KvmVerdict>(&text) {
-            return Ok((
-                v.usable,
-                format!("{} (KVM probe cached in {})", v.reason, cache.display()),
-            ));
-        }
-    }
-    let _lock = util::lock_file(&opts.cache_dir.join("accel").join(".lock"))?;
-    if let Ok(text) = std::fs::read_to_string(&cache) {
-        if let Ok(v) = serde_json::from_str::<KvmVerdict>(&text) {
-            return Ok((
-                v.usable,
-                format!("{} (KVM probe cached in {})", v.reason, cache.display()),
-            ));
-        }
-    }
-    opts.say(
-        &spec.name,
-        &format!(
-            "probing KVM (boot with a {:?} hello timeout)",
-            opts.kvm_probe_timeout
-        ),
-    );
-    let (usable, reason) = probe_kvm(spec, opts, st, boot, qemu_bin)?;
-    let verdict = KvmVerdict {
-        usable,
-        reason: reason.clone(),
-        host_kernel,
-        qemu_version,
-        checked_unix: st.created_unix,
-    };
-    if let Ok(json) = serde_json::to_vec_pretty(&verdict) {
-        let _ = util::write_atomic(&cache, &json);
-    }
-    Ok((usable, reason))
-}
-
-fn probe_kvm(
-    spec: &LabSpec,
-    opts: &LabOptions,
-    st: &mut LabState,
-    boot: &Boot,
-    qemu_bin: &Path,
-) -> Result<(bool, String)> {
-    let dir = st.run_dir.join("kvm-probe");
-    let di = st.intend(Resource::Dir { path: dir.clone() })?;
-    std::fs::create_dir_all(&dir).map_err(|e| LabError::io("create", &dir, e))?;
-    st.created(di, None)?;
-    let agent_sock = dir.join("agent.sock");
-    let vs = VmState {
-        name: "kvm-probe".into(),
-        dir: dir.clone(),
-        qmp: dir.join("qmp.sock"),
-        agent_socket: Some(agent_sock.clone()),
-        console_socket: dir.join("console.sock"),
-        console_log: dir.join("console.log"),
-        ..Default::default()
-    };
-    let mut argv: Vec<String> = vec![qemu_bin.display().to_string()];
-    for s in [
-        "-name",
-        "guest=kvm-probe,debug-threads=on",
-        "-accel",
-        "kvm",
-        "-cpu",
-        &opts.kvm_cpu,
-        "-smp",
-        "1",
-        "-m",
-        "128M",
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ] {
-        argv.push(s.into());
-    }
-    argv.extend([
-        "-pidfile".into(),
-        dir.join("qemu.pid").display().to_string(),
-        "-qmp".into(),
-        format!("unix:{},server=on,wait=off", vs.qmp.display()),
-        "-chardev".into(),
-        format!("file,id=ser0,path={}", vs.console_log.display()),
-        "-serial".into(),
-        "chardev:ser0".into(),
-        "-device".into(),
-        "virtio-serial-pci,id=vser0".into(),
-        "-chardev".into(),
-        format!(
-            "socket,id=agent0,path={},server=on,wait=off",
-            agent_sock.display()
-        ),
-        "-device".into(),
-        format!("virtserialport,bus=vser0.0,chardev=agent0,name={AGENT_PORT_NAME}"),
-        "-kernel".into(),
-        boot.kernel.display().to_string(),
-    ]);
-    if let Some(i) = &boot.initrd {
-        argv.extend(["-initrd".into(), i.display().to_string()]);
-    }
-    argv.extend([
-        "-append".into(),
-        "console=ttyS0 panic=-1 vmscope_name=kvm-probe".into(),
-    ]);
-    let pidfile = dir.join("qemu.pid");
-    let pi = st.intend(Resource::Process {
-        vm: "kvm-probe".into(),
-        pid: None,
-        pidfile: pidfile.clone(),
-        marker: marker(&dir),
-    })?;
-    let log = dir.join("qemu.log");
-    let start = Instant::now();
-    qemu::spawn_detached("kvm-probe", &argv, &log)?;
-    let verdict = match qemu::wait_qmp(
-        "kvm-probe",
-        &vs.qmp,
-        &pidfile,
-        &log,
-        Duration::from_secs(10),
-    ) {
-        Err(e) => (false, format!("KVM probe VM did not start: {e}")),
-        Ok((_q, pid)) => {
-            let mut vs = vs.clone();
-            vs.pid = Some(pid);
-            st.created(
-                pi,
-                Some(Resource::Process {
-                    vm: "kvm-probe".into(),
-                    pid: Some(pid),
-                    pidfile: pidfile.clone(),
-                    marker: marker(&dir),
-                }),
-            )?;
-            let left = opts.kvm_probe_timeout.saturating_sub(start.elapsed());
-            match wait_hello(&vs, left) {
-                Ok((_, secs)) => (true, format!("KVM probe: agent hello after {secs:.1} s")),
-                Err(_) => {
-                    let qlog = qemu::log_tail(&log, 2);
-                    let console = qemu::log_tail(&vs.console_log, 1);
-                    let mut why = format!(
-                        "KVM probe: no agent hello within {:.0} s under -accel kvm -cpu {}",
-                        opts.kvm_probe_timeout.as_secs_f64(),
-                        opts.kvm_cpu
-                    );
-                    if console.is_empty() {
-                        why.push_str("; no console output (the guest crawls under this KVM, e.g. a nested PVM hypervisor)");
-                    } else {
-                        why.push_str(&format!("; last console line: {console}"));
-                    }
-                    if !qlog.is_empty() {
-                        why.push_str(&format!("; qemu: {qlog}"));
-                    }
-                    (false, why)
-                }
-            }
-        }
-    };
-    // Remove the probe VM now; its records stay harmless if this fails.
-    let gone = state::remove(&st.resources[pi].resource.clone()).is_ok();
-    if gone && std::fs::remove_dir_all(&dir).is_ok() {
-        st.resources.truncate(di);
-    }
-    st.save()?;
-    opts.say(
-        &spec.name,
-        &format!("{} ({:.1} s)", verdict.1, start.elapsed().as_secs_f64()),
-    );
-    Ok(verdict)
-}
-
 /// Tear lab `name` down: every recorded process, tap, bridge, loop device,
 /// LV, file and the run directory. Missing resources are not errors.
 pub fn down(name: &str, opts: &LabOptions) -> Result<TeardownReport> {
@@ -1184,15 +584,6 @@ pub fn find_vm(opts: &LabOptions, lab: Option<&str>, vm: &str) -> Result<(LabSta
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn macs_are_stable_and_distinct() {
-        assert_eq!(mac("a", "vm0", 0), mac("a", "vm0", 0));
-        assert_ne!(mac("a", "vm0", 0), mac("a", "vm0", 1));
-        assert_ne!(mac("a", "vm0", 0), mac("b", "vm0", 0));
-        assert!(mac("a", "vm0", 0).starts_with("52:54:00:"));
-        assert_eq!(mac("a", "vm0", 0).len(), 17);
-    }
 
     #[test]
     fn missing_lab_is_named() {

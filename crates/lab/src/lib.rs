@@ -5,8 +5,11 @@
 //! - [`image`]: the guest image (Debian cloud kernel + busybox initramfs +
 //!   static guest agent), cached by content hash; [`cpio`] and [`modules`]
 //!   build its initramfs.
-//! - [`qemu`]: QEMU command line, detached launch, QMP, threads, pinning.
-//! - [`lab`]: [`up`], [`down`], the KVM probe, host resources.
+//! - [`qemu`]: detached launch of QEMU, waiting for QMP, threads, pinning;
+//!   [`qemu_args`]: the QEMU command line of lab VMs and of the KVM probe.
+//! - [`lab`]: [`up`], [`down`], the bridge, waiting for agents; `start`: one
+//!   VM in stages (NICs, disks, boot files, QEMU); `kvm_probe`: whether KVM
+//!   really runs guests here.
 //! - [`state`]: the state file and idempotent teardown.
 //! - [`names`]: bridge, tap and volume names derived from the lab name.
 //!
@@ -17,11 +20,14 @@
 pub mod cpio;
 pub mod error;
 pub mod image;
+mod kvm_probe;
 pub mod lab;
 pub mod modules;
 pub mod names;
 pub mod qemu;
+pub mod qemu_args;
 pub mod spec;
+mod start;
 pub mod state;
 pub mod util;
 

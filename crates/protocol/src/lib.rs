@@ -23,6 +23,11 @@ pub use client::{
     EXEC_GRACE, HELLO_RETRY,
 };
 pub use error::ProtocolError;
+
+/// Name of the virtio-serial port the agent serves (QEMU's
+/// `virtserialport,name=...`, libvirt's `<target type='virtio' name=...>`,
+/// the guest's `/sys/class/virtio-ports/*/name`).
+pub const AGENT_PORT: &str = "vmscope.agent";
 pub use frame::{crc32, encode_frame, FrameDecoder, RawFrame, HEADER_LEN, MAGIC, MAX_FRAME};
 pub use fuzz::fuzz_decode;
 pub use message::{

@@ -425,6 +425,7 @@ mod tests {
             taps: vec![],
             qmp: None,
             qmp_used: false,
+            agent: Default::default(),
             cmdline: vec![],
             warnings: vec![],
         }

@@ -1,79 +1,74 @@
-//! The host's side of active VMs: finds each VM's agent channel from its
-//! QEMU command line (`-chardev socket,id=X,path=P` + `-device
-//! virtserialport,chardev=X,name=vmscope.agent`) and drives the agent's
-//! profiling through the protocol client, for the engine's recorder.
+//! The host's side of an active VM: its agent, connected through the
+//! protocol client and driven as a [`GuestProfiler`] by the recorder
+//! (profiling), or asked for the guest's kernel symbols (passive VMs).
 
+use crate::guest::{GuestDelta, GuestProfiler, GuestRow};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
-use vmscope_discover::cmdline::parse_keyval;
-use vmscope_engine::guest::{GuestDelta, GuestProfiler, GuestRow};
 use vmscope_model::{Context, EventSpec, SampleRate};
-use vmscope_protocol::{AgentClient, ProfileConfig, ProfileDelta};
+use vmscope_protocol::{AgentClient, AgentHello, ProfileConfig, ProfileDelta, ProtocolError};
 
-/// The agent's port name the lab and the shipped unit use.
-pub const AGENT_PORT: &str = "vmscope.agent";
-
-/// The host socket of a VM's `vmscope.agent` port, from QEMU's argv.
-pub fn agent_socket(cmdline: &[String]) -> Option<PathBuf> {
-    let opt_after = |flag: &str| -> Vec<&str> {
-        cmdline
-            .windows(2)
-            .filter(|w| w[0] == flag || w[0] == format!("-{flag}"))
-            .map(|w| w[1].as_str())
-            .collect()
-    };
-    let value = |kv: &[(String, Option<String>)], k: &str| -> Option<String> {
-        kv.iter()
-            .rev()
-            .find(|(key, _)| key == k)
-            .and_then(|(_, v)| v.clone())
-    };
-    let chardev = opt_after("-device").into_iter().find_map(|d| {
-        let kv = parse_keyval(d, "driver");
-        (value(&kv, "driver").as_deref() == Some("virtserialport")
-            && value(&kv, "name").as_deref() == Some(AGENT_PORT))
-        .then(|| value(&kv, "chardev"))
-        .flatten()
-    })?;
-    opt_after("-chardev").into_iter().find_map(|c| {
-        let kv = parse_keyval(c, "backend");
-        (value(&kv, "backend").as_deref() == Some("socket")
-            && value(&kv, "id").as_deref() == Some(chardev.as_str()))
-        .then(|| value(&kv, "path").map(PathBuf::from))
-        .flatten()
-    })
-}
-
-/// One active VM's agent.
+/// One VM's agent, connected.
 pub struct AgentProfiler {
     domain: String,
     client: AgentClient<UnixStream>,
+    hello: AgentHello,
+}
+
+/// Why a VM's agent could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Nothing listens on the socket (the VM is gone, or the socket is stale).
+    #[error("cannot connect to {socket}: {source}")]
+    Socket {
+        socket: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket accepted but no hello came back in time.
+    #[error("no hello on {socket} within {timeout:?}: {source}")]
+    NoHello {
+        socket: String,
+        timeout: Duration,
+        #[source]
+        source: ProtocolError,
+    },
 }
 
 impl AgentProfiler {
     /// Connect and say hello (fails fast when nothing answers).
     pub fn connect(
         domain: &str,
-        socket: &PathBuf,
+        socket: &Path,
         timeout: Duration,
-    ) -> Result<AgentProfiler, String> {
-        let stream = UnixStream::connect(socket)
-            .map_err(|e| format!("cannot connect to {}: {e}", socket.display()))?;
-        let (client, _hello) = AgentClient::connect(stream, timeout)
-            .map_err(|e| format!("no hello on {}: {e}", socket.display()))?;
+    ) -> Result<AgentProfiler, ConnectError> {
+        let name = socket.display().to_string();
+        let stream = UnixStream::connect(socket).map_err(|source| ConnectError::Socket {
+            socket: name.clone(),
+            source,
+        })?;
+        let (client, hello) =
+            AgentClient::connect(stream, timeout).map_err(|source| ConnectError::NoHello {
+                socket: name,
+                timeout,
+                source,
+            })?;
         Ok(AgentProfiler {
             domain: domain.to_string(),
             client,
+            hello,
         })
     }
 
+    /// What the agent said in its hello (protocol version, capabilities).
+    pub fn hello(&self) -> &AgentHello {
+        &self.hello
+    }
+
     /// The guest's kallsyms text (for passive VMs and guest-kernel samples).
-    pub fn kallsyms(&mut self, timeout: Duration) -> Result<String, String> {
-        self.client
-            .kallsyms(timeout)
-            .map(|(t, _)| t)
-            .map_err(|e| e.to_string())
+    pub fn kallsyms(&mut self, timeout: Duration) -> Result<String, ProtocolError> {
+        self.client.kallsyms(timeout).map(|(t, _)| t)
     }
 }
 
@@ -117,7 +112,7 @@ impl GuestProfiler for AgentProfiler {
         events: &[EventSpec],
         callchain: bool,
         timeout: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProtocolError> {
         let frequency = events
             .iter()
             .find_map(|e| match e.rate {
@@ -136,24 +131,15 @@ impl GuestProfiler for AgentProfiler {
             frequency,
             callchain,
         };
-        self.client
-            .profile_start(&config, timeout)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.client.profile_start(&config, timeout).map(|_| ())
     }
 
-    fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, String> {
-        let mut d = self
-            .client
-            .profile_poll(timeout)
-            .map_err(|e| e.to_string())?;
+    fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
+        let mut d = self.client.profile_poll(timeout)?;
         // Drain what the agent still holds (bounded messages).
         let mut rounds = 0;
         while d.more && rounds < 16 {
-            let next = self
-                .client
-                .profile_poll(timeout)
-                .map_err(|e| e.to_string())?;
+            let next = self.client.profile_poll(timeout)?;
             d.rows.extend(next.rows);
             d.lost += next.lost;
             d.more = next.more;
@@ -162,21 +148,19 @@ impl GuestProfiler for AgentProfiler {
         Ok(convert(d))
     }
 
-    fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, String> {
-        self.client
-            .profile_stop(timeout)
-            .map(convert)
-            .map_err(|e| e.to_string())
+    fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
+        self.client.profile_stop(timeout).map(convert)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::{arm_all, GuestEvent, GuestPollers};
     use std::io::{Read, Write};
     use std::os::unix::net::UnixListener;
+    use std::path::PathBuf;
     use std::time::Instant;
-    use vmscope_engine::guest::{arm_all, GuestEvent, GuestPollers};
     use vmscope_protocol::{encode_response, AgentHello, Decoder, Request, Response};
 
     #[derive(Clone, Copy, PartialEq)]
@@ -289,7 +273,7 @@ mod tests {
                 Ok(g) => ready.push(g),
                 Err((_, why)) => {
                     assert_eq!(&*a.domain, "badstart");
-                    assert!(!why.is_empty());
+                    assert!(!why.to_string().is_empty());
                 }
             }
         }
@@ -301,7 +285,7 @@ mod tests {
         let lost: Vec<(String, String)> = events
             .iter()
             .filter_map(|e| match e {
-                GuestEvent::Lost { domain, why, .. } => Some((domain.to_string(), why.clone())),
+                GuestEvent::Lost { domain, why, .. } => Some((domain.to_string(), why.to_string())),
                 _ => None,
             })
             .collect();
@@ -322,38 +306,5 @@ mod tests {
             good_rows >= 5,
             "the good agent kept streaming: {good_rows} rows"
         );
-    }
-
-    #[test]
-    fn finds_the_agent_socket_in_lab_and_libvirt_style_cmdlines() {
-        let argv: Vec<String> = [
-            "qemu-system-x86_64",
-            "-name",
-            "vm0,debug-threads=on",
-            "-chardev",
-            "socket,id=vmscope0,path=/run/vmscope/labs/x/vm0/agent.sock,server=on,wait=off",
-            "-device",
-            "virtio-serial-pci",
-            "-device",
-            "virtserialport,chardev=vmscope0,name=vmscope.agent",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        assert_eq!(
-            agent_socket(&argv),
-            Some(PathBuf::from("/run/vmscope/labs/x/vm0/agent.sock"))
-        );
-        let other: Vec<String> = [
-            "qemu",
-            "-chardev",
-            "socket,id=c,path=/x",
-            "-device",
-            "virtserialport,chardev=c,name=org.qemu.guest_agent.0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        assert_eq!(agent_socket(&other), None);
     }
 }
