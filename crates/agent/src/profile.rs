@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vmscope_engine::Converter;
-use vmscope_linux::{clock_monotonic_ns, LinuxError, RecordOptions, Recorder, Target};
+use vmscope_linux::{clock_monotonic_ns, LinuxError, Recorder, RingOptions, Target};
 use vmscope_model::{Context, EventSpec, Profile, ThreadMap};
 use vmscope_protocol::{
     row_context, ErrorKind, ProfileRow, Response, MAX_ERROR_MESSAGE, MAX_IMAGE, MAX_PROCESS_NAME,
@@ -291,7 +291,7 @@ impl Worker {
             specs.push(spec);
         }
         let names: Vec<String> = specs.iter().map(|s| s.kind.name()).collect();
-        let mut rec = Recorder::open(&RecordOptions {
+        let mut rec = Recorder::open(&RingOptions {
             events: specs,
             target: Target::AllCpus,
             callchain: cfg.callchain,

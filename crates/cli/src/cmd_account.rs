@@ -8,7 +8,7 @@ use clap::Args;
 use std::process::ExitCode;
 use std::time::Instant;
 use vmscope_stat::account::{AccountOptions, Accountant};
-use vmscope_stat::render::{self, Format};
+use vmscope_stat::render::{self, IntervalFormat};
 
 #[derive(Args)]
 pub struct AccountArgs {
@@ -34,7 +34,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
         use_qmp: !a.no_qmp,
         ..AccountOptions::default()
     });
-    let fmt: Format = a.format.into();
+    let fmt: IntervalFormat = a.format.into();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     // The baseline first, so the first interval starts at the header.

@@ -31,7 +31,7 @@ pub struct LabArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Format {
+enum LabFormat {
     Table,
     Json,
 }
@@ -55,7 +55,7 @@ enum LabCommand {
         #[arg(long, value_name = "PACKAGE")]
         kernel_package: Option<String>,
         #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        format: LabFormat,
     },
     /// Start every VM of a spec, wait for each guest agent's hello and print
     /// the VMs. QEMU keeps running after this command exits.
@@ -78,7 +78,7 @@ enum LabCommand {
         #[arg(long, short)]
         quiet: bool,
         #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        format: LabFormat,
     },
     /// Show running labs: accelerator (and why), VMs, pids, vCPU threads,
     /// whether each QEMU still runs.
@@ -86,7 +86,7 @@ enum LabCommand {
         /// Lab name [default: every lab].
         name: Option<String>,
         #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        format: LabFormat,
     },
     /// Run a command in a VM through its agent; exits with the command's status.
     Exec {
@@ -155,7 +155,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 agent,
                 kernel_package,
             })?;
-            if format == Format::Json {
+            if format == LabFormat::Json {
                 println!("{}", serde_json::to_string_pretty(&img)?);
             } else {
                 let mut t = table(&["field", "value"]);
@@ -214,7 +214,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             for n in &names {
                 states.push(lab::load_state_in(&opts.run_root, n)?);
             }
-            if states.is_empty() && format == Format::Table {
+            if states.is_empty() && format == LabFormat::Table {
                 println!("no lab is up (run directory {})", opts.run_root.display());
                 return Ok(ExitCode::SUCCESS);
             }
@@ -342,8 +342,8 @@ fn table(header: &[&str]) -> Table {
     t
 }
 
-fn print_states(states: &[LabState], format: Format) -> anyhow::Result<()> {
-    if format == Format::Json {
+fn print_states(states: &[LabState], format: LabFormat) -> anyhow::Result<()> {
+    if format == LabFormat::Json {
         // One object per lab, with a live `running` flag per VM.
         let mut out = Vec::new();
         for st in states {

@@ -4,7 +4,7 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vmscope_report::{build, parse_fields, render, Format, ReportOptions};
+use vmscope_report::{build, parse_fields, render, ReportFormat, ReportOptions};
 use vmscope_store::{Field, Session};
 
 #[derive(Args, Debug)]
@@ -52,7 +52,7 @@ pub struct ReportArgs {
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    let format: Format = args.format.parse()?;
+    let format: ReportFormat = args.format.parse()?;
     let by = match &args.by {
         Some(s) => parse_fields(s)?,
         None => Vec::new(),
@@ -92,7 +92,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         let stdout = std::io::stdout();
         let mut out = std::io::BufWriter::new(stdout.lock());
         match format {
-            Format::Json => {
+            ReportFormat::Json => {
                 serde_json::to_writer_pretty(&mut out, &v)?;
                 writeln!(out)?;
             }
@@ -110,7 +110,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         filter,
         view,
     };
-    let report = build(&session, &opts, format == Format::Collapsed)?;
+    let report = build(&session, &opts, format == ReportFormat::Collapsed)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     render(&report, format, &mut out)?;

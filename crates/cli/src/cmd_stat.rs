@@ -5,8 +5,8 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::process::ExitCode;
-use vmscope_stat::render::{self, Format};
-use vmscope_stat::stat::{Source, Stat, StatOptions};
+use vmscope_stat::render::{self, IntervalFormat};
+use vmscope_stat::vmstat::{Source, VmStat, VmStatOptions};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum OutFormat {
@@ -15,12 +15,12 @@ pub enum OutFormat {
     Csv,
 }
 
-impl From<OutFormat> for Format {
-    fn from(f: OutFormat) -> Format {
+impl From<OutFormat> for IntervalFormat {
+    fn from(f: OutFormat) -> IntervalFormat {
         match f {
-            OutFormat::Text => Format::Text,
-            OutFormat::Json => Format::Json,
-            OutFormat::Csv => Format::Csv,
+            OutFormat::Text => IntervalFormat::Text,
+            OutFormat::Json => IntervalFormat::Json,
+            OutFormat::Csv => IntervalFormat::Csv,
         }
     }
 }
@@ -58,12 +58,12 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
         SourceArg::SchedSwitch => Some(Source::SchedSwitch),
         SourceArg::Schedstat => Some(Source::Schedstat),
     };
-    let mut stat = Stat::new(StatOptions {
+    let mut stat = VmStat::new(VmStatOptions {
         proc_root: a.proc_root,
         source,
     })
     .context("starting stat")?;
-    let fmt: Format = a.format.into();
+    let fmt: IntervalFormat = a.format.into();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut desc = stat.source().describe().to_string();

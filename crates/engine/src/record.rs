@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vmscope_linux::ProcRoot;
-use vmscope_linux::{RecordOptions as RingOptions, Recorder, Target};
+use vmscope_linux::{Recorder, RingOptions, Target};
 use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent};
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};

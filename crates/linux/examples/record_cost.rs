@@ -5,7 +5,7 @@
 //! `cargo run --release -p vmscope-linux --example record_cost -- [SECONDS] [HZ]`
 
 use std::time::{Duration, Instant};
-use vmscope_linux::{RecordOptions, Recorder, Target};
+use vmscope_linux::{Recorder, RingOptions, Target};
 use vmscope_model::{EventKind, EventSpec, Record, SampleRate};
 
 fn cpu_time() -> Duration {
@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
     let hz: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(4000);
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![EventSpec {
             kind: EventKind::CpuClock,
             rate: SampleRate::Frequency(hz),

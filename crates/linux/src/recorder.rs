@@ -31,7 +31,7 @@ pub enum Target {
 
 /// Options of [`Recorder::open`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordOptions {
+pub struct RingOptions {
     /// Sampled events; `Record::Sample.event` indexes this list.
     pub events: Vec<EventSpec>,
     pub target: Target,
@@ -41,9 +41,9 @@ pub struct RecordOptions {
     pub ring_pages: usize,
 }
 
-impl Default for RecordOptions {
-    fn default() -> RecordOptions {
-        RecordOptions {
+impl Default for RingOptions {
+    fn default() -> RingOptions {
+        RingOptions {
             events: vec![EventSpec {
                 kind: EventKind::CpuClock,
                 rate: SampleRate::Frequency(vmscope_model::event::DEFAULT_FREQUENCY),
@@ -240,7 +240,7 @@ fn threads_of(pid: u32) -> Result<Vec<u32>, LinuxError> {
 impl Recorder {
     /// Open every event on every online CPU (and thread, for
     /// [`Target::Pids`]), disabled; [`Recorder::enable`] starts sampling.
-    pub fn open(opts: &RecordOptions) -> Result<Recorder, LinuxError> {
+    pub fn open(opts: &RingOptions) -> Result<Recorder, LinuxError> {
         if opts.events.is_empty() {
             return Err(LinuxError::Options("no event to record".into()));
         }
@@ -599,18 +599,18 @@ mod tests {
 
     #[test]
     fn bad_options_are_refused() {
-        let mut o = RecordOptions {
+        let mut o = RingOptions {
             ring_pages: 3,
-            ..RecordOptions::default()
+            ..RingOptions::default()
         };
         let e = Recorder::open(&o).err().unwrap().to_string();
         assert!(e.contains("power of two"), "{e}");
         o.ring_pages = 0;
         o.events.clear();
         assert!(matches!(Recorder::open(&o), Err(LinuxError::Options(_))));
-        let o = RecordOptions {
+        let o = RingOptions {
             target: Target::Pids(vec![]),
-            ..RecordOptions::default()
+            ..RingOptions::default()
         };
         assert!(matches!(Recorder::open(&o), Err(LinuxError::Options(_))));
     }

@@ -266,7 +266,7 @@ pub(crate) fn open_tracepoint(
     })
 }
 
-/// Data pages per ring for `ring_pages` as in [`crate::RecordOptions`]
+/// Data pages per ring for `ring_pages` as in [`crate::RingOptions`]
 /// (0 = 1 MiB), checked to be a power of two.
 pub(crate) fn ring_data_pages(ring_pages: usize, page: usize) -> Result<usize, LinuxError> {
     if ring_pages != 0 && !ring_pages.is_power_of_two() {
@@ -305,7 +305,7 @@ pub(crate) const SWITCH_TRAILER: usize = 24;
 
 impl SchedSwitchRecorder {
     /// Open the tracepoint on every online CPU, disabled. `ring_pages` as in
-    /// [`crate::RecordOptions`] (0 = 1 MiB per CPU).
+    /// [`crate::RingOptions`] (0 = 1 MiB per CPU).
     pub fn open(ring_pages: usize) -> Result<SchedSwitchRecorder, LinuxError> {
         let page = page_size();
         let data_pages = ring_data_pages(ring_pages, page)?;

@@ -247,7 +247,7 @@ pub struct SoftirqRecorder {
 
 impl SoftirqRecorder {
     /// Open both tracepoints on every online CPU, enable them and start
-    /// draining. `ring_pages` as in [`crate::RecordOptions`] (0 = 1 MiB per
+    /// draining. `ring_pages` as in [`crate::RingOptions`] (0 = 1 MiB per
     /// CPU).
     pub fn open(ring_pages: usize) -> Result<SoftirqRecorder, LinuxError> {
         let page = page_size();

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vmscope_linux::{LinuxError, RecordOptions, Recorder, Target};
+use vmscope_linux::{LinuxError, Recorder, RingOptions, Target};
 use vmscope_model::{CpuMode, EventKind, EventSpec, Record, SampleRate, SampleRecord};
 
 fn is_root() -> bool {
@@ -106,7 +106,7 @@ fn busy_thread_is_sampled_on_all_cpus() {
         return;
     }
     let busy = Busy::start();
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![cpu_clock(1000)],
         target: Target::AllCpus,
         callchain: false,
@@ -157,7 +157,7 @@ fn callchains_with_callchain_option() {
         return;
     }
     let busy = Busy::start();
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![cpu_clock(1000)],
         target: Target::Pids(vec![std::process::id()]),
         callchain: true,
@@ -201,7 +201,7 @@ fn pids_target_sees_exec_of_child() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![cpu_clock(1000)],
         target: Target::Pids(vec![pid]),
         callchain: false,
@@ -268,7 +268,7 @@ fn overflowing_ring_reports_lost_records() {
         return;
     }
     let busy = Busy::start();
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![cpu_clock(4000)],
         target: Target::Pids(vec![std::process::id()]),
         callchain: true,
@@ -312,12 +312,12 @@ fn hardware_event_error_lists_working_events() {
     if !is_root() {
         return;
     }
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![EventSpec {
             kind: EventKind::Instructions,
             rate: SampleRate::Period(100_000),
         }],
-        ..RecordOptions::default()
+        ..RingOptions::default()
     };
     match Recorder::open(&opts) {
         Ok(_) => eprintln!("skipped: this machine has a hardware PMU"),
@@ -342,9 +342,9 @@ fn missing_pid_is_named() {
         return;
     }
     // Past pid_max (at most 2^22), so it cannot exist.
-    let opts = RecordOptions {
+    let opts = RingOptions {
         target: Target::Pids(vec![4_194_305]),
-        ..RecordOptions::default()
+        ..RingOptions::default()
     };
     let e = Recorder::open(&opts).err().expect("open of a missing pid");
     assert_eq!(e.to_string(), "no such process: 4194305");
@@ -356,7 +356,7 @@ fn two_events_share_a_ring_and_keep_their_index() {
         return;
     }
     let busy = Busy::start();
-    let opts = RecordOptions {
+    let opts = RingOptions {
         events: vec![
             cpu_clock(1000),
             EventSpec {

@@ -36,7 +36,7 @@ pub enum ReportError {
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub enum ReportFormat {
     Table,
     Json,
     Csv,
@@ -44,14 +44,14 @@ pub enum Format {
     Collapsed,
 }
 
-impl std::str::FromStr for Format {
+impl std::str::FromStr for ReportFormat {
     type Err = ReportError;
-    fn from_str(s: &str) -> Result<Format, ReportError> {
+    fn from_str(s: &str) -> Result<ReportFormat, ReportError> {
         match s {
-            "table" | "text" => Ok(Format::Table),
-            "json" => Ok(Format::Json),
-            "csv" => Ok(Format::Csv),
-            "collapsed" => Ok(Format::Collapsed),
+            "table" | "text" => Ok(ReportFormat::Table),
+            "json" => Ok(ReportFormat::Json),
+            "csv" => Ok(ReportFormat::Csv),
+            "collapsed" => Ok(ReportFormat::Collapsed),
             _ => Err(ReportError::UnknownFormat(s.into())),
         }
     }

@@ -1,18 +1,22 @@
 //! Printers: one function per format, all reading a built [`Report`].
 
-use crate::{Format, Report, ReportError};
+use crate::{Report, ReportError, ReportFormat};
 use std::io::Write;
 
 /// Write `report` in `format`.
-pub fn render(report: &Report, format: Format, out: &mut dyn Write) -> Result<(), ReportError> {
+pub fn render(
+    report: &Report,
+    format: ReportFormat,
+    out: &mut dyn Write,
+) -> Result<(), ReportError> {
     match format {
-        Format::Table => table(report, out)?,
-        Format::Json => {
+        ReportFormat::Table => table(report, out)?,
+        ReportFormat::Json => {
             serde_json::to_writer_pretty(&mut *out, report)?;
             writeln!(out)?;
         }
-        Format::Csv => csv_out(report, out)?,
-        Format::Collapsed => {
+        ReportFormat::Csv => csv_out(report, out)?,
+        ReportFormat::Collapsed => {
             for s in &report.stacks {
                 writeln!(out, "{} {}", s.frames.replace(' ', "_"), s.samples)?;
             }

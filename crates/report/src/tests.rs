@@ -99,7 +99,7 @@ fn table_has_header_and_rows_in_order() {
     .unwrap();
     assert_eq!(r.fields, vec!["domain", "image", "symbol"]);
     let mut out = Vec::new();
-    render(&r, Format::Table, &mut out).unwrap();
+    render(&r, ReportFormat::Table, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(
         text.contains("# event     cpu-clock (1000 Hz): 100 samples"),
@@ -155,18 +155,18 @@ fn events_side_by_side_json_csv_limit() {
     assert_eq!(r.rows[0].samples, vec![50, 7]);
     assert_eq!(r.rows[0].percent[1], 100.0);
     let mut out = Vec::new();
-    render(&r, Format::Json, &mut out).unwrap();
+    render(&r, ReportFormat::Json, &mut out).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(v["rows"][0]["values"][0], "alpha");
     let mut out = Vec::new();
-    render(&r, Format::Csv, &mut out).unwrap();
+    render(&r, ReportFormat::Csv, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(
         text.starts_with("symbol,cpu-clock samples,cpu-clock percent,page-faults samples"),
         "{text}"
     );
     let mut out = Vec::new();
-    render(&r, Format::Collapsed, &mut out).unwrap();
+    render(&r, ReportFormat::Collapsed, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.contains("host;p;main;alpha 50"), "{text}");
 }

@@ -16,8 +16,8 @@
 //! Without the tracepoints, `/proc/stat`'s softirq column is used: every
 //! vector, sampled at the tick.
 
-use crate::domains::{Change, Domain, Domains};
 use crate::math::{self, Reconciliation};
+use crate::tracker::{Change, TrackedVm, VmTracker};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -184,7 +184,7 @@ struct Snapshot {
     /// Softirq time since the previous snapshot (tracepoints).
     softirq: Option<vmscope_linux::SoftirqTotals>,
     io: HashMap<u32, VmCounters>,
-    domains: Vec<Domain>,
+    domains: Vec<TrackedVm>,
 }
 
 /// Samples the host; each [`Accountant::sample`] after the first returns
@@ -192,7 +192,7 @@ struct Snapshot {
 pub struct Accountant {
     opts: AccountOptions,
     proc: ProcRoot,
-    domains: Domains,
+    domains: VmTracker,
     ksoftirqd: Vec<u32>,
     reader: procfs::TaskReader,
     prev: Option<Snapshot>,
@@ -251,7 +251,7 @@ impl Accountant {
                 }),
             exit_pool: Vec::new(),
             exit_overruns: 0,
-            domains: Domains::new(&proc),
+            domains: VmTracker::new(&proc),
             reader: procfs::TaskReader::new(&proc),
             proc,
             opts,
@@ -265,7 +265,7 @@ impl Accountant {
         }
     }
 
-    pub fn domains(&self) -> &Domains {
+    pub fn tracker(&self) -> &VmTracker {
         &self.domains
     }
 
@@ -428,7 +428,7 @@ impl Accountant {
         first: Instant,
     ) -> AccountInterval {
         let dt = cur.at.duration_since(prev.at).as_secs_f64();
-        let prev_ids: HashMap<u32, &Domain> = prev.domains.iter().map(|d| (d.id, d)).collect();
+        let prev_ids: HashMap<u32, &TrackedVm> = prev.domains.iter().map(|d| (d.id, d)).collect();
         // A thread missing from the previous sample appeared during the
         // interval (a new worker, a VM that just started): all the time it
         // has counted is inside the interval.

@@ -1,22 +1,23 @@
 //! Per-CPU and per-VM CPU accounting of a virtualization host:
-//! - [`stat`]: vm-stat (Theurer 2006): each host CPU's busy % split by VM
+//! - [`vmstat`]: vm-stat (Theurer 2006): each host CPU's busy % split by VM
 //!   vCPU, from `sched:sched_switch` or a `schedstat` fallback;
 //! - [`account`]: Cherkasova 2005 on KVM/QEMU: vCPU run / steal / halt,
 //!   direct and shared I/O CPU per VM, its I/O operations, reconciliation;
 //! - [`metrics`]: the same as Prometheus counters for `serve`;
 //! - [`math`]: the pure arithmetic (rates, shares, charging, reconciling);
 //! - [`fit`]: sched_switch slices fitted to `schedstat` and `/proc/stat`;
-//! - [`domains`]: stable `dN` numbers for re-discovered VMs;
+//! - [`tracker`]: the VMs followed across intervals, with stable `dN`
+//!   numbers and their threads;
 //! - [`render`]: text (the vm-stat layout), JSON lines and CSV.
 
 pub mod account;
-pub mod domains;
 mod error;
 pub mod fit;
 pub mod math;
 pub mod metrics;
 pub mod render;
-pub mod stat;
+pub mod tracker;
+pub mod vmstat;
 
 pub use error::StatError;
 

@@ -3,13 +3,13 @@
 //! its units (seconds, percent, operations).
 
 use crate::account::AccountInterval;
-use crate::stat::{CpuRow, StatInterval};
+use crate::vmstat::{CpuRow, StatInterval};
 use serde_json::json;
 use std::io::Write;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub enum IntervalFormat {
     Text,
     Json,
     Csv,
@@ -28,19 +28,19 @@ pub fn stat_row_text(r: &CpuRow) -> String {
 /// The first lines of `stat`: what is measured and from where.
 pub fn stat_header(
     out: &mut dyn Write,
-    f: Format,
+    f: IntervalFormat,
     source: &str,
     interval_s: f64,
 ) -> std::io::Result<()> {
     match f {
-        Format::Text | Format::Csv => {
+        IntervalFormat::Text | IntervalFormat::Csv => {
             writeln!(out, "# vmscope stat: busy % of each host CPU per {interval_s:.3} s interval, split by VM vCPU (dN-M), host work for VM N (dN-io), other host work (d0-CPU)")?;
             writeln!(out, "# source: {source}")?;
-            if f == Format::Csv {
+            if f == IntervalFormat::Csv {
                 writeln!(out, "time_s,interval_s,cpu,total_pct,cells_pct")?;
             }
         }
-        Format::Json => {
+        IntervalFormat::Json => {
             writeln!(
                 out,
                 "{}",
@@ -51,9 +51,13 @@ pub fn stat_header(
     Ok(())
 }
 
-pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::io::Result<()> {
+pub fn stat_interval(
+    out: &mut dyn Write,
+    f: IntervalFormat,
+    s: &StatInterval,
+) -> std::io::Result<()> {
     match f {
-        Format::Text => {
+        IntervalFormat::Text => {
             for n in &s.notes {
                 writeln!(out, "# {n}")?;
             }
@@ -73,7 +77,7 @@ pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::i
             }
             writeln!(out)?;
         }
-        Format::Csv => {
+        IntervalFormat::Csv => {
             for n in &s.notes {
                 writeln!(out, "# {n}")?;
             }
@@ -97,7 +101,7 @@ pub fn stat_interval(out: &mut dyn Write, f: Format, s: &StatInterval) -> std::i
                 )?;
             }
         }
-        Format::Json => {
+        IntervalFormat::Json => {
             for n in &s.notes {
                 writeln!(
                     out,
@@ -137,12 +141,12 @@ const ACCOUNT_COLS: &str = "time_s,domain,vm,vcpu_run_s,vcpu_runnable_s,vcpu_blo
 /// from ([`crate::account::Accountant::softirq_source`]).
 pub fn account_header(
     out: &mut dyn Write,
-    f: Format,
+    f: IntervalFormat,
     interval_s: f64,
     softirq_source: &str,
 ) -> std::io::Result<()> {
     match f {
-        Format::Text => {
+        IntervalFormat::Text => {
             writeln!(out, "# vmscope account: per VM per {interval_s:.3} s interval; times in seconds, I/O in operations per interval")?;
             writeln!(out, "# shared I/O T = softirq + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
             writeln!(out, "# softirq: {softirq_source}")?;
@@ -163,8 +167,8 @@ pub fn account_header(
                 "tot[%]"
             )?;
         }
-        Format::Csv => writeln!(out, "{ACCOUNT_COLS}")?,
-        Format::Json => writeln!(
+        IntervalFormat::Csv => writeln!(out, "{ACCOUNT_COLS}")?,
+        IntervalFormat::Json => writeln!(
             out,
             "{}",
             json!({"type": "header", "interval_s": interval_s, "softirq_source": softirq_source,
@@ -176,12 +180,12 @@ pub fn account_header(
 
 pub fn account_interval(
     out: &mut dyn Write,
-    f: Format,
+    f: IntervalFormat,
     a: &AccountInterval,
 ) -> std::io::Result<()> {
     let rec = a.reconciliation();
     match f {
-        Format::Text => {
+        IntervalFormat::Text => {
             for n in &a.notes {
                 writeln!(out, "# {n}")?;
             }
@@ -221,7 +225,7 @@ pub fn account_interval(
                 a.cost_per_op_s * 1e6
             )?;
         }
-        Format::Csv => {
+        IntervalFormat::Csv => {
             for v in &a.vms {
                 writeln!(
                     out,
@@ -255,7 +259,7 @@ pub fn account_interval(
                 rec.residual
             )?;
         }
-        Format::Json => {
+        IntervalFormat::Json => {
             let mut v = serde_json::to_value(a).unwrap_or_default();
             v["type"] = json!("interval");
             v["reconciliation"] = json!({"vms_s": rec.vms, "unattributed_s": rec.unattributed, "measured_s": rec.measured, "residual_s": rec.residual, "error": rec.error()});

@@ -7,8 +7,8 @@
 //! thread's `schedstat` placed on the CPU it last ran on with per-CPU
 //! totals from `/proc/stat` ([`Source::Schedstat`]).
 
-use crate::domains::{Change, Domains};
 use crate::fit::{self, TidTimes};
+use crate::tracker::{Change, VmTracker};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -46,15 +46,15 @@ impl Source {
 }
 
 #[derive(Debug, Clone)]
-pub struct StatOptions {
+pub struct VmStatOptions {
     pub proc_root: PathBuf,
     /// `None`: sched_switch, falling back to schedstat when it cannot open.
     pub source: Option<Source>,
 }
 
-impl Default for StatOptions {
+impl Default for VmStatOptions {
     fn default() -> Self {
-        StatOptions {
+        VmStatOptions {
             proc_root: PathBuf::from("/proc"),
             source: None,
         }
@@ -157,9 +157,9 @@ enum Src {
 }
 
 /// The vm-stat sampler.
-pub struct Stat {
+pub struct VmStat {
     proc: ProcRoot,
-    domains: Domains,
+    domains: VmTracker,
     src: Src,
     start: Instant,
     first: bool,
@@ -167,10 +167,10 @@ pub struct Stat {
     pub fallback_reason: Option<String>,
 }
 
-impl Stat {
-    pub fn new(opts: StatOptions) -> Result<Stat, StatError> {
+impl VmStat {
+    pub fn new(opts: VmStatOptions) -> Result<VmStat, StatError> {
         let proc = ProcRoot::new(&opts.proc_root);
-        let mut domains = Domains::new(&proc);
+        let mut domains = VmTracker::new(&proc);
         domains.refresh()?;
         let mut fallback_reason = None;
         let src = match opts.source {
@@ -192,7 +192,7 @@ impl Stat {
                 }
             }
         }
-        Ok(Stat {
+        Ok(VmStat {
             proc,
             domains,
             src,
@@ -209,7 +209,7 @@ impl Stat {
         }
     }
 
-    pub fn domains(&self) -> &Domains {
+    pub fn tracker(&self) -> &VmTracker {
         &self.domains
     }
 
@@ -291,7 +291,7 @@ fn open_switch(proc: &ProcRoot) -> Result<SwitchSrc, StatError> {
     })
 }
 
-fn sched_src(proc: &ProcRoot, domains: &Domains) -> Result<SchedSrc, StatError> {
+fn sched_src(proc: &ProcRoot, domains: &VmTracker) -> Result<SchedSrc, StatError> {
     let mut prev = HashMap::new();
     let mut reader = procfs::TaskReader::new(proc);
     read_threads(&mut reader, domains, &mut prev, |_, _, _| {});
@@ -306,7 +306,7 @@ fn sched_src(proc: &ProcRoot, domains: &Domains) -> Result<SchedSrc, StatError> 
 /// Read schedstat of every VM thread into `now`, calling `f(tid, cpu, run_ns)`.
 fn read_threads(
     reader: &mut procfs::TaskReader,
-    domains: &Domains,
+    domains: &VmTracker,
     now: &mut HashMap<(u32, u32), u64>,
     mut f: impl FnMut(u32, u32, u64),
 ) {
@@ -464,7 +464,7 @@ impl SwitchSrc {
 impl SwitchSrc {
     /// Each VM thread's exact run time in the interval (its `schedstat`
     /// delta).
-    fn thread_runs(&mut self, domains: &Domains) -> Vec<fit::ThreadRun> {
+    fn thread_runs(&mut self, domains: &VmTracker) -> Vec<fit::ThreadRun> {
         let mut now = HashMap::new();
         for (pid, tid) in vm_threads(domains) {
             if let Ok(s) = self.reader.schedstat(pid, tid) {
@@ -503,7 +503,7 @@ impl SwitchSrc {
 
 /// (pid, tid) of every thread of every VM: the QEMU process's threads and
 /// kernel vhost workers.
-fn vm_threads(domains: &Domains) -> Vec<(u32, u32)> {
+fn vm_threads(domains: &VmTracker) -> Vec<(u32, u32)> {
     let mut v = Vec::new();
     for d in domains.current() {
         v.extend(domains.threads(d.pid).iter().map(|&t| (d.pid, t)));
@@ -596,7 +596,7 @@ impl SchedSrc {
     fn collect(
         &mut self,
         proc: &ProcRoot,
-        domains: &Domains,
+        domains: &VmTracker,
         before: &HashMap<u32, (u32, Option<u32>)>,
     ) -> Result<(Vec<CpuRow>, f64), StatError> {
         let stat = proc.cpu_times()?;

@@ -23,7 +23,7 @@ pub struct Thread {
 
 /// One VM under its domain number.
 #[derive(Debug, Clone)]
-pub struct Domain {
+pub struct TrackedVm {
     pub id: u32,
     pub name: String,
     pub pid: u32,
@@ -82,10 +82,10 @@ impl std::fmt::Display for Change {
 
 /// The domain registry, updated once per interval.
 #[derive(Debug)]
-pub struct Domains {
+pub struct VmTracker {
     proc: ProcRoot,
     next: u32,
-    current: Vec<Domain>,
+    current: Vec<TrackedVm>,
     names: HashMap<u32, String>,
     /// Whether each pid seen is a QEMU process (checked once per pid).
     seen: HashMap<u32, bool>,
@@ -111,15 +111,15 @@ const FULL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// VM thread names are re-read (one `pread` each) this often.
 const NAMES_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-impl Domains {
-    /// Every pid under the proc root as of the last [`Domains::refresh`]
+impl VmTracker {
+    /// Every pid under the proc root as of the last [`VmTracker::refresh`]
     /// (or now, if the process count changed since).
     pub fn pids(&mut self) -> Vec<u32> {
         self.procs.pids(&self.proc).to_vec()
     }
 
-    pub fn new(proc: &ProcRoot) -> Domains {
-        Domains {
+    pub fn new(proc: &ProcRoot) -> VmTracker {
+        VmTracker {
             proc: proc.clone(),
             next: 1,
             current: Vec::new(),
@@ -188,11 +188,11 @@ impl Domains {
         renamed
     }
 
-    pub fn current(&self) -> &[Domain] {
+    pub fn current(&self) -> &[TrackedVm] {
         &self.current
     }
 
-    /// Thread ids of VM process `pid` as of the last [`Domains::refresh`],
+    /// Thread ids of VM process `pid` as of the last [`VmTracker::refresh`],
     /// which re-lists them whenever they change (no second directory walk).
     pub fn threads(&self, pid: u32) -> &[u32] {
         self.tids.get(&pid).map(Vec::as_slice).unwrap_or(&[])
@@ -236,7 +236,7 @@ impl Domains {
     /// Number `vms` against the previous set and report what changed.
     pub fn update(&mut self, vms: Vec<Vm>) -> Vec<Change> {
         let mut changes = Vec::new();
-        let mut old: HashMap<u32, Domain> = self.current.drain(..).map(|d| (d.pid, d)).collect();
+        let mut old: HashMap<u32, TrackedVm> = self.current.drain(..).map(|d| (d.pid, d)).collect();
         let mut next = Vec::new();
         for vm in vms {
             let start = self
@@ -277,7 +277,7 @@ impl Domains {
             };
             next.push(domain_of(id, start, vm));
         }
-        let mut gone: Vec<Domain> = old.into_values().collect();
+        let mut gone: Vec<TrackedVm> = old.into_values().collect();
         gone.sort_by_key(|d| d.id);
         for d in gone {
             self.names.remove(&d.id);
@@ -329,7 +329,7 @@ impl Domains {
     }
 }
 
-fn renames(prev: &Domain, vm: &Vm) -> Vec<(u32, String, String)> {
+fn renames(prev: &TrackedVm, vm: &Vm) -> Vec<(u32, String, String)> {
     let old: HashMap<u32, &str> = prev
         .vcpus
         .iter()
@@ -347,7 +347,7 @@ fn renames(prev: &Domain, vm: &Vm) -> Vec<(u32, String, String)> {
         .collect()
 }
 
-fn domain_of(id: u32, start: u64, vm: Vm) -> Domain {
+fn domain_of(id: u32, start: u64, vm: Vm) -> TrackedVm {
     let vcpus = vm
         .vcpus
         .iter()
@@ -384,7 +384,7 @@ fn domain_of(id: u32, start: u64, vm: Vm) -> Domain {
             name: w.name.clone(),
         });
     }
-    Domain {
+    TrackedVm {
         id,
         name: vm.name.clone(),
         pid: vm.pid,
@@ -456,7 +456,7 @@ mod tests {
         let root = tmp.path();
         set_start(root, 100, 5000);
         set_start(root, 200, 6000);
-        let mut d = Domains::new(&ProcRoot::new(root));
+        let mut d = VmTracker::new(&ProcRoot::new(root));
         let c = d.update(vec![vm("a", 100, &[(101, "CPU 0/KVM")]), vm("b", 200, &[])]);
         assert_eq!(c.len(), 2);
         assert_eq!(d.legend(), "d0=host d1=a (pid 100) d2=b (pid 200)");
