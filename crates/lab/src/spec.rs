@@ -14,6 +14,8 @@
 //!
 //! [[vm]]
 //! name = "vm0"
+//! # count = 4               # this table makes vm00 .. vm03 (scale labs; pins
+//! #                         # and files apply to every one of them)
 //! vcpus = 2
 //! memory_mib = 256
 //! pin_vcpus = [0, 1]         # host CPU of vCPU i
@@ -219,6 +221,8 @@ struct RawSpec {
 #[serde(deny_unknown_fields)]
 struct RawVm {
     name: Spanned<String>,
+    /// This many VMs from one table, named NAME0, NAME1, … (scale labs).
+    count: Option<Spanned<i64>>,
     vcpus: Option<Spanned<i64>>,
     memory_mib: Option<Spanned<i64>>,
     pin_vcpus: Option<Spanned<Vec<i64>>>,
@@ -333,6 +337,425 @@ impl Ctx<'_> {
     }
 }
 
+/// Guest addresses of tap NICs: given ones, and the next free host
+/// number (from .2) for the others.
+struct IpAlloc {
+    used: HashSet<Ipv4Addr>,
+    next_host: u32,
+}
+
+impl Default for IpAlloc {
+    fn default() -> Self {
+        IpAlloc {
+            used: HashSet::new(),
+            next_host: 2,
+        }
+    }
+}
+
+impl IpAlloc {
+    fn next(&mut self, subnet: &Subnet) -> Ipv4Addr {
+        while self.used.contains(&subnet.host(self.next_host)) {
+            self.next_host += 1;
+        }
+        let ip = subnet.host(self.next_host);
+        self.next_host += 1;
+        ip
+    }
+}
+
+/// A TOML syntax or type error as a spec error naming the line and key.
+fn toml_error(e: &toml::de::Error, text: &str, file: &Path) -> LabError {
+    let span = e.span().unwrap_or(0..0);
+    let line = line_of(text, span.start);
+    // Name the key: the span's text for unknown keys, else the key on that line.
+    let snippet = text.get(span.clone()).unwrap_or("").trim();
+    let line_text = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
+    let field = if !snippet.is_empty()
+        && !snippet.contains(['\n', '=', '['])
+        && e.message().contains("unknown field")
+    {
+        snippet.trim_matches('"').to_string()
+    } else if let Some((k, _)) = line_text.split_once('=') {
+        k.trim().to_string()
+    } else {
+        line_text.trim().to_string()
+    };
+    LabError::Spec {
+        file: file.to_path_buf(),
+        line,
+        field,
+        message: e.message().trim().to_string(),
+    }
+}
+
+/// The spec's tables, one helper each.
+impl Ctx<'_> {
+    fn lab_name(&mut self, raw: &RawSpec) -> Result<String> {
+        self.note("name", &raw.name);
+        let name = raw.name.get_ref().clone();
+        if !crate::names::valid_name(&name) {
+            return Err(self.err(
+                raw.name.span(),
+                "name",
+                format!("'{name}' is not a valid lab name (1-32 of A-Z a-z 0-9 - _)"),
+            ));
+        }
+        Ok(name)
+    }
+
+    fn boot_files(&mut self, raw: &RawSpec) -> Result<()> {
+        if let Some(k) = &raw.kernel {
+            self.note("kernel", k);
+        }
+        if let Some(k) = &raw.initrd {
+            self.note("initrd", k);
+        }
+        if raw.initrd.is_some() && raw.kernel.is_none() {
+            let s = raw.initrd.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            return Err(self.err(
+                s,
+                "initrd",
+                "an own initrd needs an own kernel too (set kernel = ...)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn subnet(&mut self, raw: &RawSpec, name: &str) -> Result<Subnet> {
+        Ok(match &raw.subnet {
+            None => Subnet {
+                network: Ipv4Addr::new(10, 77, crate::names::default_subnet_octet(name), 0),
+                prefix: 24,
+            },
+            Some(s) => {
+                self.note("subnet", s);
+                parse_subnet(s.get_ref()).ok_or_else(|| {
+                    self.err(
+                        s.span(),
+                        "subnet",
+                        format!("'{}' is not an IPv4 network a.b.c.d/8..30", s.get_ref()),
+                    )
+                })?
+            }
+        })
+    }
+
+    /// One `[[vm]]` table: one VM, or `count` of them named NAME0, NAME1, …
+    fn vm(
+        &mut self,
+        i: usize,
+        rv: &Spanned<RawVm>,
+        subnet: &Subnet,
+        alloc: &mut IpAlloc,
+    ) -> Result<Vec<VmSpec>> {
+        let vm = rv.get_ref();
+        let p = format!("vm[{i}]");
+        self.note(&p, rv);
+        self.note(&format!("{p}.name"), &vm.name);
+        let vname = vm.name.get_ref().clone();
+        if !crate::names::valid_name(&vname) {
+            return Err(self.err(
+                vm.name.span(),
+                &format!("{p}.name"),
+                format!("'{vname}' is not a valid VM name (1-32 of A-Z a-z 0-9 - _)"),
+            ));
+        }
+        let count = self.count(&format!("{p}.count"), &vm.count, 1, 1, 256)? as usize;
+        let vcpus = self.count(&format!("{p}.vcpus"), &vm.vcpus, 1, 1, 64)? as u32;
+        let memory_mib =
+            self.count(&format!("{p}.memory_mib"), &vm.memory_mib, 256, 64, 1 << 20)? as u32;
+        let iothreads = self.count(&format!("{p}.iothreads"), &vm.iothreads, 0, 0, 16)? as u32;
+        let pin_vcpus = self.cpus(&format!("{p}.pin_vcpus"), &vm.pin_vcpus)?;
+        if !pin_vcpus.is_empty() && pin_vcpus.len() != vcpus as usize {
+            let s = vm.pin_vcpus.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            return Err(self.err(
+                s,
+                &format!("{p}.pin_vcpus"),
+                format!(
+                    "has {} entries but the VM has {vcpus} vCPUs (one host CPU per vCPU)",
+                    pin_vcpus.len()
+                ),
+            ));
+        }
+        let pin_emulator = self.cpus(&format!("{p}.pin_emulator"), &vm.pin_emulator)?;
+        let pin_io = self.cpus(&format!("{p}.pin_io"), &vm.pin_io)?;
+        let files = self.files(&p, vm)?;
+        let mut out = Vec::new();
+        for k in 0..count {
+            let mut nics = Vec::new();
+            for (j, rn) in vm.nic.iter().enumerate() {
+                nics.push(self.nic(&format!("{p}.nic[{j}]"), rn, subnet, alloc)?);
+            }
+            let mut disks = Vec::new();
+            for (j, rd) in vm.disk.iter().enumerate() {
+                disks.push(self.disk(&format!("{p}.disk[{j}]"), rd, iothreads)?);
+            }
+            if disks.iter().filter(|d| d.root).count() > 1 {
+                return Err(self.err(
+                    rv.span(),
+                    &format!("{p}.disk"),
+                    "more than one disk has root = true",
+                ));
+            }
+            if nics.iter().filter(|n| n.kind == NicKind::User).count() > 1 {
+                return Err(self.err(
+                    rv.span(),
+                    &format!("{p}.nic"),
+                    "at most one user NIC per VM",
+                ));
+            }
+            let name = if vm.count.is_some() {
+                format!("{vname}{k}")
+            } else {
+                vname.clone()
+            };
+            if !crate::names::valid_name(&name) {
+                return Err(self.err(
+                    vm.name.span(),
+                    &format!("{p}.name"),
+                    format!(
+                        "'{name}' (with count) is not a valid VM name (1-32 of A-Z a-z 0-9 - _)"
+                    ),
+                ));
+            }
+            out.push(VmSpec {
+                name,
+                vcpus,
+                memory_mib,
+                pin_vcpus: pin_vcpus.clone(),
+                pin_emulator: pin_emulator.clone(),
+                pin_io: pin_io.clone(),
+                iothreads,
+                agent: vm.agent.unwrap_or(true),
+                kernel_args: vm.kernel_args.clone().unwrap_or_default(),
+                files: files.clone(),
+                nics,
+                disks,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `files = ["HOST:GUEST", ...]`.
+    fn files(&mut self, p: &str, vm: &RawVm) -> Result<Vec<FileSpec>> {
+        let cx = self;
+        let mut files = Vec::new();
+        if let Some(fs) = &vm.files {
+            cx.note(&format!("{p}.files"), fs);
+            for (j, f) in fs.get_ref().iter().enumerate() {
+                let field = format!("{p}.files[{j}]");
+                cx.note(&field, f);
+                let (h, g) = f.get_ref().rsplit_once(':').ok_or_else(|| {
+                    cx.err(
+                        f.span(),
+                        &field,
+                        format!("'{}' is not HOST_PATH:GUEST_PATH", f.get_ref()),
+                    )
+                })?;
+                if h.is_empty() || !g.starts_with('/') || g.ends_with('/') || g.contains("/../") {
+                    return Err(cx.err(
+                        f.span(),
+                        &field,
+                        format!(
+                            "'{}': need a host path and an absolute guest file path",
+                            f.get_ref()
+                        ),
+                    ));
+                }
+                files.push(FileSpec {
+                    host: PathBuf::from(h),
+                    guest: g.to_string(),
+                });
+            }
+        }
+        Ok(files)
+    }
+
+    /// One `[[vm.nic]]` table.
+    fn nic(
+        &mut self,
+        field: &str,
+        rn: &Spanned<RawNic>,
+        subnet: &Subnet,
+        alloc: &mut IpAlloc,
+    ) -> Result<NicSpec> {
+        let cx = self;
+        let n = rn.get_ref();
+        cx.note(field, rn);
+        let vhost = n.vhost.as_ref().map(|v| *v.get_ref()).unwrap_or(false);
+        if let Some(v) = &n.vhost {
+            cx.note(&format!("{field}.vhost"), v);
+        }
+        let ip = match (&n.ip, n.kind) {
+            (Some(s), NicKind::User) => {
+                return Err(cx.err(
+                    s.span(),
+                    &format!("{field}.ip"),
+                    "user NICs get 10.0.2.15 from QEMU; 'ip' is for tap NICs",
+                ));
+            }
+            (Some(s), NicKind::Tap) => {
+                cx.note(&format!("{field}.ip"), s);
+                let ip: Ipv4Addr = s.get_ref().parse().map_err(|_| {
+                    cx.err(
+                        s.span(),
+                        &format!("{field}.ip"),
+                        format!("'{}' is not an IPv4 address", s.get_ref()),
+                    )
+                })?;
+                let net = u32::from(ip) & (u32::MAX << (32 - subnet.prefix));
+                if net != u32::from(subnet.network) || ip == subnet.host(1) {
+                    return Err(cx.err(s.span(), &format!("{field}.ip"), format!("{ip} is not a guest address in the lab subnet {subnet} (.1 is the bridge)")));
+                }
+                Some(ip)
+            }
+            (None, NicKind::Tap) => Some(alloc.next(subnet)),
+            (None, NicKind::User) => None,
+        };
+        if let Some(ip) = ip {
+            if !alloc.used.insert(ip) {
+                let s = n.ip.as_ref().map(|s| s.span()).unwrap_or(rn.span());
+                return Err(cx.err(s, &format!("{field}.ip"), format!("{ip} is used twice")));
+            }
+        }
+        Ok(NicSpec {
+            kind: n.kind,
+            ip,
+            vhost,
+        })
+    }
+
+    /// One `[[vm.disk]]` table.
+    fn disk(&mut self, field: &str, rd: &Spanned<RawDisk>, iothreads: u32) -> Result<DiskSpec> {
+        let cx = self;
+        let d = rd.get_ref();
+        cx.note(field, rd);
+        let format = d.format.as_ref().map(|f| *f.get_ref()).unwrap_or_default();
+        if let Some(f) = &d.format {
+            if d.backend != DiskBackend::File && format != DiskFormat::Raw {
+                return Err(cx.err(
+                    f.span(),
+                    &format!("{field}.format"),
+                    "only file disks can be qcow2; block and lvm disks are raw",
+                ));
+            }
+        }
+        let size_mib = cx.count(&format!("{field}.size_mib"), &d.size_mib, 64, 1, 1 << 24)? as u64;
+        let path = d.path.as_ref().map(|s| {
+            cx.note(&format!("{field}.path"), s);
+            s.get_ref().clone()
+        });
+        if d.backend == DiskBackend::Lvm && d.path.is_some() {
+            let s = d.path.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            return Err(cx.err(
+                s,
+                &format!("{field}.path"),
+                "lvm disks are created by the lab; set vg, not path",
+            ));
+        }
+        let vg = match (&d.vg, d.backend) {
+            (Some(v), DiskBackend::Lvm) => {
+                cx.note(&format!("{field}.vg"), v);
+                Some(v.get_ref().clone())
+            }
+            (Some(v), _) => {
+                return Err(cx.err(
+                    v.span(),
+                    &format!("{field}.vg"),
+                    "vg is only for backend = \"lvm\"",
+                ))
+            }
+            (None, DiskBackend::Lvm) => {
+                return Err(cx.err(
+                    rd.span(),
+                    &format!("{field}.vg"),
+                    "backend = \"lvm\" needs vg = \"<volume group>\"",
+                ))
+            }
+            (None, _) => None,
+        };
+        let cache = match &d.cache {
+            Some(c) => {
+                if !CACHE_MODES.contains(&c.get_ref().as_str()) {
+                    return Err(cx.err(
+                        c.span(),
+                        &format!("{field}.cache"),
+                        format!("'{}' is not one of {}", c.get_ref(), CACHE_MODES.join(", ")),
+                    ));
+                }
+                c.get_ref().clone()
+            }
+            None => "none".to_string(),
+        };
+        let aio = match &d.aio {
+            Some(a) => {
+                if !AIO_MODES.contains(&a.get_ref().as_str()) {
+                    return Err(cx.err(
+                        a.span(),
+                        &format!("{field}.aio"),
+                        format!("'{}' is not one of {}", a.get_ref(), AIO_MODES.join(", ")),
+                    ));
+                }
+                if a.get_ref() == "native" && !(cache == "none" || cache == "directsync") {
+                    return Err(cx.err(
+                        a.span(),
+                        &format!("{field}.aio"),
+                        "aio = \"native\" needs cache = \"none\" or \"directsync\" (O_DIRECT)",
+                    ));
+                }
+                a.get_ref().clone()
+            }
+            None => "threads".to_string(),
+        };
+        let iothread = match &d.iothread {
+            Some(t) => {
+                cx.note(&format!("{field}.iothread"), t);
+                let v = *t.get_ref();
+                if v < 0 || v >= i64::from(iothreads) {
+                    return Err(cx.err(
+                        t.span(),
+                        &format!("{field}.iothread"),
+                        format!(
+                            "I/O thread {v} does not exist (the VM has iothreads = {iothreads})"
+                        ),
+                    ));
+                }
+                Some(v as u32)
+            }
+            None => None,
+        };
+        let max_bytes_per_s = match &d.max_bytes_per_s {
+            Some(b) => {
+                let v = *b.get_ref();
+                // QEMU's throttle refuses limits above 1e15 (throttle.c THROTTLE_VALUE_MAX).
+                if !(512..=1_000_000_000_000_000).contains(&v) {
+                    return Err(cx.err(
+                        b.span(),
+                        &format!("{field}.max_bytes_per_s"),
+                        format!("{v} is not a limit QEMU takes: bytes per second from 512 to 1e15"),
+                    ));
+                }
+                Some(v as u64)
+            }
+            None => None,
+        };
+        Ok(DiskSpec {
+            backend: d.backend,
+            format,
+            path,
+            size_mib,
+            vg,
+            cache,
+            aio,
+            iothread,
+            optional: d.optional.unwrap_or(false),
+            root: d.root.unwrap_or(false),
+            max_bytes_per_s,
+        })
+    }
+}
+
 /// Parse a network `a.b.c.d/len`.
 fn parse_subnet(s: &str) -> Option<Subnet> {
     let (addr, len) = s.split_once('/')?;
@@ -387,74 +810,16 @@ impl LabSpec {
 
     /// Parse spec text; `file` is used in error messages only.
     pub fn parse(text: &str, file: &Path) -> Result<LabSpec> {
-        let raw: RawSpec = toml::from_str(text).map_err(|e| {
-            let span = e.span().unwrap_or(0..0);
-            let line = line_of(text, span.start);
-            // Name the key: the span's text for unknown keys, else the key on that line.
-            let snippet = text.get(span.clone()).unwrap_or("").trim();
-            let line_text = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
-            let field = if !snippet.is_empty()
-                && !snippet.contains(['\n', '=', '['])
-                && e.message().contains("unknown field")
-            {
-                snippet.trim_matches('"').to_string()
-            } else if let Some((k, _)) = line_text.split_once('=') {
-                k.trim().to_string()
-            } else {
-                line_text.trim().to_string()
-            };
-            LabError::Spec {
-                file: file.to_path_buf(),
-                line,
-                field,
-                message: e.message().trim().to_string(),
-            }
-        })?;
+        let raw: RawSpec = toml::from_str(text).map_err(|e| toml_error(&e, text, file))?;
         let mut cx = Ctx {
             file: file.to_path_buf(),
             text,
             lines: BTreeMap::new(),
         };
-        cx.note("name", &raw.name);
-        let name = raw.name.get_ref().clone();
-        if !crate::names::valid_name(&name) {
-            return Err(cx.err(
-                raw.name.span(),
-                "name",
-                format!("'{name}' is not a valid lab name (1-32 of A-Z a-z 0-9 - _)"),
-            ));
-        }
+        let name = cx.lab_name(&raw)?;
         let accel = raw.accel.as_ref().map(|a| *a.get_ref()).unwrap_or_default();
-        if let Some(k) = &raw.kernel {
-            cx.note("kernel", k);
-        }
-        if let Some(k) = &raw.initrd {
-            cx.note("initrd", k);
-        }
-        if raw.initrd.is_some() && raw.kernel.is_none() {
-            let s = raw.initrd.as_ref().map(|s| s.span()).unwrap_or(0..0);
-            return Err(cx.err(
-                s,
-                "initrd",
-                "an own initrd needs an own kernel too (set kernel = ...)",
-            ));
-        }
-        let subnet = match &raw.subnet {
-            None => Subnet {
-                network: Ipv4Addr::new(10, 77, crate::names::default_subnet_octet(&name), 0),
-                prefix: 24,
-            },
-            Some(s) => {
-                cx.note("subnet", s);
-                parse_subnet(s.get_ref()).ok_or_else(|| {
-                    cx.err(
-                        s.span(),
-                        "subnet",
-                        format!("'{}' is not an IPv4 network a.b.c.d/8..30", s.get_ref()),
-                    )
-                })?
-            }
-        };
+        cx.boot_files(&raw)?;
+        let subnet = cx.subnet(&raw, &name)?;
         if raw.vm.is_empty() {
             return Err(LabError::Spec {
                 file: file.to_path_buf(),
@@ -463,287 +828,19 @@ impl LabSpec {
                 message: "the lab has no [[vm]] table".into(),
             });
         }
-        let mut vms = Vec::new();
-        let mut names = HashSet::new();
-        let mut next_host = 2u32;
-        let mut used_ips = HashSet::new();
+        let mut vms: Vec<VmSpec> = Vec::new();
+        let mut alloc = IpAlloc::default();
         for (i, rv) in raw.vm.iter().enumerate() {
-            let vm = rv.get_ref();
-            let p = format!("vm[{i}]");
-            cx.note(&p, rv);
-            cx.note(&format!("{p}.name"), &vm.name);
-            let vname = vm.name.get_ref().clone();
-            if !crate::names::valid_name(&vname) {
-                return Err(cx.err(
-                    vm.name.span(),
-                    &format!("{p}.name"),
-                    format!("'{vname}' is not a valid VM name (1-32 of A-Z a-z 0-9 - _)"),
-                ));
-            }
-            if !names.insert(vname.clone()) {
-                return Err(cx.err(
-                    vm.name.span(),
-                    &format!("{p}.name"),
-                    format!("VM name '{vname}' is used twice"),
-                ));
-            }
-            let vcpus = cx.count(&format!("{p}.vcpus"), &vm.vcpus, 1, 1, 64)? as u32;
-            let memory_mib =
-                cx.count(&format!("{p}.memory_mib"), &vm.memory_mib, 256, 64, 1 << 20)? as u32;
-            let iothreads = cx.count(&format!("{p}.iothreads"), &vm.iothreads, 0, 0, 16)? as u32;
-            let pin_vcpus = cx.cpus(&format!("{p}.pin_vcpus"), &vm.pin_vcpus)?;
-            if !pin_vcpus.is_empty() && pin_vcpus.len() != vcpus as usize {
-                let s = vm.pin_vcpus.as_ref().map(|s| s.span()).unwrap_or(0..0);
-                return Err(cx.err(
-                    s,
-                    &format!("{p}.pin_vcpus"),
-                    format!(
-                        "has {} entries but the VM has {vcpus} vCPUs (one host CPU per vCPU)",
-                        pin_vcpus.len()
-                    ),
-                ));
-            }
-            let pin_emulator = cx.cpus(&format!("{p}.pin_emulator"), &vm.pin_emulator)?;
-            let pin_io = cx.cpus(&format!("{p}.pin_io"), &vm.pin_io)?;
-            let mut files = Vec::new();
-            if let Some(fs) = &vm.files {
-                cx.note(&format!("{p}.files"), fs);
-                for (j, f) in fs.get_ref().iter().enumerate() {
-                    let field = format!("{p}.files[{j}]");
-                    cx.note(&field, f);
-                    let (h, g) = f.get_ref().rsplit_once(':').ok_or_else(|| {
-                        cx.err(
-                            f.span(),
-                            &field,
-                            format!("'{}' is not HOST_PATH:GUEST_PATH", f.get_ref()),
-                        )
-                    })?;
-                    if h.is_empty() || !g.starts_with('/') || g.ends_with('/') || g.contains("/../")
-                    {
-                        return Err(cx.err(
-                            f.span(),
-                            &field,
-                            format!(
-                                "'{}': need a host path and an absolute guest file path",
-                                f.get_ref()
-                            ),
-                        ));
-                    }
-                    files.push(FileSpec {
-                        host: PathBuf::from(h),
-                        guest: g.to_string(),
-                    });
-                }
-            }
-            let mut nics = Vec::new();
-            for (j, rn) in vm.nic.iter().enumerate() {
-                let n = rn.get_ref();
-                let field = format!("{p}.nic[{j}]");
-                cx.note(&field, rn);
-                let vhost = n.vhost.as_ref().map(|v| *v.get_ref()).unwrap_or(false);
-                if let Some(v) = &n.vhost {
-                    cx.note(&format!("{field}.vhost"), v);
-                }
-                let ip = match (&n.ip, n.kind) {
-                    (Some(s), NicKind::User) => {
-                        return Err(cx.err(
-                            s.span(),
-                            &format!("{field}.ip"),
-                            "user NICs get 10.0.2.15 from QEMU; 'ip' is for tap NICs",
-                        ));
-                    }
-                    (Some(s), NicKind::Tap) => {
-                        cx.note(&format!("{field}.ip"), s);
-                        let ip: Ipv4Addr = s.get_ref().parse().map_err(|_| {
-                            cx.err(
-                                s.span(),
-                                &format!("{field}.ip"),
-                                format!("'{}' is not an IPv4 address", s.get_ref()),
-                            )
-                        })?;
-                        let net = u32::from(ip) & (u32::MAX << (32 - subnet.prefix));
-                        if net != u32::from(subnet.network) || ip == subnet.host(1) {
-                            return Err(cx.err(s.span(), &format!("{field}.ip"), format!("{ip} is not a guest address in the lab subnet {subnet} (.1 is the bridge)")));
-                        }
-                        Some(ip)
-                    }
-                    (None, NicKind::Tap) => {
-                        while used_ips.contains(&subnet.host(next_host)) {
-                            next_host += 1;
-                        }
-                        let ip = subnet.host(next_host);
-                        next_host += 1;
-                        Some(ip)
-                    }
-                    (None, NicKind::User) => None,
-                };
-                if let Some(ip) = ip {
-                    if !used_ips.insert(ip) {
-                        let s = n.ip.as_ref().map(|s| s.span()).unwrap_or(rn.span());
-                        return Err(cx.err(
-                            s,
-                            &format!("{field}.ip"),
-                            format!("{ip} is used twice"),
-                        ));
-                    }
-                }
-                nics.push(NicSpec {
-                    kind: n.kind,
-                    ip,
-                    vhost,
-                });
-            }
-            let mut disks = Vec::new();
-            for (j, rd) in vm.disk.iter().enumerate() {
-                let d = rd.get_ref();
-                let field = format!("{p}.disk[{j}]");
-                cx.note(&field, rd);
-                let format = d.format.as_ref().map(|f| *f.get_ref()).unwrap_or_default();
-                if let Some(f) = &d.format {
-                    if d.backend != DiskBackend::File && format != DiskFormat::Raw {
-                        return Err(cx.err(
-                            f.span(),
-                            &format!("{field}.format"),
-                            "only file disks can be qcow2; block and lvm disks are raw",
-                        ));
-                    }
-                }
-                let size_mib =
-                    cx.count(&format!("{field}.size_mib"), &d.size_mib, 64, 1, 1 << 24)? as u64;
-                let path = d.path.as_ref().map(|s| {
-                    cx.note(&format!("{field}.path"), s);
-                    s.get_ref().clone()
-                });
-                if d.backend == DiskBackend::Lvm && d.path.is_some() {
-                    let s = d.path.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            for vm in cx.vm(i, rv, &subnet, &mut alloc)? {
+                if vms.iter().any(|v| v.name == vm.name) {
                     return Err(cx.err(
-                        s,
-                        &format!("{field}.path"),
-                        "lvm disks are created by the lab; set vg, not path",
+                        rv.get_ref().name.span(),
+                        &format!("vm[{i}].name"),
+                        format!("VM name '{}' is used twice", vm.name),
                     ));
                 }
-                let vg = match (&d.vg, d.backend) {
-                    (Some(v), DiskBackend::Lvm) => {
-                        cx.note(&format!("{field}.vg"), v);
-                        Some(v.get_ref().clone())
-                    }
-                    (Some(v), _) => {
-                        return Err(cx.err(
-                            v.span(),
-                            &format!("{field}.vg"),
-                            "vg is only for backend = \"lvm\"",
-                        ))
-                    }
-                    (None, DiskBackend::Lvm) => {
-                        return Err(cx.err(
-                            rd.span(),
-                            &format!("{field}.vg"),
-                            "backend = \"lvm\" needs vg = \"<volume group>\"",
-                        ))
-                    }
-                    (None, _) => None,
-                };
-                let cache = match &d.cache {
-                    Some(c) => {
-                        if !CACHE_MODES.contains(&c.get_ref().as_str()) {
-                            return Err(cx.err(
-                                c.span(),
-                                &format!("{field}.cache"),
-                                format!(
-                                    "'{}' is not one of {}",
-                                    c.get_ref(),
-                                    CACHE_MODES.join(", ")
-                                ),
-                            ));
-                        }
-                        c.get_ref().clone()
-                    }
-                    None => "none".to_string(),
-                };
-                let aio = match &d.aio {
-                    Some(a) => {
-                        if !AIO_MODES.contains(&a.get_ref().as_str()) {
-                            return Err(cx.err(
-                                a.span(),
-                                &format!("{field}.aio"),
-                                format!("'{}' is not one of {}", a.get_ref(), AIO_MODES.join(", ")),
-                            ));
-                        }
-                        if a.get_ref() == "native" && !(cache == "none" || cache == "directsync") {
-                            return Err(cx.err(a.span(), &format!("{field}.aio"), "aio = \"native\" needs cache = \"none\" or \"directsync\" (O_DIRECT)"));
-                        }
-                        a.get_ref().clone()
-                    }
-                    None => "threads".to_string(),
-                };
-                let iothread = match &d.iothread {
-                    Some(t) => {
-                        cx.note(&format!("{field}.iothread"), t);
-                        let v = *t.get_ref();
-                        if v < 0 || v >= i64::from(iothreads) {
-                            return Err(cx.err(t.span(), &format!("{field}.iothread"), format!("I/O thread {v} does not exist (the VM has iothreads = {iothreads})")));
-                        }
-                        Some(v as u32)
-                    }
-                    None => None,
-                };
-                let max_bytes_per_s = match &d.max_bytes_per_s {
-                    Some(b) => {
-                        let v = *b.get_ref();
-                        // QEMU's throttle refuses limits above 1e15 (throttle.c THROTTLE_VALUE_MAX).
-                        if !(512..=1_000_000_000_000_000).contains(&v) {
-                            return Err(cx.err(
-                                b.span(),
-                                &format!("{field}.max_bytes_per_s"),
-                                format!("{v} is not a limit QEMU takes: bytes per second from 512 to 1e15"),
-                            ));
-                        }
-                        Some(v as u64)
-                    }
-                    None => None,
-                };
-                disks.push(DiskSpec {
-                    backend: d.backend,
-                    format,
-                    path,
-                    size_mib,
-                    vg,
-                    cache,
-                    aio,
-                    iothread,
-                    optional: d.optional.unwrap_or(false),
-                    root: d.root.unwrap_or(false),
-                    max_bytes_per_s,
-                });
+                vms.push(vm);
             }
-            if disks.iter().filter(|d| d.root).count() > 1 {
-                return Err(cx.err(
-                    rv.span(),
-                    &format!("{p}.disk"),
-                    "more than one disk has root = true",
-                ));
-            }
-            if nics.iter().filter(|n| n.kind == NicKind::User).count() > 1 {
-                return Err(cx.err(
-                    rv.span(),
-                    &format!("{p}.nic"),
-                    "at most one user NIC per VM",
-                ));
-            }
-            vms.push(VmSpec {
-                name: vname,
-                vcpus,
-                memory_mib,
-                pin_vcpus,
-                pin_emulator,
-                pin_io,
-                iothreads,
-                agent: vm.agent.unwrap_or(true),
-                kernel_args: vm.kernel_args.clone().unwrap_or_default(),
-                files,
-                nics,
-                disks,
-            });
         }
         Ok(LabSpec {
             name,
@@ -1104,6 +1201,36 @@ ip = "10.9.9.9"
         assert!(s.vms[1].agent);
         assert_eq!(s.vms[1].nics[1].ip, Some(Ipv4Addr::new(10, 9, 9, 9)));
         assert_eq!(s.lines.get("vm[0].vcpus"), Some(&8));
+    }
+
+    #[test]
+    fn count_makes_numbered_vms_with_their_own_addresses() {
+        let s = parse(
+            "name = \"c\"\nsubnet = \"10.8.8.0/24\"\n[[vm]]\nname = \"s\"\ncount = 3\n[[vm.nic]]\nkind = \"tap\"\n[[vm]]\nname = \"t\"\n",
+        )
+        .unwrap();
+        let names: Vec<&str> = s.vms.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, vec!["s0", "s1", "s2", "t"]);
+        let ips: Vec<_> = s.vms[..3].iter().map(|v| v.nics[0].ip.unwrap()).collect();
+        assert_eq!(
+            ips,
+            vec![
+                Ipv4Addr::new(10, 8, 8, 2),
+                Ipv4Addr::new(10, 8, 8, 3),
+                Ipv4Addr::new(10, 8, 8, 4)
+            ]
+        );
+        let e = parse("name = \"c\"\n[[vm]]\nname = \"s\"\ncount = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vm[0].count") && e.contains("out of range"),
+            "{e}"
+        );
+        let e = parse("name = \"c\"\n[[vm]]\nname = \"s\"\ncount = 2\n[[vm]]\nname = \"s1\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'s1' is used twice"), "{e}");
     }
 
     #[test]
