@@ -20,6 +20,7 @@ PKGS=(
   time                # GNU time: wall, CPU and peak RSS for bench/vs-perf
   util-linux          # losetup, setpriv
   procps              # pkill
+  gcc g++ binutils libc6-dev  # ELF fixtures and programs copied into guests by the tests
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -33,6 +34,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Lab VMs with tap NICs need /dev/net/tun; some containers lack the node
+# although the kernel has the driver.
+if [ ! -e /dev/net/tun ] && [ "$(id -u)" = 0 ]; then
+  mkdir -p /dev/net && mknod /dev/net/tun c 10 200 && chmod 666 /dev/net/tun \
+    || echo "setup: /dev/net/tun is missing and cannot be created: lab tests with tap NICs will fail" >&2
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

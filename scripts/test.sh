@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up, then the whole test suite: formatting, lints, unit, host (root),
-# lab (QEMU) and fuzz-smoke tests. Tests that need what this machine lacks
-# print "SKIP: <reason>".
+# lab (QEMU) and fuzz-smoke tests. A test that cannot make its check logs
+# "SKIP: <reason>" (crates/testkit); under CI ($CI set) that is a failure,
+# and every run ends with a tally of the skips by reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,6 +15,17 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+export VMSCOPE_SKIP_LOG="$PWD/target/skips.log"
+: > "$VMSCOPE_SKIP_LOG"
+tally() {
+  echo "== skipped checks (target/skips.log)"
+  if [ -s "$VMSCOPE_SKIP_LOG" ]; then
+    cut -f1,3 "$VMSCOPE_SKIP_LOG" | sort | uniq -c | sort -rn
+  else
+    echo "none"
+  fi
+}
+trap tally EXIT
 echo "== cargo test (release, so tests reuse the set-up build)"
 cargo test --workspace --release -- --test-threads=2
 if [ -x scripts/fuzz-smoke.sh ]; then

@@ -95,12 +95,12 @@ pub fn parse_dd<I: IntoIterator<Item = String>>(args: I) -> Result<DdOptions, St
             "count" => {
                 read.count = value
                     .parse()
-                    .map_err(|_| format!("count wants a number of blocks, not `{value}`"))?
+                    .map_err(|_| format!("count wants a number of blocks, not `{value}`"))?;
             }
             "skip" => {
                 read.skip = value
                     .parse()
-                    .map_err(|_| format!("skip wants a number of blocks, not `{value}`"))?
+                    .map_err(|_| format!("skip wants a number of blocks, not `{value}`"))?;
             }
             "iflag" => {
                 for flag in value.split(',') {
@@ -236,7 +236,7 @@ mod tests {
     }
 
     fn p(a: &[&str]) -> Result<Options, String> {
-        parse(a.iter().map(|s| s.to_string()))
+        parse(a.iter().map(std::string::ToString::to_string))
     }
 
     #[test]
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn demo_flags() {
-        let d = |a: &[&str]| parse_demo(a.iter().map(|s| s.to_string()));
+        let d = |a: &[&str]| parse_demo(a.iter().map(std::string::ToString::to_string));
         assert_eq!(
             d(&[]).unwrap(),
             DemoOptions {

@@ -99,7 +99,7 @@ fn dd(args: impl Iterator<Item = String>) -> ExitCode {
                 "{} bytes read, {:.3} s, {:.2} MiB/s, {:.1} reads/s, bs {}{}",
                 s.bytes,
                 s.seconds,
-                s.bytes as f64 / (1 << 20) as f64 / s.seconds.max(1e-9),
+                s.bytes as f64 / f64::from(1 << 20) / s.seconds.max(1e-9),
                 s.reads_per_s(),
                 o.read.block_size,
                 if o.read.direct { " direct" } else { "" }

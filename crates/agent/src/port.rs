@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 pub fn find_port(sys_root: &Path, name: &str) -> Option<PathBuf> {
     let dir = sys_root.join("class/virtio-ports");
     let mut entries: Vec<_> = std::fs::read_dir(dir).ok()?.flatten().collect();
-    entries.sort_by_key(|e| e.file_name());
+    entries.sort_by_key(std::fs::DirEntry::file_name);
     entries.into_iter().find_map(|e| {
         let text = std::fs::read(e.path().join("name")).ok()?;
         let got = String::from_utf8_lossy(&text);
@@ -52,13 +52,13 @@ fn make_raw_if_tty(fd: RawFd) -> io::Result<()> {
     // SAFETY: termios is plain old data, filled by tcgetattr.
     let mut t: libc::termios = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd and pointer.
-    if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+    if unsafe { libc::tcgetattr(fd, &raw mut t) } != 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: valid pointer.
-    unsafe { libc::cfmakeraw(&mut t) };
+    unsafe { libc::cfmakeraw(&raw mut t) };
     // SAFETY: valid fd and pointer.
-    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &t) } != 0 {
+    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw const t) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

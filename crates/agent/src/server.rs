@@ -289,9 +289,7 @@ impl Server {
                 match e.raw_os_error() {
                     Some(libc::EAGAIN) => return Ok(Flow::Continue),
                     Some(libc::EINTR) => continue,
-                    Some(libc::EIO) | Some(libc::ECONNRESET) | Some(libc::ENOTCONN) => {
-                        return Ok(Flow::Gone)
-                    }
+                    Some(libc::EIO | libc::ECONNRESET | libc::ENOTCONN) => return Ok(Flow::Gone),
                     _ => return Err(e),
                 }
             }
@@ -315,9 +313,7 @@ impl Server {
                 match e.raw_os_error() {
                     Some(libc::EAGAIN) => return Ok(Flow::Continue),
                     Some(libc::EINTR) => continue,
-                    Some(libc::EPIPE) | Some(libc::EIO) | Some(libc::ECONNRESET) => {
-                        return Ok(Flow::Gone)
-                    }
+                    Some(libc::EPIPE | libc::EIO | libc::ECONNRESET) => return Ok(Flow::Gone),
                     _ => return Err(e),
                 }
             }

@@ -8,7 +8,7 @@ pub fn uname() -> (String, String) {
     // SAFETY: utsname is plain old data; uname fills it.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer to a utsname.
-    if unsafe { libc::uname(&mut u) } != 0 {
+    if unsafe { libc::uname(&raw mut u) } != 0 {
         return (String::new(), String::new());
     }
     let field = |f: &[libc::c_char]| {

@@ -57,7 +57,7 @@ fn spawn(flags: &[&str]) -> Agent {
 }
 
 fn argv(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| s.to_string()).collect()
+    a.iter().map(std::string::ToString::to_string).collect()
 }
 
 fn tmpdir(tag: &str) -> PathBuf {
@@ -282,7 +282,7 @@ impl Read for PtyMaster {
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        let r = unsafe { libc::poll(&raw mut p, 1, ms) };
         if r == 0 {
             return Err(io::Error::new(io::ErrorKind::WouldBlock, "timeout"));
         }
@@ -396,11 +396,10 @@ fn once_exits_after_the_first_connection() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    match status {
-        Some(s) => assert!(s.success()),
-        None => {
-            child.kill().unwrap();
-            panic!("--once agent did not exit after the host hung up");
-        }
+    if let Some(s) = status {
+        assert!(s.success());
+    } else {
+        child.kill().unwrap();
+        panic!("--once agent did not exit after the host hung up");
     }
 }

@@ -70,7 +70,7 @@ fn can_sample_everything() -> bool {
     if paranoid.is_some_and(|p| p <= -1) {
         return true;
     }
-    eprintln!("skipped: sampling every CPU needs root or kernel.perf_event_paranoid <= -1");
+    vmscope_testkit::skip("sampling every CPU needs root or kernel.perf_event_paranoid <= -1");
     false
 }
 

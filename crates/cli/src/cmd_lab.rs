@@ -257,13 +257,11 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             }
             let data = std::fs::read(&host_path)
                 .with_context(|| format!("reading {}", host_path.display()))?;
-            let mode = match mode {
-                Some(m) => u32::from_str_radix(&m, 8)
-                    .with_context(|| format!("--mode {m} is not octal"))?,
-                None => {
-                    use std::os::unix::fs::PermissionsExt;
-                    std::fs::metadata(&host_path)?.permissions().mode() & 0o7777
-                }
+            let mode = if let Some(m) = mode {
+                u32::from_str_radix(&m, 8).with_context(|| format!("--mode {m} is not octal"))?
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::metadata(&host_path)?.permissions().mode() & 0o7777
             };
             let (_, v) = lab::find_vm(&opts, lab.as_deref(), vm)?;
             let (mut client, _) = lab::connect_agent(&v, Duration::from_secs(10))?;
@@ -409,7 +407,7 @@ fn print_states(states: &[LabState], format: LabFormat) -> anyhow::Result<()> {
                 v.vcpus.to_string(),
                 v.vcpu_tids
                     .iter()
-                    .map(|t| t.to_string())
+                    .map(std::string::ToString::to_string)
                     .collect::<Vec<_>>()
                     .join(","),
                 v.nics

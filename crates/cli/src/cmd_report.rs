@@ -68,7 +68,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         if vmscope_model::Context::parse(c).is_none() {
             anyhow::bail!(
                 "unknown context '{c}'; contexts: {}",
-                vmscope_model::Context::ALL.map(|c| c.as_str()).join(", ")
+                vmscope_model::Context::ALL
+                    .map(vmscope_model::Context::as_str)
+                    .join(", ")
             );
         }
         filter.push((Field::Context, c.clone()));

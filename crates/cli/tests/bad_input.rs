@@ -58,7 +58,7 @@ fn hardware_event_missing_lists_working_events() {
         fails_clearly(&out, &["instructions", "not supported", "cpu-clock"]);
         assert!(!db.exists(), "no session file may be left behind");
     } else {
-        eprintln!("SKIP: this machine has a hardware PMU; the missing-event path is not reachable");
+        skip_platform("this machine has a hardware PMU; the missing-event path is not reachable");
     }
 }
 
@@ -77,14 +77,15 @@ fn no_such_pid() {
 
 #[test]
 fn no_permission_names_what_is_needed() {
-    if !is_root() || !have("setpriv") {
-        eprintln!("SKIP: needs root and setpriv to drop to an unprivileged user");
+    if !vmscope_testkit::require_root("dropping to an unprivileged user")
+        || !vmscope_testkit::require_tools(&[("setpriv", "util-linux")])
+    {
         return;
     }
     let paranoid =
         std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
     if paranoid.trim().parse::<i32>().unwrap_or(2) < 0 {
-        eprintln!("SKIP: perf_event_paranoid < 0 lets anyone profile system-wide");
+        skip_platform("perf_event_paranoid < 0 lets anyone profile system-wide");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +169,7 @@ fn corrupt_and_newer_sessions() {
         let out = vmscope().arg("report").arg(&newer).output().unwrap();
         fails_clearly(&out, &["newer.db", "newer than this vmscope"]);
     } else {
-        eprintln!("SKIP (part): sqlite3 CLI missing, newer-schema case not run");
+        skip("sqlite3 CLI missing (apt-get install sqlite3): the newer-schema case is not run");
     }
 
     // Damaged pages after the header.

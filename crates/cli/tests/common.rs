@@ -24,34 +24,19 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc_geteuid() == 0 }
-}
+#[allow(unused_imports)]
+pub use vmscope_testkit::{have, is_root, skip, skip_platform};
 
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
-
-pub fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool} >/dev/null 2>&1"))
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// Skip (return true) with a printed reason unless root and `tools` exist.
+/// Skip (return true) with a reason unless root and `tools` exist.
 pub fn skip_unless(tools: &[&str]) -> bool {
-    if !is_root() {
-        eprintln!("SKIP: needs root (perf_event_open system-wide)");
+    if !vmscope_testkit::require_root("perf_event_open system-wide") {
         return true;
     }
     for t in tools {
         if !have(t) {
-            eprintln!("SKIP: '{t}' is not installed (scripts/setup.sh installs it)");
+            skip(&format!(
+                "'{t}' is not installed (scripts/setup.sh installs it)"
+            ));
             return true;
         }
     }

@@ -15,15 +15,6 @@ use std::process::{Command, Stdio};
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
-fn which(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool} >/dev/null"))
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
 struct Lab {
     cache: PathBuf,
     run: PathBuf,
@@ -107,7 +98,7 @@ fn demo_shares(rows: &[(Vec<String>, u64, f64)]) -> [f64; 3] {
         .iter()
         .map(|n| {
             rows.iter()
-                .filter(|r| r.0.last().map(|s| s.as_str()) == Some(*n))
+                .filter(|r| r.0.last().map(std::string::String::as_str) == Some(*n))
                 .map(|r| r.2)
                 .sum()
         })
@@ -131,7 +122,7 @@ fn pidstat_threads(text: &str) -> Vec<(u32, f64, String)> {
             continue;
         }
         if f.contains(&"TID") {
-            cols = f.iter().map(|s| s.to_string()).collect();
+            cols = f.iter().map(std::string::ToString::to_string).collect();
             continue;
         }
         let (Some(ti), Some(ci)) = (
@@ -153,19 +144,17 @@ fn pidstat_threads(text: &str) -> Vec<(u32, f64, String)> {
 
 #[test]
 fn active_and_passive_vms_in_one_session() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: needs root");
+    if !vmscope_testkit::require_root("a lab with active and passive VMs")
+        || !vmscope_testkit::require_tools(&[
+            ("qemu-system-x86_64", "qemu-system-x86"),
+            ("busybox", "busybox-static"),
+            ("pidstat", "sysstat"),
+        ])
+    {
         return;
     }
-    for t in ["qemu-system-x86_64", "busybox", "pidstat"] {
-        if !which(t) {
-            eprintln!("SKIP: {t} is not installed (scripts/setup.sh installs it)");
-            return;
-        }
-    }
     if let Err(e) = vmscope_lab::image::find_agent(None) {
-        eprintln!("SKIP: no static guest agent: {e}");
+        vmscope_testkit::skip(&format!("no static guest agent: {e}"));
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -69,6 +69,18 @@ fn key(
 
 /// A session with everything a report can show, built without recording.
 fn coordinated_session(path: &Path) {
+    use Context::*;
+    type Row<'a> = (
+        u32,
+        &'a str,
+        Context,
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a str,
+        u64,
+        u64,
+    );
     let mut w = SessionWriter::create(path).unwrap();
     for (k, v) in [
         ("vmscope_version", "golden"),
@@ -132,18 +144,6 @@ fn coordinated_session(path: &Path) {
     }
     let ms = 1_000_000u64;
     let mut host = Profile::new();
-    use Context::*;
-    type Row<'a> = (
-        u32,
-        &'a str,
-        Context,
-        &'a str,
-        &'a str,
-        &'a str,
-        &'a str,
-        u64,
-        u64,
-    );
     let host_rows: &[Row] = &[
         (
             0,

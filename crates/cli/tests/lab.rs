@@ -5,7 +5,7 @@
 //! `lab down` still removes everything. Bad specs fail before anything starts.
 //!
 //! Every test that needs root, QEMU, busybox-static or the static guest
-//! agent prints `SKIP: <reason>` and passes when they are missing. One guest
+//! agent prints `SKIP: <reason>` when they are missing (a failure under CI). One guest
 //! image is shared by all tests (cache under the target directory, built once
 //! under a file lock).
 
@@ -27,8 +27,7 @@ struct Env {
 
 /// What the lab tests need, or why they skip.
 fn lab_env() -> Result<Env, String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !vmscope_testkit::is_root() {
         return Err("lab tests need root (taps, loop devices, /dev/net/tun)".into());
     }
     for (tool, pkg) in [
@@ -61,7 +60,7 @@ macro_rules! need_lab {
         match lab_env() {
             Ok(e) => e,
             Err(why) => {
-                eprintln!("SKIP: {why}");
+                vmscope_testkit::skip(&why);
                 return;
             }
         }
@@ -169,7 +168,9 @@ fn static_program(dir: &Path) -> Option<PathBuf> {
 #[test]
 fn two_vm_lab_boots_runs_and_leaves_nothing() {
     let env = need_lab!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let lab = "ci-two";
     let _ = vmscope(&env, &["down", lab]).output();
     let _guard = DownOnDrop(&env, lab);
@@ -321,7 +322,9 @@ iothread = 0
             assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from lab\n");
             assert_eq!(out.status.code(), Some(7));
         }
-        None => eprintln!("SKIP (part): gcc -static unavailable (apt-get install gcc libc6-dev)"),
+        None => vmscope_testkit::skip(
+            "gcc -static unavailable (apt-get install gcc libc6-dev); the cp + exec of a compiled program is not checked",
+        ),
     }
 
     // lab console --dump shows the guest's boot.
@@ -369,7 +372,9 @@ iothread = 0
 #[test]
 fn killed_lab_up_is_cleaned_by_down() {
     let env = need_lab!();
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let lab = "ci-kill";
     let _ = vmscope(&env, &["down", lab]).output();
     let _guard = DownOnDrop(&env, lab);
@@ -462,13 +467,11 @@ fn bad_specs_fail_before_anything_starts() {
 
 #[test]
 fn not_root_is_refused_before_anything_starts() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: needs root to drop to an unprivileged user");
+    if !vmscope_testkit::require_root("dropping to an unprivileged user") {
         return;
     }
-    let Some(setpriv) = vmscope_lab::util::which("setpriv") else {
-        eprintln!("SKIP: setpriv not installed (apt-get install util-linux)");
+    let Some(setpriv) = vmscope_testkit::which("setpriv") else {
+        vmscope_testkit::skip("setpriv not installed (apt-get install util-linux)");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -496,7 +499,9 @@ fn not_root_is_refused_before_anything_starts() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     if err.contains("Permission denied") && !err.contains("vmscope") {
-        eprintln!("SKIP: the vmscope binary is not reachable for an unprivileged user: {err}");
+        vmscope_testkit::skip(&format!(
+            "the vmscope binary is not reachable for an unprivileged user: {err}"
+        ));
         return;
     }
     assert_eq!(out.status.code(), Some(2), "{err}");

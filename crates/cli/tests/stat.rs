@@ -12,7 +12,8 @@
 //! CPU) and `/proc/stat` (within 1 % per 2 s interval and over the run), and `serve` scraped by a real Prometheus whose PromQL
 //! `rate()` of the busy VM's vCPU run time is above zero.
 //!
-//! Tests print `SKIP: <reason>` and pass when what they need is missing.
+//! Tests print `SKIP: <reason>` when what they need is missing (a failure
+//! under CI, which installs everything: see vmscope-testkit).
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,18 +26,7 @@ const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(tool))
-            .find(|f| f.is_file())
-    })
-}
+use vmscope_testkit::{is_root, skip, which};
 
 /// Kills (by its own pid) and reaps a child when dropped.
 struct Reap(Child);
@@ -154,11 +144,13 @@ fn stat_into_head_exits_quietly() {
 /// exits while `stat` and `account` run: no crash, the rows say so.
 #[test]
 fn vms_come_and_go_mid_interval() {
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let bin = match fake_qemu() {
         Ok(b) => b,
         Err(why) => {
-            eprintln!("SKIP: {why}");
+            skip(&why);
             return;
         }
     };
@@ -170,7 +162,7 @@ fn vms_come_and_go_mid_interval() {
             .status()
             .is_ok_and(|s| s.success());
     if !have_tap {
-        eprintln!("SKIP (part): no tap (needs root and iproute2); the tap case is not checked");
+        skip("no tap (needs root and iproute2); the tap case is not checked");
     }
     let spawn = |args: &[&str]| {
         Command::new(VMSCOPE)
@@ -431,11 +423,13 @@ fn lab_busy_and_idle_vm() {
     let (cache, run, agent) = match lab_env() {
         Ok(e) => e,
         Err(why) => {
-            eprintln!("SKIP: {why}");
+            skip(&why);
             return;
         }
     };
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tmp = tempfile::tempdir().unwrap();
     let spec = tmp.path().join("ci-stat.toml");
     std::fs::write(
@@ -725,7 +719,9 @@ kind = "tap"
 
     // 3. serve scraped by Prometheus.
     let Some(prom) = which("prometheus") else {
-        eprintln!("SKIP (part): prometheus not installed (apt-get install prometheus)");
+        skip(
+            "prometheus not installed (apt-get install prometheus); the serve part is not checked",
+        );
         return;
     };
     let sport = free_port();
@@ -883,15 +879,17 @@ fn lab_cherkasova_io_charging() {
     let (cache, run, agent) = match lab_env() {
         Ok(e) => e,
         Err(why) => {
-            eprintln!("SKIP: {why}");
+            skip(&why);
             return;
         }
     };
     let Some(httperf) = which("httperf") else {
-        eprintln!("SKIP: httperf not installed (scripts/setup.sh installs it)");
+        skip("httperf not installed (scripts/setup.sh installs it)");
         return;
     };
-    let _s = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tmp = tempfile::tempdir().unwrap();
     // The README's lab, under a name of its own.
     let spec = tmp.path().join("ci-io.toml");
@@ -1039,12 +1037,15 @@ fn lab_cherkasova_io_charging() {
             dio / t,
             1e3 * sh / t
         );
-        assert!(pk / t > rate as f64, "{vm}: fewer packets than requests");
+        assert!(
+            pk / t > f64::from(rate),
+            "{vm}: fewer packets than requests"
+        );
         // The taps' packets make NET_TX/NET_RX softirqs, timed exactly by
         // the tracepoints, so each VM pays a share.
         assert!(sh > 0.0, "{vm} was charged no shared I/O time");
         per_kib.push(ratio);
-        charge_per_mib.push(sh / (by / (1 << 20) as f64));
+        charge_per_mib.push(sh / (by / f64::from(1 << 20)));
     }
     eprintln!(
         "web1k has {:.1}x the operations per byte of web70k",
@@ -1168,7 +1169,7 @@ fn lab_cherkasova_io_charging() {
             "| {bs} B | {} | {:.0} | {:.2} | {:.3} | {:.3} | {:.2} | {:.3} |",
             inside.len(),
             ops / t,
-            by / t / (1 << 20) as f64,
+            by / t / f64::from(1 << 20),
             run_s / t,
             dio / t,
             1e3 * sh / t,
@@ -1189,7 +1190,7 @@ fn lab_cherkasova_io_charging() {
         // The bytes per request are the block size: one read, one request.
         let per_op = by / ops.max(1.0);
         assert!(
-            (per_op - bs as f64).abs() <= 0.05 * bs as f64,
+            (per_op - f64::from(bs)).abs() <= 0.05 * f64::from(bs),
             "dd bs={bs}: {per_op:.0} bytes per disk request"
         );
         assert!(

@@ -20,12 +20,11 @@ pub(crate) fn with_qmp(vm: &mut Vm, proc: &ProcRoot, timeout: Duration) {
         Err(first) => {
             // The socket may live in another mount namespace.
             let alt = host_view(proc, vm.pid, &sock);
-            match (alt != sock).then(|| Qmp::connect(&alt, timeout)) {
-                Some(Ok(q)) => q,
-                _ => {
-                    vm.warnings.push(format!("QMP not used: {first}"));
-                    return;
-                }
+            if let Some(Ok(q)) = (alt != sock).then(|| Qmp::connect(&alt, timeout)) {
+                q
+            } else {
+                vm.warnings.push(format!("QMP not used: {first}"));
+                return;
             }
         }
     };
@@ -183,26 +182,23 @@ pub(crate) fn merge_disks(disks: &mut Vec<Disk>, v: &Value) {
             (d.id.is_some() && (d.id == device || d.id == node))
                 || (file.is_some() && d.file == file)
         };
-        let disk = match disks.iter().position(matches) {
-            Some(i) => {
-                disks[i].source = DiskSource::Both;
-                &mut disks[i]
-            }
-            None => {
-                disks.push(Disk {
-                    id: device.clone().or_else(|| node.clone()),
-                    file: None,
-                    backing: Vec::new(),
-                    format: None,
-                    protocol: None,
-                    cache: None,
-                    aio: None,
-                    readonly: false,
-                    source: DiskSource::Qmp,
-                });
-                let last = disks.len() - 1;
-                &mut disks[last]
-            }
+        let disk = if let Some(i) = disks.iter().position(matches) {
+            disks[i].source = DiskSource::Both;
+            &mut disks[i]
+        } else {
+            disks.push(Disk {
+                id: device.clone().or_else(|| node.clone()),
+                file: None,
+                backing: Vec::new(),
+                format: None,
+                protocol: None,
+                cache: None,
+                aio: None,
+                readonly: false,
+                source: DiskSource::Qmp,
+            });
+            let last = disks.len() - 1;
+            &mut disks[last]
         };
         if file.is_some() {
             disk.file = file;

@@ -87,14 +87,21 @@ mod tests {
         let mid = d.path().join("mid.qcow2");
         let top = d.path().join("top.qcow2");
         qcow2(&top, Some(mid.to_str().expect("utf8")));
-        assert_eq!(qcow2_chain(&top, |p| p.to_path_buf()), vec![mid, base]);
+        assert_eq!(
+            qcow2_chain(&top, std::path::Path::to_path_buf),
+            vec![mid, base]
+        );
         // Not a qcow2, missing, and a loop are all harmless.
         let raw = d.path().join("raw.img");
         std::fs::write(&raw, b"plain").expect("write");
-        assert!(qcow2_chain(&raw, |p| p.to_path_buf()).is_empty());
-        assert!(qcow2_chain(Path::new("/nonexistent.qcow2"), |p| p.to_path_buf()).is_empty());
+        assert!(qcow2_chain(&raw, std::path::Path::to_path_buf).is_empty());
+        assert!(qcow2_chain(
+            Path::new("/nonexistent.qcow2"),
+            std::path::Path::to_path_buf
+        )
+        .is_empty());
         let lp = d.path().join("loop.qcow2");
         qcow2(&lp, Some("loop.qcow2"));
-        assert!(qcow2_chain(&lp, |p| p.to_path_buf()).is_empty());
+        assert!(qcow2_chain(&lp, std::path::Path::to_path_buf).is_empty());
     }
 }

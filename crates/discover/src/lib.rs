@@ -1,5 +1,5 @@
 //! Finds every QEMU VM on a host, started by the lab or not, and the map
-//! `record`, `stat` and `account` use to turn threads into VMs (DESIGN §2,
+//! `record`, `stat` and `account` use to turn threads into VMs (docs/architecture.md §2,
 //! §4).
 //!
 //! [`discover`] reads a `/proc` tree (any root, so tests run on fixture
@@ -328,7 +328,7 @@ fn find_taps(
                     proc.pid_path(pid, &format!("fdinfo/{fd}")).display()
                 )),
                 Err(e) => {
-                    warnings.push(format!("netdev {}: {e}", spec.id.as_deref().unwrap_or("?"),))
+                    warnings.push(format!("netdev {}: {e}", spec.id.as_deref().unwrap_or("?"),));
                 }
             }
         }

@@ -83,7 +83,9 @@ fn live_tcg_qemu_with_qmp() {
         if let Ok(Some(status)) = guard.0.try_wait() {
             panic!("qemu exited early: {status}");
         }
-        let threads = std::fs::read_dir(&task).map(|d| d.count()).unwrap_or(0);
+        let threads = std::fs::read_dir(&task)
+            .map(std::iter::Iterator::count)
+            .unwrap_or(0);
         if sock.exists() && threads >= 3 {
             break;
         }

@@ -1,4 +1,4 @@
-//! Active VMs in a recording (DESIGN §4, coordinated profiling): the
+//! Active VMs in a recording (docs/architecture.md §4, coordinated profiling): the
 //! recorder drives each VM's agent through [`GuestProfiler`], one thread per
 //! VM, so a slow or dead agent never stalls the host's rings. Like Xenoprof,
 //! sampling starts only when every active agent is ready (the barrier) and

@@ -1,4 +1,4 @@
-//! The pipeline of DESIGN §3: collect → normalize → attribute → symbolize →
+//! The pipeline of docs/architecture.md §3: collect → normalize → attribute → symbolize →
 //! aggregate → store.
 //!
 //! [`Converter`] is the single place where a [`Record`] stream becomes a

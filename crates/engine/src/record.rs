@@ -93,7 +93,7 @@ impl PausedChild {
         }
         let mut st = 0;
         // SAFETY: waitpid on our own child.
-        let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+        let r = unsafe { libc::waitpid(self.pid, &raw mut st, libc::WNOHANG) };
         if r == self.pid {
             self.status = Some(if libc::WIFEXITED(st) {
                 libc::WEXITSTATUS(st)
@@ -111,7 +111,7 @@ impl PausedChild {
             unsafe {
                 libc::kill(self.pid, libc::SIGKILL);
                 let mut st = 0;
-                libc::waitpid(self.pid, &mut st, 0);
+                libc::waitpid(self.pid, &raw mut st, 0);
             }
             self.status = Some(128 + libc::SIGKILL);
         }
@@ -282,7 +282,7 @@ pub fn record(
         ("kernel", kernel),
         ("cpus", rec.cpus().len().to_string()),
         ("started_at", format!("{started:.3}")),
-        ("callchain", (opts.callchain as u8).to_string()),
+        ("callchain", u8::from(opts.callchain).to_string()),
     ] {
         writer.set_meta(k, &v)?;
     }

@@ -1,5 +1,5 @@
 //! KVM guest-mode samples cannot be produced on a TCG-only machine, so the
-//! passive-VM path (DESIGN §4) is tested here on perf.data files built by
+//! passive-VM path (docs/architecture.md §4) is tested here on perf.data files built by
 //! hand: samples with cpumode guest-kernel / guest-user on a vCPU thread go
 //! to the VM owning that thread (or `pid<N>` when no VM map knows it), guest
 //! kernel IPs resolve with the VM's kallsyms, host-kernel IPs in the vCPU

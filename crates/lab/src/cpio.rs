@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn cpio_tool_reads_it() {
         let Some(cpio) = crate::util::which("cpio") else {
-            eprintln!("skipped: cpio not installed (apt-get install cpio)");
+            vmscope_testkit::skip("cpio not installed (apt-get install cpio)");
             return;
         };
         let mut c = Cpio::new();

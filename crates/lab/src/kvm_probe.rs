@@ -158,26 +158,25 @@ fn probe_kvm(
                 }),
             )?;
             let left = opts.kvm_probe_timeout.saturating_sub(start.elapsed());
-            match wait_hello(&vs, left) {
-                Ok((_, secs)) => (true, format!("KVM probe: agent hello after {secs:.1} s")),
-                Err(_) => {
-                    let qlog = qemu::log_tail(&log, 2);
-                    let console = qemu::log_tail(&vs.console_log, 1);
-                    let mut why = format!(
-                        "KVM probe: no agent hello within {:.0} s under -accel kvm -cpu {}",
-                        opts.kvm_probe_timeout.as_secs_f64(),
-                        opts.kvm_cpu
-                    );
-                    if console.is_empty() {
-                        why.push_str("; no console output (the guest crawls under this KVM, e.g. a nested PVM hypervisor)");
-                    } else {
-                        why.push_str(&format!("; last console line: {console}"));
-                    }
-                    if !qlog.is_empty() {
-                        why.push_str(&format!("; qemu: {qlog}"));
-                    }
-                    (false, why)
+            if let Ok((_, secs)) = wait_hello(&vs, left) {
+                (true, format!("KVM probe: agent hello after {secs:.1} s"))
+            } else {
+                let qlog = qemu::log_tail(&log, 2);
+                let console = qemu::log_tail(&vs.console_log, 1);
+                let mut why = format!(
+                    "KVM probe: no agent hello within {:.0} s under -accel kvm -cpu {}",
+                    opts.kvm_probe_timeout.as_secs_f64(),
+                    opts.kvm_cpu
+                );
+                if console.is_empty() {
+                    why.push_str("; no console output (the guest crawls under this KVM, e.g. a nested PVM hypervisor)");
+                } else {
+                    why.push_str(&format!("; last console line: {console}"));
                 }
+                if !qlog.is_empty() {
+                    why.push_str(&format!("; qemu: {qlog}"));
+                }
+                (false, why)
             }
         }
     };

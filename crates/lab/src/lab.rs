@@ -231,39 +231,38 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
         }
     }
 
-    let boot = match (&spec.kernel, &spec.initrd) {
-        (Some(k), Some(i)) => Boot {
+    let boot = if let (Some(k), Some(i)) = (&spec.kernel, &spec.initrd) {
+        Boot {
             kernel: k.clone(),
             initrd: Some(i.clone()),
             image: None,
-        },
-        _ => {
-            opts.say(&spec.name, "preparing the guest image");
-            let t = Instant::now();
-            let img = image::build_image(&ImageOptions {
-                cache_dir: opts.cache_dir.clone(),
-                agent: opts.agent.clone(),
-                kernel_package: opts.kernel_package.clone(),
-            })?;
-            opts.say(
-                &spec.name,
-                &format!(
-                    "guest image {} ({}) ready in {:.1} s",
-                    &img.hash[..16],
-                    img.kernel_release,
-                    t.elapsed().as_secs_f64()
-                ),
-            );
-            let root_disk = spec.vms.iter().any(|v| v.disks.iter().any(|d| d.root));
-            Boot {
-                kernel: spec.kernel.clone().unwrap_or_else(|| img.kernel.clone()),
-                initrd: if spec.kernel.is_some() && root_disk {
-                    None
-                } else {
-                    Some(img.initrd.clone())
-                },
-                image: Some(img),
-            }
+        }
+    } else {
+        opts.say(&spec.name, "preparing the guest image");
+        let t = Instant::now();
+        let img = image::build_image(&ImageOptions {
+            cache_dir: opts.cache_dir.clone(),
+            agent: opts.agent.clone(),
+            kernel_package: opts.kernel_package.clone(),
+        })?;
+        opts.say(
+            &spec.name,
+            &format!(
+                "guest image {} ({}) ready in {:.1} s",
+                &img.hash[..16],
+                img.kernel_release,
+                t.elapsed().as_secs_f64()
+            ),
+        );
+        let root_disk = spec.vms.iter().any(|v| v.disks.iter().any(|d| d.root));
+        Boot {
+            kernel: spec.kernel.clone().unwrap_or_else(|| img.kernel.clone()),
+            initrd: if spec.kernel.is_some() && root_disk {
+                None
+            } else {
+                Some(img.initrd.clone())
+            },
+            image: Some(img),
         }
     };
 

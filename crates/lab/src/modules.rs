@@ -180,21 +180,23 @@ mod tests {
     /// The dependencies of the Debian 6.1 cloud kernel's virtio modules.
     fn debian_deps(m: &str) -> std::result::Result<Vec<String>, String> {
         let d: &[&str] = match m {
-            "virtio_ring" | "virtio" | "failover" => &[],
-            "virtio_pci_legacy_dev" | "virtio_pci_modern_dev" => &[],
+            "virtio_ring"
+            | "virtio"
+            | "failover"
+            | "virtio_pci_legacy_dev"
+            | "virtio_pci_modern_dev" => &[],
             "virtio_pci" => &[
                 "virtio_pci_legacy_dev",
                 "virtio_pci_modern_dev",
                 "virtio",
                 "virtio_ring",
             ],
-            "virtio_blk" => &["virtio", "virtio_ring"],
+            "virtio_blk" | "virtio_console" => &["virtio", "virtio_ring"],
             "net_failover" => &["failover"],
             "virtio_net" => &["net_failover", "virtio", "virtio_ring"],
-            "virtio_console" => &["virtio", "virtio_ring"],
             other => return Err(format!("unknown {other}")),
         };
-        Ok(d.iter().map(|s| s.to_string()).collect())
+        Ok(d.iter().map(std::string::ToString::to_string).collect())
     }
 
     #[test]
@@ -242,7 +244,7 @@ mod tests {
         // Build a relocatable ELF with a .modinfo section using the system
         // assembler, when one is present.
         let Some(cc) = crate::util::which("cc").or_else(|| crate::util::which("gcc")) else {
-            eprintln!("skipped: no C compiler to build an ELF fixture");
+            vmscope_testkit::skip("no C compiler to build an ELF fixture (apt-get install gcc)");
             return;
         };
         let dir = tempfile::tempdir().unwrap();
@@ -284,20 +286,34 @@ mod real_kernel {
             .into_iter()
             .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp/lab-cache")])
             .collect();
-        let Some(tree) = caches.iter().find_map(|c| {
-            let rd = std::fs::read_dir(c.join("kernels")).ok()?;
-            rd.flatten().find_map(|e| {
-                let m = e.path().join("root/lib/modules");
-                std::fs::read_dir(&m)
-                    .ok()?
-                    .flatten()
-                    .next()
-                    .map(|r| r.path())
+        let find = || {
+            caches.iter().find_map(|c| {
+                let rd = std::fs::read_dir(c.join("kernels")).ok()?;
+                rd.flatten().find_map(|e| {
+                    let m = e.path().join("root/lib/modules");
+                    std::fs::read_dir(&m)
+                        .ok()?
+                        .flatten()
+                        .next()
+                        .map(|r| r.path())
+                })
             })
-        }) else {
-            eprintln!(
-                "SKIP: no unpacked guest kernel in an image cache (run `vmscope lab image` first)"
-            );
+        };
+        // Build the guest image (it unpacks the kernel) when no test did yet.
+        let tree = find().or_else(|| {
+            let built = crate::image::build_image(&crate::image::ImageOptions {
+                cache_dir: caches[0].clone(),
+                agent: None,
+                kernel_package: None,
+            });
+            if let Err(e) = built {
+                vmscope_testkit::skip(&format!(
+                    "no unpacked guest kernel and the guest image cannot be built here: {e}"
+                ));
+            }
+            find()
+        });
+        let Some(tree) = tree else {
             return;
         };
         let order = resolve(&tree).unwrap();

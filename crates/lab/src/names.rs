@@ -30,7 +30,7 @@ pub fn valid_name(name: &str) -> bool {
 pub fn short(lab: &str) -> String {
     let clean: String = lab
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
+        .filter(char::is_ascii_alphanumeric)
         .map(|c| c.to_ascii_lowercase())
         .collect();
     if clean.len() <= SHORT_LEN && clean == lab {

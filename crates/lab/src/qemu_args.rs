@@ -62,7 +62,8 @@ impl QemuArgs {
     }
 
     fn flags(&mut self, flags: &[&str]) -> &mut Self {
-        self.argv.extend(flags.iter().map(|f| f.to_string()));
+        self.argv
+            .extend(flags.iter().map(std::string::ToString::to_string));
         self
     }
 

@@ -354,7 +354,7 @@ impl Default for IpAlloc {
 }
 
 impl IpAlloc {
-    fn next(&mut self, subnet: &Subnet) -> Ipv4Addr {
+    fn next(&mut self, subnet: Subnet) -> Ipv4Addr {
         while self.used.contains(&subnet.host(self.next_host)) {
             self.next_host += 1;
         }
@@ -412,7 +412,7 @@ impl Ctx<'_> {
             self.note("initrd", k);
         }
         if raw.initrd.is_some() && raw.kernel.is_none() {
-            let s = raw.initrd.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            let s = raw.initrd.as_ref().map(toml::Spanned::span).unwrap_or(0..0);
             return Err(self.err(
                 s,
                 "initrd",
@@ -446,7 +446,7 @@ impl Ctx<'_> {
         &mut self,
         i: usize,
         rv: &Spanned<RawVm>,
-        subnet: &Subnet,
+        subnet: Subnet,
         alloc: &mut IpAlloc,
     ) -> Result<Vec<VmSpec>> {
         let vm = rv.get_ref();
@@ -468,7 +468,11 @@ impl Ctx<'_> {
         let iothreads = self.count(&format!("{p}.iothreads"), &vm.iothreads, 0, 0, 16)? as u32;
         let pin_vcpus = self.cpus(&format!("{p}.pin_vcpus"), &vm.pin_vcpus)?;
         if !pin_vcpus.is_empty() && pin_vcpus.len() != vcpus as usize {
-            let s = vm.pin_vcpus.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            let s = vm
+                .pin_vcpus
+                .as_ref()
+                .map(toml::Spanned::span)
+                .unwrap_or(0..0);
             return Err(self.err(
                 s,
                 &format!("{p}.pin_vcpus"),
@@ -577,7 +581,7 @@ impl Ctx<'_> {
         &mut self,
         field: &str,
         rn: &Spanned<RawNic>,
-        subnet: &Subnet,
+        subnet: Subnet,
         alloc: &mut IpAlloc,
     ) -> Result<NicSpec> {
         let cx = self;
@@ -615,7 +619,7 @@ impl Ctx<'_> {
         };
         if let Some(ip) = ip {
             if !alloc.used.insert(ip) {
-                let s = n.ip.as_ref().map(|s| s.span()).unwrap_or(rn.span());
+                let s = n.ip.as_ref().map(toml::Spanned::span).unwrap_or(rn.span());
                 return Err(cx.err(s, &format!("{field}.ip"), format!("{ip} is used twice")));
             }
         }
@@ -647,7 +651,7 @@ impl Ctx<'_> {
             s.get_ref().clone()
         });
         if d.backend == DiskBackend::Lvm && d.path.is_some() {
-            let s = d.path.as_ref().map(|s| s.span()).unwrap_or(0..0);
+            let s = d.path.as_ref().map(toml::Spanned::span).unwrap_or(0..0);
             return Err(cx.err(
                 s,
                 &format!("{field}.path"),
@@ -831,7 +835,7 @@ impl LabSpec {
         let mut vms: Vec<VmSpec> = Vec::new();
         let mut alloc = IpAlloc::default();
         for (i, rv) in raw.vm.iter().enumerate() {
-            for vm in cx.vm(i, rv, &subnet, &mut alloc)? {
+            for vm in cx.vm(i, rv, subnet, &mut alloc)? {
                 if vms.iter().any(|v| v.name == vm.name) {
                     return Err(cx.err(
                         rv.get_ref().name.span(),
@@ -846,8 +850,8 @@ impl LabSpec {
             name,
             file: Some(file.to_path_buf()),
             accel,
-            kernel: raw.kernel.map(|k| k.into_inner()),
-            initrd: raw.initrd.map(|k| k.into_inner()),
+            kernel: raw.kernel.map(toml::Spanned::into_inner),
+            initrd: raw.initrd.map(toml::Spanned::into_inner),
             subnet,
             vms,
             lines: cx.lines,
@@ -925,7 +929,7 @@ impl HostFacts {
             root: crate::util::is_root(),
             interfaces: std::fs::read_dir("/sys/class/net")
                 .map(|rd| {
-                    rd.filter_map(|e| e.ok())
+                    rd.filter_map(std::result::Result::ok)
                         .map(|e| e.file_name().to_string_lossy().into_owned())
                         .collect()
                 })
@@ -979,7 +983,7 @@ pub fn allowed_cpus() -> Vec<usize> {
         }
     }
     let n = std::thread::available_parallelism()
-        .map(|n| n.get())
+        .map(std::num::NonZero::get)
         .unwrap_or(1);
     (0..n).collect()
 }

@@ -638,7 +638,7 @@ mod tests {
             || crate::util::which("ip").is_none()
             || crate::util::which("losetup").is_none()
         {
-            eprintln!("skipped: needs root, ip and losetup");
+            vmscope_testkit::skip("needs root, ip (iproute2) and losetup (mount)");
             return;
         }
         let dir = tempfile::tempdir().unwrap();

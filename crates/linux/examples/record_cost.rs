@@ -11,7 +11,7 @@ use vmscope_model::{EventKind, EventSpec, Record, SampleRate};
 fn cpu_time() -> Duration {
     // SAFETY: getrusage writes into the zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }

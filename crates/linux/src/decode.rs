@@ -292,7 +292,7 @@ pub(crate) mod tests {
         let mut b = body.to_vec();
         b.resize(body.len().div_ceil(8) * 8, 0);
         let size = (b.len() + 8) as u16;
-        let mut words = vec![ty as u64 | (misc as u64) << 32 | (size as u64) << 48];
+        let mut words = vec![u64::from(ty) | u64::from(misc) << 32 | u64::from(size) << 48];
         words.extend(
             b.chunks_exact(8)
                 .map(|c| u64::from_ne_bytes(c.try_into().unwrap())),

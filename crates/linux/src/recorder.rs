@@ -92,7 +92,7 @@ pub(crate) fn sys_open(attr: &mut perf_event_attr, pid: i32, cpu: i32) -> io::Re
             pid,
             cpu,
             -1,
-            sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+            libc::c_ulong::from(sys::PERF_FLAG_FD_CLOEXEC),
         )
     };
     if fd < 0 {
@@ -179,7 +179,7 @@ pub fn working_events() -> Vec<String> {
                     attr.set_exclude_hv(1);
                     sys_open(&mut attr, 0, -1).is_ok()
                 })
-                .map(|k| k.name())
+                .map(vmscope_model::EventKind::name)
                 .collect()
         })
         .clone()
@@ -198,7 +198,7 @@ fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
     let mut attr = new_attr(t, c);
     attr.sample_type = SAMPLE_TYPE;
     if p.callchain {
-        attr.sample_type |= sys::PERF_SAMPLE_CALLCHAIN as u64;
+        attr.sample_type |= u64::from(sys::PERF_SAMPLE_CALLCHAIN);
     }
     match ev.rate {
         SampleRate::Frequency(f) => {
@@ -208,7 +208,7 @@ fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
         SampleRate::Period(n) => attr.__bindgen_anon_1.sample_period = n,
     }
     attr.set_disabled(1);
-    attr.set_inherit(p.inherit as u64);
+    attr.set_inherit(u64::from(p.inherit));
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
     attr.clockid = libc::CLOCK_MONOTONIC;
@@ -225,7 +225,7 @@ fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
         attr.set_comm(1);
         attr.set_comm_exec(1);
         attr.set_task(1);
-        attr.set_build_id(p.build_id as u64);
+        attr.set_build_id(u64::from(p.build_id));
     }
     attr
 }
@@ -339,7 +339,7 @@ impl Recorder {
                     let raw = fd.as_raw_fd();
                     let mut id = 0u64;
                     // SAFETY: raw is an open perf fd; id is a valid u64 out-pointer.
-                    if unsafe { ioctls::ID(raw, &mut id) } < 0 {
+                    if unsafe { ioctls::ID(raw, &raw mut id) } < 0 {
                         return Err(LinuxError::Sys {
                             what: "PERF_EVENT_IOC_ID",
                             source: io::Error::last_os_error(),
@@ -568,7 +568,7 @@ mod tests {
         let a = sample_attr(&ev, &p);
         assert_eq!(
             a.sample_type,
-            SAMPLE_TYPE | sys::PERF_SAMPLE_CALLCHAIN as u64
+            SAMPLE_TYPE | u64::from(sys::PERF_SAMPLE_CALLCHAIN)
         );
         // SAFETY: reading the union member that was written.
         assert_eq!(unsafe { a.__bindgen_anon_1.sample_period }, 250_000);

@@ -88,9 +88,9 @@ impl Field {
     pub(crate) fn int(self, raw: &[u8]) -> Option<u64> {
         let b = self.bytes(raw)?;
         Some(match self.size {
-            1 => b[0] as u64,
-            2 => u16::from_ne_bytes(b.try_into().ok()?) as u64,
-            4 => u32::from_ne_bytes(b.try_into().ok()?) as u64,
+            1 => u64::from(b[0]),
+            2 => u64::from(u16::from_ne_bytes(b.try_into().ok()?)),
+            4 => u64::from(u32::from_ne_bytes(b.try_into().ok()?)),
             8 => u64::from_ne_bytes(b.try_into().ok()?),
             _ => return None,
         })

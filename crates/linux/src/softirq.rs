@@ -54,7 +54,7 @@ pub fn is_io_vector(v: u32) -> bool {
 pub fn vector_name(v: u32) -> String {
     VECTORS
         .get(v as usize)
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .unwrap_or_else(|| format!("VEC{v}"))
 }
 

@@ -116,7 +116,7 @@ pub fn clock_monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)

@@ -133,7 +133,7 @@ pub(crate) fn parse_exits(genl: &[u8], out: &mut Vec<TaskExit>) {
         for (t, p) in attrs(nested) {
             match t {
                 TASKSTATS_TYPE_PID if p.len() >= 4 => {
-                    tid = Some(u32::from_ne_bytes([p[0], p[1], p[2], p[3]]))
+                    tid = Some(u32::from_ne_bytes([p[0], p[1], p[2], p[3]]));
                 }
                 TASKSTATS_TYPE_STATS => stats = Some(p),
                 _ => {}
@@ -191,7 +191,7 @@ impl ExitListener {
                 fd.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVBUF,
-                &size as *const _ as *const libc::c_void,
+                &raw const size as *const libc::c_void,
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             );
         }
@@ -202,7 +202,7 @@ impl ExitListener {
         let rc = unsafe {
             libc::bind(
                 fd.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
+                &raw const sa as *const libc::sockaddr,
                 std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
             )
         };
@@ -242,7 +242,7 @@ impl ExitListener {
         // Register for exits on every CPU.
         let mask = cpus
             .iter()
-            .map(|c| c.to_string())
+            .map(std::string::ToString::to_string)
             .collect::<Vec<_>>()
             .join(",");
         let mut a = Vec::new();
@@ -295,7 +295,7 @@ impl ExitListener {
                 msg.as_ptr() as *const libc::c_void,
                 msg.len(),
                 0,
-                &sa as *const _ as *const libc::sockaddr,
+                &raw const sa as *const libc::sockaddr,
                 std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
             )
         };

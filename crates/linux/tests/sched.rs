@@ -5,9 +5,7 @@ use vmscope_linux::{SchedSwitch, SchedSwitchRecorder};
 
 #[test]
 fn sleeping_thread_switches_out_and_in() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: live tracepoint tests need root");
+    if !vmscope_testkit::require_root("the live tracepoint test") {
         return;
     }
     let mut rec = SchedSwitchRecorder::open(16).unwrap();

@@ -1,4 +1,4 @@
-//! DESIGN §4: which domain and context a sample belongs to, from its thread,
+//! docs/architecture.md §4: which domain and context a sample belongs to, from its thread,
 //! its CPU mode and the image its IP fell in.
 
 use crate::process::ImageRef;
@@ -90,7 +90,7 @@ pub struct Attribution {
     pub context: Context,
 }
 
-/// Attribute a sample (DESIGN §4).
+/// Attribute a sample (docs/architecture.md §4).
 ///
 /// - guest cpumodes → guest-kernel / guest-user of the VM owning the thread
 ///   (a VM named `pid<PID>` when no map knows the thread);

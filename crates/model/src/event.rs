@@ -1,5 +1,5 @@
 //! Event specifications: `name[:period]` parsing and the perf_event type/config
-//! each name maps to (DESIGN §2).
+//! each name maps to (docs/architecture.md §2).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,10 +1,10 @@
 //! vmscope's pure data model: no I/O lives here.
 //!
-//! This crate owns the vocabulary of DESIGN §2 ([`Domain`], [`Role`],
+//! This crate owns the vocabulary of docs/architecture.md §2 ([`Domain`], [`Role`],
 //! [`Context`], [`EventSpec`]), the normalized record stream every collector
 //! produces ([`Record`]), the per-process address-space state machine that turns
 //! sample IPs into (image, file offset) pairs ([`ProcessTable`]), the attribution
-//! rules of DESIGN §4 ([`attribute`]) and the aggregated profile ([`Profile`]).
+//! rules of docs/architecture.md §4 ([`attribute`]) and the aggregated profile ([`Profile`]).
 //! Collectors (live rings, perf.data import, guest agents) produce [`Record`]s;
 //! symbolizers, stores and printers consume the types here and nothing else.
 
@@ -22,7 +22,7 @@ pub use record::{split_callchain, CpuMode, Record, SampleRecord};
 
 use serde::{Deserialize, Serialize};
 
-/// Name of the host domain (DESIGN §2).
+/// Name of the host domain (docs/architecture.md §2).
 pub const HOST_DOMAIN: &str = "host";
 
 /// Image name used for host kernel samples, as perf names it.
@@ -34,7 +34,7 @@ pub const ANON_IMAGE: &str = "[anon]";
 /// Image name for addresses no mapping covers.
 pub const UNKNOWN_IMAGE: &str = "[unknown]";
 
-/// Execution context of a sample (DESIGN §2).
+/// Execution context of a sample (docs/architecture.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Context {
@@ -101,7 +101,7 @@ impl std::fmt::Display for Context {
     }
 }
 
-/// Role of a domain in a profiling session (DESIGN §2, Xenoprof's roles).
+/// Role of a domain in a profiling session (docs/architecture.md §2, Xenoprof's roles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Role {
@@ -135,7 +135,7 @@ impl Role {
     }
 }
 
-/// A domain: the host or one VM (DESIGN §2).
+/// A domain: the host or one VM (docs/architecture.md §2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Domain {
     /// `host` or the VM's name.

@@ -96,7 +96,7 @@ fn shares(path: &Path) -> (Shares, Vec<vmscope_model::SampleRecord>) {
                     modules.push((*start, start + len, name));
                 }
             }
-            table.apply(&other)
+            table.apply(&other);
         }
     })
     .expect("fixture imports");

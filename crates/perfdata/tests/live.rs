@@ -202,7 +202,7 @@ fn throughput_on_a_system_wide_recording() {
     }
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("wide.data");
-    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
     let busy: Vec<_> = (0..cpus)
         .map(|_| {
             Command::new("timeout")

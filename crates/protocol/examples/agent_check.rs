@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let s = t.elapsed().as_secs_f64();
         println!(
             "put_file {n} bytes in {s:.2} s ({:.2} MiB/s)",
-            n as f64 / s / (1 << 20) as f64
+            n as f64 / s / f64::from(1 << 20)
         );
     }
     if !argv.is_empty() {

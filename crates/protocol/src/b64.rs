@@ -32,14 +32,14 @@ pub fn encode(data: &[u8]) -> String {
 }
 
 fn value(c: u8) -> Option<u32> {
-    Some(match c {
+    Some(u32::from(match c {
         b'A'..=b'Z' => c - b'A',
         b'a'..=b'z' => c - b'a' + 26,
         b'0'..=b'9' => c - b'0' + 52,
         b'+' => 62,
         b'/' => 63,
         _ => return None,
-    } as u32)
+    }))
 }
 
 /// Decodes padded standard base64; `None` on any deviation.

@@ -63,7 +63,7 @@ const CRC_TABLE: [u32; 256] = {
 pub fn crc32(data: &[u8]) -> u32 {
     let mut c = 0xFFFF_FFFFu32;
     for &b in data {
-        c = CRC_TABLE[((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8);
+        c = CRC_TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
     }
     c ^ 0xFFFF_FFFF
 }
@@ -151,20 +151,19 @@ impl FrameDecoder {
     pub fn next_frame(&mut self) -> Result<Option<RawFrame>, ProtocolError> {
         loop {
             let avail = &self.buf[self.start..];
-            match avail.windows(4).position(|w| w == MAGIC) {
-                Some(i) => self.skip(i),
-                None => {
-                    // Keep a tail that could be the beginning of a magic.
-                    let keep = avail.len().min(3);
-                    let tail_is_prefix = (1..=keep)
-                        .rev()
-                        .find(|&k| avail[avail.len() - k..] == MAGIC[..k])
-                        .unwrap_or(0);
-                    let drop = avail.len() - tail_is_prefix;
-                    self.skip(drop);
-                    self.compact();
-                    return Ok(None);
-                }
+            if let Some(i) = avail.windows(4).position(|w| w == MAGIC) {
+                self.skip(i);
+            } else {
+                // Keep a tail that could be the beginning of a magic.
+                let keep = avail.len().min(3);
+                let tail_is_prefix = (1..=keep)
+                    .rev()
+                    .find(|&k| avail[avail.len() - k..] == MAGIC[..k])
+                    .unwrap_or(0);
+                let drop = avail.len() - tail_is_prefix;
+                self.skip(drop);
+                self.compact();
+                return Ok(None);
             }
             let avail = &self.buf[self.start..];
             if avail.len() < HEADER_LEN {

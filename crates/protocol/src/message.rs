@@ -495,7 +495,7 @@ impl Message for Request {
                 if argv.len() > MAX_ARGV {
                     return Err(format!("argv has {} entries, limit {MAX_ARGV}", argv.len()));
                 }
-                let total: usize = argv.iter().map(|a| a.len()).sum();
+                let total: usize = argv.iter().map(std::string::String::len).sum();
                 if total > MAX_ARGV_BYTES {
                     return Err(format!("argv is {total} bytes, limit {MAX_ARGV_BYTES}"));
                 }
@@ -673,17 +673,14 @@ fn encode_message<T: Message>(id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError
     let mut obj = Map::new();
     obj.insert("v".into(), Value::from(PROTOCOL_VERSION));
     obj.insert("id".into(), Value::from(id));
-    match msg.unknown_name() {
-        Some(name) => {
-            obj.insert("type".into(), Value::from(name));
-        }
-        None => {
-            let body = serde_json::to_value(msg)
-                .map_err(|e| ProtocolError::malformed(format!("cannot encode: {e}")))?;
-            if let Value::Object(fields) = body {
-                for (k, v) in fields {
-                    obj.insert(k, v);
-                }
+    if let Some(name) = msg.unknown_name() {
+        obj.insert("type".into(), Value::from(name));
+    } else {
+        let body = serde_json::to_value(msg)
+            .map_err(|e| ProtocolError::malformed(format!("cannot encode: {e}")))?;
+        if let Value::Object(fields) = body {
+            for (k, v) in fields {
+                obj.insert(k, v);
             }
         }
     }

@@ -83,9 +83,9 @@ fn ten_thousand_generated_inputs() {
             }
             _ => {
                 // Valid headers around random bodies (checksums made to match).
+                const ALPHA: &[u8] = b"{}[]\":,0123456789abcdefghijklmnopqrstuvwxyz \\";
                 for _ in 0..1 + rng.below(3) {
                     let len = rng.below(200);
-                    const ALPHA: &[u8] = b"{}[]\":,0123456789abcdefghijklmnopqrstuvwxyz \\";
                     let body: Vec<u8> = (0..len).map(|_| ALPHA[rng.below(ALPHA.len())]).collect();
                     data.extend(encode_frame(1 + rng.below(2) as u8, &body).unwrap());
                 }

@@ -1,4 +1,4 @@
-//! Reports of a stored session (DESIGN §3, outputs).
+//! Reports of a stored session (docs/architecture.md §3, outputs).
 //!
 //! [`build`] turns a [`Session`] and [`ReportOptions`] into a [`Report`], a
 //! plain table of grouped counts per event with a header; printers

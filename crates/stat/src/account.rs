@@ -1,5 +1,5 @@
 //! `account`: per VM and interval, Cherkasova's accounting on KVM/QEMU
-//! (DESIGN §5): vCPU run / runnable (steal) / blocked from `schedstat`,
+//! (docs/architecture.md §5): vCPU run / runnable (steal) / blocked from `schedstat`,
 //! direct I/O (the VM's own non-vCPU threads), I/O operations (tap packets;
 //! virtio disk requests from QMP `query-blockstats`, else `/proc/PID/io`
 //! syscalls), the VM's charge for shared host I/O work (softirq time,
@@ -303,7 +303,11 @@ impl Accountant {
         let root = &self.proc;
         let stat = root.cpu_times()?;
         let at = Instant::now();
-        let softirq = self.softirq.as_mut().ok().map(|r| r.take());
+        let softirq = self
+            .softirq
+            .as_mut()
+            .ok()
+            .map(vmscope_linux::SoftirqRecorder::take);
         let mut threads = HashMap::new();
         let mut io = HashMap::new();
         let reader = &mut self.reader;
@@ -368,19 +372,16 @@ impl Accountant {
         for d in self.domains.current() {
             let mut c = VmCounters::default();
             for tap in &d.taps {
-                match vmscope_linux::net_stats(&self.opts.sys_root, tap) {
-                    Ok(n) => {
-                        c.devices.insert(
-                            format!("tap:{tap}"),
-                            (n.rx_packets + n.tx_packets, n.rx_bytes + n.tx_bytes),
-                        );
-                    }
-                    Err(_) => {
-                        let notes = self.gone_devices.entry(d.id).or_default();
-                        let note = format!("tap {tap} unavailable");
-                        if !notes.contains(&note) {
-                            notes.push(note);
-                        }
+                if let Ok(n) = vmscope_linux::net_stats(&self.opts.sys_root, tap) {
+                    c.devices.insert(
+                        format!("tap:{tap}"),
+                        (n.rx_packets + n.tx_packets, n.rx_bytes + n.tx_bytes),
+                    );
+                } else {
+                    let notes = self.gone_devices.entry(d.id).or_default();
+                    let note = format!("tap {tap} unavailable");
+                    if !notes.contains(&note) {
+                        notes.push(note);
                     }
                 }
             }
@@ -638,13 +639,13 @@ impl Accountant {
                 None if is_new => (0, 0),
                 None => (ops, bytes),
             };
-            let (o, b) = match (math::delta(pops, ops), math::delta(pbytes, bytes)) {
-                (Some(o), Some(b)) => (o, b),
-                _ => {
+            let (o, b) =
+                if let (Some(o), Some(b)) = (math::delta(pops, ops), math::delta(pbytes, bytes)) {
+                    (o, b)
+                } else {
                     v.notes.push(format!("{dev} counters reset"));
                     (0, 0)
-                }
-            };
+                };
             if dev.starts_with("tap:") {
                 v.net_packets += o;
             } else {
@@ -916,7 +917,7 @@ fn blockstats(sock: &std::path::Path, timeout: Duration) -> Option<Vec<(String, 
             .map(str::to_string)
             .unwrap_or_else(|| format!("#{i}"));
         let s = d.get("stats")?;
-        let n = |k: &str| s.get(k).and_then(|x| x.as_u64()).unwrap_or(0);
+        let n = |k: &str| s.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
         out.push((
             name,
             n("rd_operations") + n("wr_operations") + n("flush_operations"),

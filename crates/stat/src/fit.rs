@@ -128,7 +128,7 @@ pub fn fit_cpus(
                 let cut = if i + 1 == keys.len() {
                     (take - taken).min(ns)
                 } else {
-                    ((ns as u128 * take as u128) / pool as u128) as u64
+                    ((u128::from(ns) * u128::from(take)) / u128::from(pool)) as u64
                 };
                 *times.get_mut(key).unwrap() -= cut;
                 taken += cut;
@@ -158,7 +158,7 @@ pub fn fit_cpus(
         for pass in 0..2 {
             for ((cpu, r), &(_, r0)) in left_room.iter_mut().zip(&room) {
                 let want = if pass == 0 {
-                    ((amount as u128 * r0 as u128) / total_room as u128) as u64
+                    ((u128::from(amount) * u128::from(r0)) / u128::from(total_room)) as u64
                 } else {
                     left
                 };

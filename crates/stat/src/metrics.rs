@@ -1,4 +1,4 @@
-//! Prometheus counters for `serve` (DESIGN §9): base units, `_total`
+//! Prometheus counters for `serve` (docs/architecture.md §9): base units, `_total`
 //! counters accumulated from [`crate::account`] intervals, encoded with
 //! the `prometheus-client` crate. Per-host-CPU series only when asked.
 

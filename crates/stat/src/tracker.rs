@@ -476,7 +476,7 @@ mod tests {
         set_start(root, 100, 9000);
         set_start(root, 300, 9100);
         let c = d.update(vec![vm("a2", 100, &[]), vm("c", 300, &[])]);
-        let text: Vec<String> = c.iter().map(|c| c.to_string()).collect();
+        let text: Vec<String> = c.iter().map(std::string::ToString::to_string).collect();
         assert_eq!(
             text,
             vec![

@@ -1,4 +1,4 @@
-//! `stat`: vm-stat (Theurer 2006 §3.2, DESIGN §6): per physical CPU and
+//! `stat`: vm-stat (Theurer 2006 §3.2, docs/architecture.md §6): per physical CPU and
 //! interval, the busy percentage and its split by VM vCPU (`dN-M`), by
 //! host work done for a VM (`dN-io`) and by other host work (`d0-CPU`).
 //!
@@ -265,7 +265,10 @@ impl VmStat {
             interval_s: dt,
             source: self.source(),
             rows,
-            notes: changes.iter().map(|c| c.to_string()).collect(),
+            notes: changes
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             legend: legend_changed.then(|| self.domains.legend()),
             lost,
             uncounted_slices,

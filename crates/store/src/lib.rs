@@ -1,4 +1,4 @@
-//! The session store (DESIGN §7): one SQLite file (WAL) per session.
+//! The session store (docs/architecture.md §7): one SQLite file (WAL) per session.
 //!
 //! This crate owns the schema and its version, the [`SessionWriter`] that
 //! recorders and importers use (deltas added up in one transaction per flush,
@@ -59,7 +59,7 @@ pub struct DomainRecord {
     pub detail: String,
 }
 
-/// Scale of an active VM's agent rows (DESIGN §4, coordinated profiling).
+/// Scale of an active VM's agent rows (docs/architecture.md §4, coordinated profiling).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScaleRow {
     pub domain: String,
@@ -404,7 +404,7 @@ impl SessionWriter {
                 )
                 .map_err(sql_err(&path))?;
             for (ev, n) in &delta.lost {
-                st.execute(params![*ev as i64, *n as i64])
+                st.execute(params![i64::from(*ev), *n as i64])
                     .map_err(sql_err(&path))?;
             }
         }
@@ -643,7 +643,7 @@ impl Session {
             view.source()
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
-        let mut args: Vec<rusqlite::types::Value> = vec![(event as i64).into()];
+        let mut args: Vec<rusqlite::types::Value> = vec![i64::from(event).into()];
         args.extend(filter.iter().map(|(_, v)| v.clone().into()));
         let n = fields.len().max(1);
         let rows = st
@@ -673,7 +673,7 @@ impl Session {
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let rows = st
-            .query_map(params![event.map(|e| e as i64)], |r| {
+            .query_map(params![event.map(i64::from)], |r| {
                 let ctx: String = r.get(2)?;
                 Ok(ProfileRow {
                     key: AggKey {
@@ -724,7 +724,7 @@ impl Session {
             .prepare("SELECT second, domain, context, samples FROM bins WHERE event = ?1 ORDER BY second, domain, context")
             .map_err(sql_err(&self.path))?;
         let rows = st
-            .query_map(params![event as i64], |r| {
+            .query_map(params![i64::from(event)], |r| {
                 Ok((
                     r.get::<_, i64>(0)? as u32,
                     r.get(1)?,

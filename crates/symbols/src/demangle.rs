@@ -17,7 +17,7 @@ fn rust_legacy_end(name: &str) -> Option<usize> {
         let i = from + off;
         let hex = i + 3..i + 19;
         if b.len() > i + 19
-            && b[hex].iter().all(|c| c.is_ascii_hexdigit())
+            && b[hex].iter().all(u8::is_ascii_hexdigit)
             && b[i + 19] == b'E'
             && (b.len() == i + 20 || b[i + 20] == b'.')
         {

@@ -460,7 +460,7 @@ fn x86_64_plt_disp(p: &[u8]) -> Option<u64> {
     }
     let d = p.get(n + 2..n + 6)?;
     let disp = i32::from_le_bytes([d[0], d[1], d[2], d[3]]);
-    Some(((n + 6) as u64).wrapping_add(disp as i64 as u64))
+    Some(((n + 6) as u64).wrapping_add(i64::from(disp) as u64))
 }
 
 /// Relocations of a REL or RELA section as (r_offset, r_sym, r_type, addend).

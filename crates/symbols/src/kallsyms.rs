@@ -121,13 +121,14 @@ impl Kallsyms {
             }
             let group = match module {
                 None => NO_GROUP,
-                Some(m) => match modules.iter().rposition(|x| &**x == m) {
-                    Some(g) => g as u32,
-                    None => {
+                Some(m) => {
+                    if let Some(g) = modules.iter().rposition(|x| &**x == m) {
+                        g as u32
+                    } else {
                         modules.push(m.into());
                         (modules.len() - 1) as u32
                     }
-                },
+                }
             };
             names.push(name.into());
             syms.push(RangeSym {

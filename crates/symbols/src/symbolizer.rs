@@ -1,5 +1,5 @@
 //! The symbolizer: turns a [`NormalizedFrame`] of a domain into a
-//! [`Resolved`] (image, symbol) pair, following the rules of DESIGN §4:
+//! [`Resolved`] (image, symbol) pair, following the rules of docs/architecture.md §4:
 //! host kernel and modules from kallsyms, files from their ELF symbols (or a
 //! debug file found by build-id or debuglink), guest kernels from each
 //! domain's kallsyms, anonymous and guest user code as one bucket each.
@@ -403,20 +403,19 @@ impl Symbolizer {
         }
         let id = want_id.or_else(|| runtime.as_ref().and_then(ElfSymbols::build_id));
         let link = runtime.as_ref().and_then(ElfSymbols::debuglink);
-        match self.find_debug_file(Path::new(on_disk), id, link) {
-            Some(debug) => Some(match &runtime {
+        if let Some(debug) = self.find_debug_file(Path::new(on_disk), id, link) {
+            Some(match &runtime {
                 Some(r) => debug.with_segments_of(r),
                 None => debug,
-            }),
-            None => {
-                if runtime.as_ref().is_some_and(ElfSymbols::is_empty) {
-                    self.warn(format!(
-                        "{}: no symbols and no debug file found: its addresses stay hex",
-                        real.display()
-                    ));
-                }
-                runtime
+            })
+        } else {
+            if runtime.as_ref().is_some_and(ElfSymbols::is_empty) {
+                self.warn(format!(
+                    "{}: no symbols and no debug file found: its addresses stay hex",
+                    real.display()
+                ));
             }
+            runtime
         }
     }
 

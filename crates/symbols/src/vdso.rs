@@ -32,7 +32,7 @@ mod tests {
     #[test]
     fn the_vdso_parses_and_names_clock_gettime() {
         let Some(image) = super::own_vdso() else {
-            eprintln!("SKIP: this process has no vDSO");
+            eprintln!("SKIP: this process has no vDSO (a kernel booted with vdso=0)");
             return;
         };
         let syms = crate::ElfSymbols::parse(&image).unwrap();

@@ -61,13 +61,7 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
+use vmscope_testkit::have;
 
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd)
@@ -87,7 +81,9 @@ fn run(cmd: &str, args: &[&str]) -> String {
 fn build(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
     for t in ["gcc", "nm", "objcopy", "objdump", "readelf", "strip"] {
         if !have(t) {
-            eprintln!("skipping ELF fixture tests: {t} not found");
+            vmscope_testkit::skip(&format!(
+                "ELF fixture tests: {t} not found (apt-get install gcc binutils)"
+            ));
             return None;
         }
     }
@@ -492,8 +488,7 @@ fn truncated_elf_is_a_clear_error() {
 /// `demo::beta<long>` for this program).
 #[test]
 fn cpp_names_as_perf_shows_them() {
-    if !have("g++") || !have("nm") {
-        eprintln!("skipping: g++ or nm not found");
+    if !vmscope_testkit::require_tools(&[("g++", "g++"), ("nm", "binutils")]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -194,9 +194,9 @@ fn raise_nofile() {
     };
     // SAFETY: r is a valid rlimit to fill and then to pass back.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut r) == 0 && r.rlim_cur < r.rlim_max {
             r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const r);
         }
     }
 }

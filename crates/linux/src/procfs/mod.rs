@@ -329,7 +329,7 @@ pub fn split_cmdline(raw: &[u8]) -> Vec<String> {
         .split(|&b| b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    while args.last().is_some_and(|a| a.is_empty()) {
+    while args.last().is_some_and(std::string::String::is_empty) {
         args.pop();
     }
     args
@@ -394,7 +394,7 @@ pub struct SchedStat {
 
 /// Parse the text of a `schedstat` file.
 pub fn parse_schedstat(text: &str, path: &Path) -> Result<SchedStat> {
-    let mut it = text.split_ascii_whitespace().map(|x| x.parse::<u64>());
+    let mut it = text.split_ascii_whitespace().map(str::parse::<u64>);
     let mut next = |what: &str| -> Result<u64> {
         it.next()
             .and_then(std::result::Result::ok)

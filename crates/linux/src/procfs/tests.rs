@@ -135,15 +135,15 @@ fn busy_shares() {
     // Busy time: the tick-counted columns, idle not included.
     let at = |idle: f64, user: f64| ProcStat {
         all: CpuTimes {
-            idle,
             user,
+            idle,
             ..Default::default()
         },
         cpus: vec![(
             0,
             CpuTimes {
-                idle,
                 user,
+                idle,
                 ..Default::default()
             },
         )],
