@@ -116,6 +116,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         mut meta,
         vms: found,
     } = crate::vmmap::current();
+    meta.push((crate::VERSION_META_KEY.into(), crate::VERSION.into()));
     let mut roles: std::collections::HashMap<String, Role> = std::collections::HashMap::new();
     for r in &args.vm_roles {
         let (name, role) = r
