@@ -24,7 +24,8 @@ cargo build --release -p vmscope-cli --quiet
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
   cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
 
-target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+[ -d "$target" ] || { echo "build-deb: cannot find cargo's target directory" >&2; exit 2; }
 stage="$target/release/packaging"
 rm -rf "$stage"
 mkdir -p "$stage"
@@ -39,8 +40,7 @@ cp "$target/x86_64-unknown-linux-gnu/release/vmscope-agent" "$stage/vmscope-agen
 
 # One changelog entry naming the exact build, dated by the commit (stable
 # across rebuilds of one commit).
-version=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"]=="vmscope-cli"))')
+version=$(cargo pkgid -p vmscope-cli | sed 's/.*[@#]//')
 build=$("$vmscope" --version)
 when=$(git log -1 --format=%cD 2>/dev/null || date -R)
 cat > "$stage/changelog.Debian" <<EOF

@@ -74,9 +74,14 @@ echo "$(grep -c . "$work/files") paths installed"
 step "vmscope --version"
 v=$(cd "$work" && /usr/bin/vmscope --version)
 echo "$v"
-# The commit and state of this checkout, as crates/cli/build.rs names them.
+# The commit and state of the binary's sources, as crates/cli/build.rs names them.
 if head=$(git rev-parse --short=12 HEAD 2>/dev/null); then
-  if [ -z "$(git --no-optional-locks status --porcelain --untracked-files=no)" ]; then state=clean; else state=dirty; fi
+  if [ -z "$(git --no-optional-locks status --porcelain --untracked-files=no -- \
+    Cargo.toml Cargo.lock labs 'crates/*/Cargo.toml' 'crates/*/build.rs' 'crates/*/src')" ]; then
+    state=clean
+  else
+    state=dirty
+  fi
   want_build="commit $head, $state"
 else
   want_build="unknown commit"
@@ -187,11 +192,14 @@ kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; serve_pid=""
 kill "$qemu_pid"; qemu_pid=""
 
 step "lab image finds the installed agent"
+a=$(/usr/lib/vmscope/vmscope-agent --version) || fail "the installed agent does not run"
+ldd /usr/lib/vmscope/vmscope-agent 2>&1 | grep -q "statically linked" || fail "the installed agent is not static"
+echo "$a, statically linked"
 cache=${VMSCOPE_CACHE:-$PWD/target/vmscope-cache}
 mkdir -p "$work/elsewhere"
 img=$(cd "$work/elsewhere" && env -u VMSCOPE_AGENT -u CARGO_TARGET_DIR VMSCOPE_CACHE="$cache" \
   /usr/bin/vmscope lab image --format json) || fail "lab image with the installed vmscope failed"
-agent=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["agent"])' "$img")
+agent=$(sed -n 's/^ *"agent": "\(.*\)",\{0,1\}$/\1/p' <<<"$img")
 [ "$agent" = /usr/lib/vmscope/vmscope-agent ] || fail "lab image packed $agent"
 echo "agent: $agent"
 

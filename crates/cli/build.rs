@@ -12,10 +12,13 @@
 //! where a `.git` is; a git library crate would add a C build for three
 //! lines of output.
 //!
-//! "dirty" means tracked files differ from the commit (untracked files do
-//! not count, as with `git describe --dirty`). The script reruns when HEAD,
-//! the branch ref, the index or any source of the workspace changes, so the
-//! flag is current for every build of changed code.
+//! "dirty" means the binary's sources differ from the commit: tracked files
+//! under [`sources`] (every crate's manifest, build script and `src/`, the
+//! workspace manifest and lock file, `labs/` which `lab up` embeds).
+//! Untracked files do not count, as with `git describe --dirty`. The script
+//! reruns when HEAD, the branch, the index or any of those paths changes, so
+//! the flag is exact for every build; an edit to README.md or scripts/ alone
+//! changes neither the binary nor its version.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,25 +40,49 @@ fn from_git(manifest: &Path) -> Option<String> {
     // other repository must not take that repository's commit.
     git(manifest, &["ls-files", "--error-unmatch", "build.rs"])?;
     let hash = git(manifest, &["rev-parse", "--short=12", "HEAD"])?;
-    let dirty = git(
-        manifest,
-        &[
-            "--no-optional-locks",
-            "status",
-            "--porcelain",
-            "--untracked-files=no",
-        ],
-    )?;
-    watch(manifest);
+    let top = PathBuf::from(git(manifest, &["rev-parse", "--show-toplevel"])?);
+    let sources = sources(&top);
+    let mut status = vec![
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+    ];
+    status.extend(sources.iter().filter_map(|p| p.to_str()));
+    let dirty = git(&top, &status)?;
+    watch(manifest, &sources);
     Some(format!(
         "commit {hash}, {}",
         if dirty.is_empty() { "clean" } else { "dirty" }
     ))
 }
 
-/// Rerun when the commit, the index or the workspace's sources change.
-fn watch(manifest: &Path) {
-    let mut paths: Vec<PathBuf> = Vec::new();
+/// The paths the binary is built from. Whole crate directories are not
+/// listed: cargo follows symlinks when it scans a directory, and test
+/// fixtures hold symlinks to / (a copied /proc/PID/cwd).
+fn sources(top: &Path) -> Vec<PathBuf> {
+    let mut out = vec![
+        top.join("Cargo.toml"),
+        top.join("Cargo.lock"),
+        top.join("labs"),
+    ];
+    if let Ok(dir) = std::fs::read_dir(top.join("crates")) {
+        let mut crates: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+        crates.sort();
+        for krate in crates {
+            for p in ["Cargo.toml", "build.rs", "src"] {
+                out.push(krate.join(p));
+            }
+        }
+    }
+    out.retain(|p| p.exists());
+    out
+}
+
+/// Rerun when the commit, the index or the sources change.
+fn watch(manifest: &Path, sources: &[PathBuf]) {
+    let mut paths: Vec<PathBuf> = sources.to_vec();
     if let Some(d) = git(manifest, &["rev-parse", "--absolute-git-dir"]) {
         let d = PathBuf::from(d);
         paths.push(d.join("HEAD"));
@@ -66,21 +93,6 @@ fn watch(manifest: &Path) {
         paths.push(d.join("packed-refs"));
         if let Some(r) = git(manifest, &["symbolic-ref", "-q", "HEAD"]) {
             paths.push(d.join(r));
-        }
-    }
-    if let Some(top) = git(manifest, &["rev-parse", "--show-toplevel"]) {
-        let top = PathBuf::from(top);
-        paths.push(top.join("Cargo.toml"));
-        paths.push(top.join("Cargo.lock"));
-        // Every crate's manifest and src/, not whole crate directories: cargo
-        // follows symlinks when it scans one, and test fixtures hold
-        // symlinks to / (a copied /proc/PID/cwd).
-        if let Ok(dir) = std::fs::read_dir(top.join("crates")) {
-            for krate in dir.flatten() {
-                for p in ["Cargo.toml", "build.rs", "src"] {
-                    paths.push(krate.path().join(p));
-                }
-            }
         }
     }
     for p in paths.iter().filter(|p| p.exists()) {
