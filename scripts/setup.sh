@@ -21,6 +21,8 @@ PKGS=(
   util-linux          # losetup, setpriv
   procps              # pkill
   gcc g++ binutils libc6-dev  # ELF fixtures and programs copied into guests by the tests
+  dpkg-dev lintian    # the .deb: dpkg-shlibdeps for its dependencies, lintian checks it
+  man-db curl libcap2-bin  # package test: man -w, /metrics, capsh
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -53,4 +55,8 @@ cargo build --release --workspace --bins --quiet
 echo "setup: building the static guest agent"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
   cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "setup: installing cargo-deb (builds the Debian package)"
+  cargo install cargo-deb --locked --version 3.8.0 --quiet
+fi
 echo "setup: done: target/release/vmscope, target/x86_64-unknown-linux-gnu/release/vmscope-agent"

@@ -39,6 +39,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
         guest_kallsyms: args.guest_kallsyms.clone(),
         threads,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        meta: vec![(crate::VERSION_META_KEY.into(), crate::VERSION.into())],
     };
     let s = import(&args.input, &args.output, opts)
         .with_context(|| format!("importing {}", args.input.display()))?;

@@ -48,7 +48,7 @@ enum LabCommand {
     /// Build (or show the cached) guest image: Debian cloud kernel, busybox
     /// initramfs and the static guest agent.
     Image {
-        /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/].
+        /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/, /usr/lib/vmscope/vmscope-agent].
         #[arg(long, value_name = "PATH")]
         agent: Option<PathBuf>,
         /// Debian kernel package instead of the newest linux-image-*-cloud-amd64.
@@ -65,7 +65,7 @@ enum LabCommand {
         /// Override the spec's accelerator.
         #[arg(long, value_enum)]
         accel: Option<AccelArg>,
-        /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/].
+        /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/, /usr/lib/vmscope/vmscope-agent].
         #[arg(long, value_name = "PATH")]
         agent: Option<PathBuf>,
         /// Seconds each VM may take to answer the agent hello.

@@ -159,7 +159,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
         ring_pages: args.mmap_pages,
         flush_interval: Duration::from_millis(500),
-        meta: Vec::new(),
+        meta: vec![(crate::VERSION_META_KEY.into(), crate::VERSION.into())],
         barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
     };
     let rates: Vec<String> = events

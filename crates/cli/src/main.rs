@@ -4,6 +4,7 @@
 
 mod cmd_account;
 mod cmd_demo;
+mod cmd_generate;
 mod cmd_import;
 mod cmd_lab;
 mod cmd_record;
@@ -12,12 +13,20 @@ mod cmd_serve;
 mod cmd_stat;
 mod cmd_vms;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
+
+/// What `vmscope --version` prints after the name, and what every session
+/// stores as `vmscope_version`: the version, the git commit and whether the
+/// tree was dirty (`build.rs`; "unknown commit" outside a git checkout).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("VMSCOPE_BUILD"), ")");
+
+/// Session metadata key holding [`VERSION`].
+pub const VERSION_META_KEY: &str = "vmscope_version";
 
 /// Where the CPU goes on a virtualization host: host, KVM/QEMU and every VM.
 #[derive(Parser)]
-#[command(name = "vmscope", version, propagate_version = true)]
+#[command(name = "vmscope", version = VERSION, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,6 +55,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Man pages and completions for the package build; not a clap subcommand.
+    if std::env::args().nth(1).as_deref() == Some(cmd_generate::NAME) {
+        return cmd_generate::main(std::env::args().skip(2), Cli::command());
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd_record::run(a),

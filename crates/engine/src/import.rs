@@ -15,6 +15,8 @@ pub struct ImportOptions {
     pub guest_kallsyms: Option<PathBuf>,
     pub threads: ThreadMap,
     pub command_line: String,
+    /// Extra session metadata (e.g. the importing vmscope's version).
+    pub meta: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -128,6 +130,9 @@ fn import_into(
     meta.push(("warnings", warnings.join("\n")));
     for (k, v) in meta {
         writer.set_meta(k, &v)?;
+    }
+    for (k, v) in &opts.meta {
+        writer.set_meta(k, v)?;
     }
     let mut domains: Vec<_> = stats.domains.keys().cloned().collect();
     domains.sort();

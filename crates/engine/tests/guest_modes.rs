@@ -92,6 +92,7 @@ fn guest_modes_attribute_to_the_vm_owning_the_vcpu_thread() {
             guest_kallsyms: Some(kallsyms),
             threads,
             command_line: "test".into(),
+            meta: Vec::new(),
         },
     )
     .unwrap();
@@ -139,6 +140,10 @@ fn guest_modes_without_a_vm_map_get_a_pid_domain() {
             guest_kallsyms: None,
             threads: ThreadMap::new(),
             command_line: "test".into(),
+            meta: vec![(
+                "vmscope_version".into(),
+                "9.9.9 (commit 0123abcd, clean)".into(),
+            )],
         },
     )
     .unwrap();
@@ -159,4 +164,9 @@ fn guest_modes_without_a_vm_map_get_a_pid_domain() {
     // Unresolved guest kernel addresses stay hex, with a warning in the session.
     let meta = session.meta().unwrap();
     assert!(meta["warnings"].contains("no guest kallsyms"), "{meta:?}");
+    // The caller's metadata (the CLI passes its version) is stored as given.
+    assert_eq!(
+        meta["vmscope_version"], "9.9.9 (commit 0123abcd, clean)",
+        "{meta:?}"
+    );
 }

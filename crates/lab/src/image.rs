@@ -23,6 +23,9 @@ pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 /// Command that builds the static guest agent.
 pub const AGENT_BUILD: &str = "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS=\"-C target-feature=+crt-static -C force-frame-pointers=yes\" cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu";
 
+/// Where the Debian package installs the static agent on the host.
+pub const PACKAGED_AGENT_PATH: &str = "/usr/lib/vmscope/vmscope-agent";
+
 /// Where the agent lives in the guest.
 pub const GUEST_AGENT_PATH: &str = "/usr/bin/vmscope-agent";
 
@@ -46,7 +49,8 @@ pub struct GuestImage {
 }
 
 /// Find the guest agent binary: `explicit`, then `$VMSCOPE_AGENT`, then next
-/// to the current executable, then the workspace's static build output.
+/// to the current executable, then the workspace's static build output, then
+/// the package's copy ([`PACKAGED_AGENT_PATH`]).
 pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
     let mut looked = Vec::new();
     let mut candidates: Vec<PathBuf> = Vec::new();
@@ -68,6 +72,7 @@ pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
     for base in target_dirs() {
         candidates.push(base.join("x86_64-unknown-linux-gnu/release/vmscope-agent"));
     }
+    candidates.push(PathBuf::from(PACKAGED_AGENT_PATH));
     for c in candidates {
         if c.is_file() && is_static_elf(&c) {
             return Ok(c);

@@ -25,7 +25,8 @@ pub struct LabOptions {
     pub cache_dir: PathBuf,
     /// Root of lab run directories (default `$VMSCOPE_RUN` or /run/vmscope/labs).
     pub run_root: PathBuf,
-    /// Guest agent binary (else `$VMSCOPE_AGENT`, next to the executable, target/).
+    /// Guest agent binary (else `$VMSCOPE_AGENT`, next to the executable, target/,
+    /// the package's /usr/lib/vmscope/vmscope-agent).
     pub agent: Option<PathBuf>,
     /// Kernel package to use instead of the newest cloud kernel.
     pub kernel_package: Option<String>,
