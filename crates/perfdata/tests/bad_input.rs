@@ -7,7 +7,8 @@ use vmscope_perfdata::{import, import_reader, PerfDataError};
 
 fn fixture_bytes() -> Vec<u8> {
     std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quipper.perf.data.callgraph-3.8"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/perf/quipper.perf.data.callgraph-3.8"),
     )
     .unwrap()
 }

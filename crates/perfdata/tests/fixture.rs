@@ -8,7 +8,8 @@ use std::process::Command;
 use vmscope_model::{CpuMode, ImageRef, ProcessTable, Record};
 
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/quipper.perf.data.callgraph-3.8")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/perf/quipper.perf.data.callgraph-3.8")
 }
 
 /// (samples, period) per key.
