@@ -186,6 +186,7 @@ fn pings_are_answered_while_a_command_runs() {
             argv: argv(&["sleep", "1"]),
             stdin: None,
             timeout_ms: 10_000,
+            max_output: None,
         },
     )
     .unwrap();

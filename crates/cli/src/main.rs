@@ -59,6 +59,11 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some(cmd_generate::NAME) {
         return cmd_generate::main(std::env::args().skip(2), Cli::command());
     }
+    // The agent broker host tools start on demand (crates/broker); not a
+    // clap subcommand either: nobody types it.
+    if std::env::args().nth(1).as_deref() == Some("__agent-broker") {
+        return agent_broker(std::env::args_os().skip(2).collect());
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd_record::run(a),
@@ -78,6 +83,32 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("vmscope: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `vmscope __agent-broker LISTEN_SOCKET`, the agent socket in
+/// `$VMSCOPE_BROKER_AGENT`.
+fn agent_broker(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let ([listen], Some(agent)) = (args.as_slice(), std::env::var_os(vmscope_broker::AGENT_ENV))
+    else {
+        eprintln!(
+            "vmscope: error: __agent-broker takes LISTEN_SOCKET, with the agent socket in ${}",
+            vmscope_broker::AGENT_ENV
+        );
+        return ExitCode::from(2);
+    };
+    let opts = vmscope_broker::BrokerOptions {
+        agent_socket: agent.into(),
+        listen: listen.into(),
+        idle_exit: std::time::Duration::from_secs(10),
+        hello_timeout: std::time::Duration::from_secs(120),
+    };
+    match vmscope_broker::serve(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vmscope agent broker: error: {e}");
             ExitCode::from(2)
         }
     }

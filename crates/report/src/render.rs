@@ -137,6 +137,12 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             sc.factor
         ));
     }
+    // Why a VM is not active (the session plan's reason and fix).
+    for (k, why) in &r.meta {
+        if let Some(vm) = k.strip_prefix("agent_") {
+            v.push(format!("# agent     {vm}: {why}"));
+        }
+    }
     if r.view != "merged" {
         v.push(format!(
             "# view      {} measurements only (unscaled)",
