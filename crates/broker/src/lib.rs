@@ -10,8 +10,9 @@
 //! one unique on the channel and tags it with the client's stream, so the
 //! agent (protocol 3, capability `streams`) keeps each client's profiling
 //! session, file transfer and kallsyms snapshot apart, and the answers go
-//! back to the client that asked with its own ids. Hellos are answered by
-//! the broker from the agent's cached hello.
+//! back to the client that asked with its own ids. Hellos go to the agent
+//! too (a client learns whether the agent answers now) and come back with
+//! the `broker` capability added.
 //!
 //! One client's failure costs only that client:
 //! - garbage and oversize frames are skipped by the same bounded decoder the
@@ -42,8 +43,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vmscope_protocol::frame::{encode_frame, FrameDecoder, ENCODING_JSON};
 use vmscope_protocol::{
-    capability, encode_response_on, AgentClient, AgentHello, ErrorKind, ProtocolError, Request,
-    Response, MAX_STREAMS,
+    capability, encode_response_on, AgentClient, ErrorKind, ProtocolError, Request, Response,
+    MAX_STREAMS,
 };
 
 /// The environment variable that names the agent socket to a starting broker.
@@ -285,7 +286,6 @@ struct Shared {
     router: Mutex<Router>,
     /// The write half of the agent channel.
     agent: Mutex<UnixStream>,
-    hello: AgentHello,
     /// The agent keeps per-stream state (protocol 3).
     streams: bool,
     /// Answers that routed nowhere (their client left) or did not parse.
@@ -374,7 +374,6 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
             last_seen: Instant::now(),
         }),
         agent: Mutex::new(agent),
-        hello,
         streams,
         dropped: AtomicU64::new(0),
         gone: std::sync::atomic::AtomicBool::new(false),
@@ -504,16 +503,6 @@ fn forward_request(stream: u32, body: &[u8], encoding: u8, shared: &Shared) -> b
         return true;
     };
     match obj.get("type").and_then(Value::as_str) {
-        Some("hello") => {
-            let nonce = obj.get("nonce").and_then(Value::as_u64).unwrap_or(0);
-            let mut h = shared.hello.clone();
-            h.nonce = nonce;
-            if !h.capabilities.iter().any(|c| c == capability::BROKER) {
-                h.capabilities.push(capability::BROKER.into());
-            }
-            answer(stream, id, &Response::Hello(h), shared);
-            return true;
-        }
         // Streams belong to the broker: a client cannot close another's.
         Some("close_stream") => {
             answer(stream, id, &Response::StreamClosed {}, shared);
@@ -710,6 +699,15 @@ fn route_answer(body: &[u8], shared: &Shared) {
     };
     obj.insert("id".into(), Value::from(id));
     obj.remove("stream");
+    // A hello goes to the agent (so a client learns whether the agent
+    // answers now) and comes back saying a broker relays it.
+    if obj.get("type").and_then(Value::as_str) == Some("hello") {
+        if let Some(Value::Array(caps)) = obj.get_mut("capabilities") {
+            if !caps.iter().any(|c| c == capability::BROKER) {
+                caps.push(Value::from(capability::BROKER));
+            }
+        }
+    }
     let Ok(body) = serde_json::to_vec(&Value::Object(obj)) else {
         return;
     };

@@ -6,7 +6,7 @@
 use super::*;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
-use vmscope_protocol::{encode_request, Decoder, ProfileConfig, ProfileRow, Response};
+use vmscope_protocol::{encode_request, AgentHello, Decoder, ProfileConfig, ProfileRow, Response};
 
 /// What the scripted agent saw.
 #[derive(Default)]
