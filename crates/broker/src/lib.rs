@@ -502,13 +502,10 @@ fn forward_request(stream: u32, body: &[u8], encoding: u8, shared: &Shared) -> b
     let Some(id) = obj.get("id").and_then(Value::as_u64) else {
         return true;
     };
-    match obj.get("type").and_then(Value::as_str) {
-        // Streams belong to the broker: a client cannot close another's.
-        Some("close_stream") => {
-            answer(stream, id, &Response::StreamClosed {}, shared);
-            return true;
-        }
-        _ => {}
+    // Streams belong to the broker: a client cannot close another's.
+    if obj.get("type").and_then(Value::as_str) == Some("close_stream") {
+        answer(stream, id, &Response::StreamClosed {}, shared);
+        return true;
     }
     let broker_id = {
         let mut r = shared

@@ -6,6 +6,7 @@
 //! stacks. Building never formats and printers never query: new formats only
 //! add a printer.
 
+pub mod intervals;
 mod render;
 mod side;
 
@@ -143,6 +144,8 @@ pub struct Report {
     pub view: String,
     /// Active VMs: what the agent measured and the scale applied.
     pub scales: Vec<ScaleSummary>,
+    /// Intervals kept by `stat -o` / `account -o`, summarized.
+    pub intervals: Vec<intervals::IntervalSummary>,
 }
 
 /// Coordinated profiling of one active VM for one event.
@@ -326,6 +329,7 @@ pub fn build(
         }
         .into(),
         scales,
+        intervals: intervals::summarize(&session.intervals(None)?),
         file: session.path().display().to_string(),
         meta,
         domains,

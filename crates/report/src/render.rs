@@ -160,6 +160,11 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         writeln!(out, "{l}")?;
     }
     writeln!(out, "#")?;
+    crate::intervals::write_text(&r.intervals, out)?;
+    // A session of intervals only (stat -o, account -o) has no samples to list.
+    if r.rows.is_empty() && !r.intervals.is_empty() {
+        return Ok(());
+    }
     let multi = r.events.len() > 1;
     // Column texts.
     let mut header: Vec<String> = Vec::new();

@@ -6,7 +6,10 @@
 //! knows nothing of perf, /proc or printing. The `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
+mod intervals;
 mod schema;
+
+pub use intervals::IntervalRow;
 
 pub use schema::SCHEMA_VERSION;
 
