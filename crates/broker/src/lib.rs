@@ -243,9 +243,18 @@ fn spawn_detached(exe: &Path, agent: &Path, listen: &Path, log: &Path) -> io::Re
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err);
-    // SAFETY: only async-signal-safe calls (setsid, fork, _exit) between fork and exec.
+    // SAFETY: only async-signal-safe calls (close_range, setsid, fork, _exit)
+    // between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
+            // Nothing the client inherited (a lock held by `flock`, a test
+            // harness's pipes) lives on in the broker, which outlives it.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }

@@ -55,8 +55,9 @@ pub fn spawn_detached(vm: &str, argv: &[String], log: &Path, cpus: &[usize]) -> 
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
     let pin_to = cpu_set(cpus);
-    // SAFETY: only async-signal-safe calls (sched_setaffinity, setsid, fork,
-    // _exit) between fork and exec, on a set prepared before the fork.
+    // SAFETY: only async-signal-safe calls (sched_setaffinity, close_range,
+    // setsid, fork, _exit) between fork and exec, on a set prepared before
+    // the fork.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(set) = &pin_to {
@@ -64,6 +65,15 @@ pub fn spawn_detached(vm: &str, argv: &[String], log: &Path, cpus: &[usize]) -> 
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            // Descriptors the caller inherited (a lock held by `flock`, a
+            // test harness's pipes) must not live on in a VM that outlives
+            // the caller: every descriptor above stderr closes at exec.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
