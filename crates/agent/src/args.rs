@@ -149,9 +149,11 @@ pub fn parse_dd<I: IntoIterator<Item = String>>(args: I) -> Result<DdOptions, St
         (None, Some(_)) => false,
         (Some(_), Some(_)) if is(&input, "/dev/zero") => false,
         (Some(_), Some(_)) => {
-            return Err("this dd reads a file (of=/dev/null) or writes zeros to one \
+            return Err(
+                "this dd reads a file (of=/dev/null) or writes zeros to one \
                         (if=/dev/zero), it does not copy"
-                .into())
+                    .into(),
+            )
         }
         (None, None) => return Err("dd needs if=FILE or of=FILE".into()),
     };
@@ -240,9 +242,8 @@ pub fn parse_io<I: IntoIterator<Item = String>>(args: I) -> Result<IoCommand, St
     if let Some(k) = kv.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(format!("io {op} has no operand `{k}`"));
     }
-    let size_of = |k: &str| -> Result<Option<u64>, String> {
-        kv.get(k).map(|v| parse_size(v)).transpose()
-    };
+    let size_of =
+        |k: &str| -> Result<Option<u64>, String> { kv.get(k).map(|v| parse_size(v)).transpose() };
     let offset = size_of("offset")?.unwrap_or(0);
     match op.as_str() {
         "inspect" => Ok(IoCommand::Inspect(path)),
@@ -382,7 +383,14 @@ mod tests {
             (512, u64::MAX, 1536, Mode::BufferedRead)
         );
         let o = parse_dd(
-            ["if=/dev/zero", "of=/y", "bs=1M", "count=4", "conv=fdatasync"].map(String::from),
+            [
+                "if=/dev/zero",
+                "of=/y",
+                "bs=1M",
+                "count=4",
+                "conv=fdatasync",
+            ]
+            .map(String::from),
         )
         .unwrap()
         .spec;
@@ -390,8 +398,13 @@ mod tests {
         let o = parse_dd(["of=/y", "bs=1M", "count=4", "seek=2", "oflag=direct"].map(String::from))
             .unwrap()
             .spec;
-        assert_eq!((o.mode, o.offset, o.create), (Mode::DirectWrite, 2 << 20, true));
-        let o = parse_dd(["of=/y", "count=1"].map(String::from)).unwrap().spec;
+        assert_eq!(
+            (o.mode, o.offset, o.create),
+            (Mode::DirectWrite, 2 << 20, true)
+        );
+        let o = parse_dd(["of=/y", "count=1"].map(String::from))
+            .unwrap()
+            .spec;
         assert_eq!(o.mode, Mode::BufferedWriteNosync);
         assert!(parse_dd(["of=/y"].map(String::from))
             .unwrap_err()
@@ -416,8 +429,15 @@ mod tests {
     fn io_operations() {
         use vmscope_workload::io::Mode;
         let p = |a: &[&str]| parse_io(a.iter().map(|s| s.to_string()));
-        match p(&["run", "/dev/vdb", "mode=direct-read", "bs=64k", "count=16", "offset=1M"])
-            .unwrap()
+        match p(&[
+            "run",
+            "/dev/vdb",
+            "mode=direct-read",
+            "bs=64k",
+            "count=16",
+            "offset=1M",
+        ])
+        .unwrap()
         {
             IoCommand::Run(s) => {
                 assert_eq!(s.path, PathBuf::from("/dev/vdb"));
@@ -445,11 +465,17 @@ mod tests {
             (&[][..], "operation"),
             (&["run"], "PATH"),
             (&["run", "/x", "bs=4k", "count=1"], "mode"),
-            (&["run", "/x", "mode=fast", "bs=4k", "count=1"], "unknown mode"),
+            (
+                &["run", "/x", "mode=fast", "bs=4k", "count=1"],
+                "unknown mode",
+            ),
             (&["run", "/x", "mode=direct-read", "count=1"], "bs"),
             (&["run", "/x", "mode=direct-read", "bs=0", "count=1"], "bs"),
             (&["run", "/x", "mode=direct-read", "bs=4k"], "count"),
-            (&["run", "/x", "mode=direct-read", "bs=4k", "count=x"], "count"),
+            (
+                &["run", "/x", "mode=direct-read", "bs=4k", "count=x"],
+                "count",
+            ),
             (&["inspect", "/x", "size=1"], "no operand"),
             (&["fill", "/x"], "size"),
             (&["drop-caches", "/x"], "no arguments"),

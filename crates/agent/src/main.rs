@@ -108,7 +108,11 @@ fn dd(args: impl Iterator<Item = String>) -> ExitCode {
                 s.wall_s,
                 s.bytes_per_s() / (1 << 20) as f64,
                 (s.blocks + s.partial) as f64 / s.wall_s.max(1e-9),
-                if o.spec.mode.writes() { "writes" } else { "reads" },
+                if o.spec.mode.writes() {
+                    "writes"
+                } else {
+                    "reads"
+                },
                 o.spec.block_size,
                 o.spec.mode,
             );

@@ -4,6 +4,7 @@
 
 mod agents;
 mod cmd_account;
+mod cmd_bench;
 mod cmd_demo;
 mod cmd_import;
 mod cmd_lab;
@@ -45,6 +46,8 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
+    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd_stat::run(a),
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(code) => code,

@@ -328,7 +328,10 @@ pub fn run(spec: &IoSpec) -> Result<IoRun, IoError> {
                         return Err(io_err(
                             "write",
                             offset + done as u64,
-                            io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes (device full?)"),
+                            io::Error::new(
+                                io::ErrorKind::WriteZero,
+                                "wrote 0 bytes (device full?)",
+                            ),
                         ))
                     }
                     Ok(n) => done += n,
@@ -478,6 +481,8 @@ pub struct TargetInfo {
     pub devno: Option<String>,
     /// For loop devices: the backing file.
     pub loop_backing: Option<String>,
+    /// Why it could not be opened for reading, if it could not.
+    pub open_error: Option<String>,
 }
 
 /// One line of `/proc/self/mountinfo`.
@@ -572,7 +577,11 @@ pub fn inspect_at(path: &Path, proc_root: &Path, sys_root: &Path) -> TargetInfo 
             info.fs_device = Some(m.source.clone());
         }
         info.free = free_bytes(path);
-        if let Ok(f) = File::open(path) {
+        let opened = File::open(path);
+        if let Err(e) = &opened {
+            info.open_error = Some(e.to_string());
+        }
+        if let Ok(f) = opened {
             use std::os::fd::AsRawFd;
             if let Some((_, off)) = statx_dio(f.as_raw_fd()) {
                 info.logical_block = off;
@@ -587,7 +596,11 @@ pub fn inspect_at(path: &Path, proc_root: &Path, sys_root: &Path) -> TargetInfo 
         info.kind = "block".into();
         let dev = major_minor(meta.rdev());
         info.devno = Some(format!("{}:{}", dev.0, dev.1));
-        if let Ok(mut f) = File::open(path) {
+        let opened = File::open(path);
+        if let Err(e) = &opened {
+            info.open_error = Some(e.to_string());
+        }
+        if let Ok(mut f) = opened {
             info.size = f.seek(SeekFrom::End(0)).unwrap_or(0);
             use std::os::fd::AsRawFd;
             let mut lbs: libc::c_int = 0;
@@ -605,10 +618,9 @@ pub fn inspect_at(path: &Path, proc_root: &Path, sys_root: &Path) -> TargetInfo 
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        info.loop_backing = std::fs::read_to_string(sys_root.join(format!(
-            "dev/block/{}:{}/loop/backing_file",
-            dev.0, dev.1
-        )))
+        info.loop_backing = std::fs::read_to_string(
+            sys_root.join(format!("dev/block/{}:{}/loop/backing_file", dev.0, dev.1)),
+        )
         .ok()
         .map(|s| s.trim().to_string())
         .or_else(|| {
@@ -664,12 +676,13 @@ fn device_in_use(
     if let Ok(rd) = std::fs::read_dir(&base) {
         for e in rd.flatten() {
             if e.path().join("partition").is_file() {
-                if let Some((a, b)) = std::fs::read_to_string(e.path().join("dev"))
-                    .ok()
-                    .and_then(|s| {
-                        let (a, b) = s.trim().split_once(':')?;
-                        Some((a.parse().ok()?, b.parse().ok()?))
-                    })
+                if let Some((a, b)) =
+                    std::fs::read_to_string(e.path().join("dev"))
+                        .ok()
+                        .and_then(|s| {
+                            let (a, b) = s.trim().split_once(':')?;
+                            Some((a.parse().ok()?, b.parse().ok()?))
+                        })
                 {
                     devs.push((a, b));
                 }
@@ -682,12 +695,12 @@ fn device_in_use(
         // against the working directory).
         let same_source = m.source.starts_with('/')
             && std::fs::canonicalize(&m.source).is_ok_and(|s| {
-            s == canon
-                || std::fs::metadata(&s)
-                    .ok()
-                    .filter(|md| md.file_type().is_block_device())
-                    .is_some_and(|md| devs.contains(&major_minor(md.rdev())))
-        });
+                s == canon
+                    || std::fs::metadata(&s)
+                        .ok()
+                        .filter(|md| md.file_type().is_block_device())
+                        .is_some_and(|md| devs.contains(&major_minor(md.rdev())))
+            });
         if devs.contains(&m.devno) || same_source {
             return Some(format!(
                 "a mounted file system ({} on {}, {})",
