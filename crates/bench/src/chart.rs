@@ -214,7 +214,7 @@ pub fn fmt_num(v: f64) -> String {
     let a = v.abs();
     if a == 0.0 {
         "0".into()
-    } else if a >= 100_000.0 || a < 0.01 {
+    } else if !(0.01..100_000.0).contains(&a) {
         format!("{v:.1e}")
     } else if a >= 10.0 || (v - v.round()).abs() < 1e-9 {
         format!("{v:.0}")

@@ -14,7 +14,9 @@
 //!   [`units`]: sizes and rates (MiB/s and MB/s both, labelled);
 //! - [`chart`]: line charts on log-2 axes, SVG and PNG (plotters);
 //! - [`progress`]: the progress bar (indicatif);
-//! - [`session`]: result rows into a session file's `bench_samples`.
+//! - [`session`]: result rows into a session file's `bench_samples`;
+//! - [`peers`]: GNU dd and fio driven like the engine, for side-by-side
+//!   agreement (tests and `bench/io-engine`).
 //!
 //! Experiments: [`io`], giacobbi2011's storage method on the host and in
 //! lab VMs, with the host CPU each backend costs (cherkasova2005).
@@ -25,6 +27,7 @@ pub mod hygiene;
 pub mod io;
 pub mod manifest;
 pub mod output;
+pub mod peers;
 pub mod progress;
 pub mod row;
 pub mod schedule;

@@ -161,7 +161,7 @@ mod tests {
                     0 => plan.record(0, 100.0),
                     1 => plan.record(
                         1,
-                        if plan.samples(1).len() % 2 == 0 {
+                        if plan.samples(1).len().is_multiple_of(2) {
                             50.0
                         } else {
                             150.0

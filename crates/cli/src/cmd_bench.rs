@@ -10,6 +10,7 @@ use std::time::Duration;
 use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::io::{IoOptions, TargetArg};
 use vmscope_bench::output::Format;
+use vmscope_bench::units::{parse_size, parse_size_list};
 use vmscope_lab::LabOptions;
 use vmscope_workload::io::Mode;
 
@@ -56,21 +57,21 @@ enum FormatArg {
 struct IoArgs {
     /// Where to run: host:PATH (an existing file or block device) or vm:NAME:DEVICE (a disk
     /// in a lab VM, e.g. vm:io0:/dev/vdb). Repeatable.
-    #[arg(long = "target", short = 't', value_name = "TARGET", value_parser = TargetArg::parse)]
-    targets: Vec<TargetArg>,
+    #[arg(long = "target", short = 't', value_name = "TARGET")]
+    targets: Vec<String>,
     /// Block sizes: a power-of-two range A..B and/or a list [default: 512..1M; --check-paper:
     /// 4k,16k,64k,256k,1M].
-    #[arg(long, value_name = "SIZES", value_parser = bs_list)]
-    bs: Option<SizeList>,
+    #[arg(long, value_name = "SIZES")]
+    bs: Option<String>,
     /// Data size per run, or a power-of-two sweep such as 1M..16G (Experiment 2)
     /// [default: 1G; --check-paper: 32M].
-    #[arg(long, value_name = "SIZES", value_parser = size_list)]
-    size: Option<SizeList>,
+    #[arg(long, value_name = "SIZES")]
+    size: Option<String>,
     /// Modes, comma-separated: buffered-write (with final fdatasync, the paper's),
     /// buffered-write-nosync, direct-write, direct-read, buffered-read
     /// [default: buffered-write,direct-write,direct-read].
-    #[arg(long, value_name = "MODES", value_parser = mode_list)]
-    mode: Option<ModeList>,
+    #[arg(long, value_name = "MODES")]
+    mode: Option<String>,
     /// Samples per point at least, after the warm-up [default: 5; --check-paper: 3].
     #[arg(long, value_name = "N")]
     repeat: Option<usize>,
@@ -85,8 +86,8 @@ struct IoArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     warmup: usize,
     /// Byte offset of every run in its target (suffixes as --size).
-    #[arg(long, default_value = "0", value_name = "BYTES", value_parser = one_size)]
-    offset: u64,
+    #[arg(long, default_value = "0", value_name = "BYTES")]
+    offset: String,
     /// Bring up this lab (spec file, or the built-in `storage-quad`), measure every disk of
     /// its VMs (and a host file beside their images), tear it down after. A lab that is
     /// already up is reused and left up.
@@ -148,37 +149,20 @@ struct IoArgs {
     quiet: bool,
 }
 
-/// A parsed list (one clap value holding many numbers).
-#[derive(Clone)]
-struct SizeList(Vec<u64>);
+// Lists, sizes and targets are parsed here rather than by clap's value
+// parsers, so a bad one is the usual single `vmscope: error:` line.
 
-#[derive(Clone)]
-struct ModeList(Vec<Mode>);
-
-fn bs_list(s: &str) -> Result<SizeList, String> {
-    vmscope_bench::units::parse_size_list(s, "--bs").map(SizeList)
-}
-
-fn size_list(s: &str) -> Result<SizeList, String> {
-    vmscope_bench::units::parse_size_list(s, "--size").map(SizeList)
-}
-
-fn one_size(s: &str) -> Result<u64, String> {
-    vmscope_bench::units::parse_size(s)
-}
-
-fn mode_list(s: &str) -> Result<ModeList, String> {
+fn mode_list(s: &str) -> Result<Vec<Mode>, String> {
     s.split(',')
         .map(|m| {
             Mode::parse(m.trim()).ok_or_else(|| {
                 format!(
-                    "unknown mode `{m}` (one of {})",
+                    "--mode: unknown mode `{m}` (one of {})",
                     Mode::ALL.map(Mode::name).join(", ")
                 )
             })
         })
-        .collect::<Result<Vec<_>, _>>()
-        .map(ModeList)
+        .collect()
 }
 
 pub fn run(a: BenchArgs) -> Result<ExitCode> {
@@ -198,15 +182,32 @@ fn io(a: IoArgs) -> Result<ExitCode> {
     lab.hello_timeout = Duration::from_secs(a.hello_timeout);
     lab.verbose = !a.quiet;
     let opts = IoOptions {
-        targets: a.targets,
-        block_sizes: a.bs.map(|l| l.0),
-        sizes: a.size.map(|l| l.0),
-        modes: a.mode.map(|l| l.0),
+        targets: a
+            .targets
+            .iter()
+            .map(|t| TargetArg::parse(t))
+            .collect::<Result<_, _>>()
+            .map_err(anyhow::Error::msg)?,
+        block_sizes: a
+            .bs
+            .map(|s| parse_size_list(&s, "--bs"))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        sizes: a
+            .size
+            .map(|s| parse_size_list(&s, "--size"))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        modes: a
+            .mode
+            .map(|s| mode_list(&s))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
         repeat: a.repeat,
         max_repeat: a.max_repeat,
         rel_ci: a.ci,
         warmup: a.warmup,
-        offset: a.offset,
+        offset: parse_size(&a.offset).map_err(|e| anyhow::anyhow!("--offset: {e}"))?,
         lab: a.lab,
         lab_name: a.lab_name,
         lab_options: lab,

@@ -336,6 +336,14 @@ impl IoOutcome {
 /// Runs the sweep; results go to `out` in `opts.format`.
 pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchError> {
     let sweep = opts.sweep()?;
+    // The lab, if any: `--lab`, or the built-in one for a bare --check-paper.
+    let lab_arg = opts.lab.clone().or_else(|| {
+        (opts.check_paper && opts.targets.is_empty()).then(|| "storage-quad".to_string())
+    });
+    let lab_spec = lab_arg
+        .as_deref()
+        .map(|a| labs::load_spec(a, opts.lab_name.as_deref()))
+        .transpose()?;
     if opts.drop_caches && !is_root() {
         return Err(BenchError::bad(
             "dropping caches before every sample needs root (run as root, or pass \
@@ -350,15 +358,10 @@ pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchErro
     let progress = Progress::new(0, opts.quiet);
     let host_manifest = Manifest::host(&opts.command_line);
 
-    // The lab, if any: `--lab`, or the built-in one for a bare --check-paper.
-    let lab_arg = opts.lab.clone().or_else(|| {
-        (opts.check_paper && opts.targets.is_empty()).then(|| "storage-quad".to_string())
-    });
     let mut session = None;
-    if let Some(arg) = &lab_arg {
-        let spec = labs::load_spec(arg, opts.lab_name.as_deref())?;
+    if let Some(spec) = &lab_spec {
         progress.set_message(format!("lab {}: starting (or reusing) its VMs", spec.name));
-        let s = labs::LabSession::open(&spec, &opts.lab_options, opts.keep_lab)?;
+        let s = labs::LabSession::open(spec, &opts.lab_options, opts.keep_lab)?;
         progress.note(&format!(
             "lab {}: {} ({}; accel {})",
             s.state.name,
@@ -468,6 +471,7 @@ fn sweep_targets(
         accountant: None,
         probe: LoadProbe::default(),
         drop_caches: opts.drop_caches,
+        overhead: Vec::new(),
     };
     let mut targets: Vec<Target> = Vec::new();
     let mut vm_index: Vec<Option<usize>> = Vec::new();
@@ -659,12 +663,12 @@ fn sweep_targets(
 
     let mut sink = match opts.format {
         Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(CsvRows::new(
+        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
             &mut *out,
             &[
                 "target", "label", "backend", "mode", "bs", "size", "count", "offset",
             ],
-        )?),
+        )?)),
         Format::Table => Sink::None,
     };
     if let Sink::Json(j) = &mut sink {
@@ -702,6 +706,38 @@ fn sweep_targets(
                 path: t.path.clone(),
                 message: e,
             });
+        }
+    }
+
+    // The host CPU of a guest command that moves nothing, per VM, taken
+    // off every sample of that VM.
+    if runner.accountant.is_some() {
+        let mut done = std::collections::HashSet::new();
+        for (ti, t) in targets.iter().enumerate() {
+            let (Some(ci), Some(vm)) = (vm_index[ti], t.vm()) else {
+                continue;
+            };
+            if dead_vms.contains_key(&vm.name) || !done.insert(ci) {
+                continue;
+            }
+            progress.set_message(format!(
+                "VM {}: measuring the cost of an empty run",
+                vm.name
+            ));
+            match runner.calibrate(t, ci, 3) {
+                Ok(h) => notes.push(format!(
+                    "VM {}: a run that moves nothing (starting the engine in the guest) costs \
+                     the host {:.3} s of vCPU, {:.3} s of I/O threads, {:.3} s of shared I/O \
+                     (median of 3); taken off every sample of the VM",
+                    vm.name, h.vcpu_s, h.io_threads_s, h.shared_io_s
+                )),
+                Err(VmFailure::Dead(why)) => {
+                    dead_vms.insert(vm.name.clone(), why);
+                }
+                Err(VmFailure::Failed(why)) => {
+                    notes.push(format!("VM {}: no overhead measured: {why}", vm.name))
+                }
+            }
         }
     }
 
@@ -846,7 +882,7 @@ fn sweep_targets(
 enum Sink<'a, 'w> {
     None,
     Json(JsonLines<&'a mut (dyn Write + 'w)>),
-    Csv(CsvRows<&'a mut (dyn Write + 'w)>),
+    Csv(Box<CsvRows<&'a mut (dyn Write + 'w)>>),
 }
 
 /// The rows of one sample: speed, time, bytes, the engine's CPU, the

@@ -44,9 +44,12 @@ impl Finding {
     }
 }
 
-/// Series of one (target, mode): (bs, mean, ci95) sorted by bs.
-fn series(obs: &[Obs]) -> BTreeMap<(String, Mode), Vec<(u64, f64, f64)>> {
-    let mut m: BTreeMap<(String, Mode), Vec<(u64, f64, f64)>> = BTreeMap::new();
+/// (block size, mean, 95 % half-width) of one point.
+type Step = (u64, f64, f64);
+
+/// Series of one (target, mode), sorted by block size.
+fn series(obs: &[Obs]) -> BTreeMap<(String, Mode), Vec<Step>> {
+    let mut m: BTreeMap<(String, Mode), Vec<Step>> = BTreeMap::new();
     for o in obs.iter().filter(|o| o.mean.is_finite() && o.mean > 0.0) {
         m.entry((o.label.clone(), o.mode)).or_default().push((
             o.bs,
@@ -61,7 +64,7 @@ fn series(obs: &[Obs]) -> BTreeMap<(String, Mode), Vec<(u64, f64, f64)>> {
 }
 
 /// Growth per doubling of block size between two points.
-fn per_doubling(a: (u64, f64, f64), b: (u64, f64, f64)) -> f64 {
+fn per_doubling(a: Step, b: Step) -> f64 {
     let doublings = ((b.0 as f64) / (a.0 as f64)).log2().max(1e-9);
     (b.1 / a.1).powf(1.0 / doublings) - 1.0
 }

@@ -141,6 +141,11 @@ pub struct Runner {
     pub accountant: Option<Accountant>,
     pub probe: LoadProbe,
     pub drop_caches: bool,
+    /// Per VM connection: the host CPU of a run that moves nothing (the
+    /// agent starting `vmscope-agent io` in the guest and reporting back),
+    /// measured by [`Runner::calibrate`] and taken off every sample, so
+    /// the split is the I/O's and not the command's.
+    pub overhead: Vec<Option<HostCpu>>,
 }
 
 /// The host CPU a sample cost, seconds (cherkasova2005's split).
@@ -166,6 +171,41 @@ pub struct HostCpu {
 impl HostCpu {
     pub fn total_s(&self) -> f64 {
         self.vcpu_s + self.io_threads_s + self.shared_io_s + self.kernel_threads_s + self.engine_s
+    }
+
+    /// `self − other` per part, never below zero.
+    pub fn minus(&self, o: &HostCpu) -> HostCpu {
+        let d = |a: f64, b: f64| (a - b).max(0.0);
+        HostCpu {
+            vcpu_s: d(self.vcpu_s, o.vcpu_s),
+            io_threads_s: d(self.io_threads_s, o.io_threads_s),
+            shared_io_s: d(self.shared_io_s, o.shared_io_s),
+            kernel_threads_s: d(self.kernel_threads_s, o.kernel_threads_s),
+            engine_s: d(self.engine_s, o.engine_s),
+            disk_ops: match (self.disk_ops, o.disk_ops) {
+                (Some(a), Some(b)) => Some(a.saturating_sub(b)),
+                (a, _) => a,
+            },
+        }
+    }
+
+    /// The median of each part.
+    pub fn median(xs: &[HostCpu]) -> Option<HostCpu> {
+        if xs.is_empty() {
+            return None;
+        }
+        let m =
+            |f: fn(&HostCpu) -> f64| crate::stats::median(&xs.iter().map(f).collect::<Vec<_>>());
+        let mut ops: Vec<u64> = xs.iter().filter_map(|h| h.disk_ops).collect();
+        ops.sort_unstable();
+        Some(HostCpu {
+            vcpu_s: m(|h| h.vcpu_s),
+            io_threads_s: m(|h| h.io_threads_s),
+            shared_io_s: m(|h| h.shared_io_s),
+            kernel_threads_s: m(|h| h.kernel_threads_s),
+            engine_s: m(|h| h.engine_s),
+            disk_ops: ops.get(ops.len() / 2).copied(),
+        })
     }
 }
 
@@ -229,6 +269,29 @@ impl Runner {
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
         }
+    }
+
+    /// Measures the host CPU of a VM run that moves nothing (`count=0`),
+    /// `n` times, and keeps the median as that VM's per-sample overhead.
+    pub fn calibrate(
+        &mut self,
+        t: &Target,
+        vm_index: usize,
+        n: usize,
+    ) -> Result<HostCpu, VmFailure> {
+        let spec = spec_for(&t.path, Mode::DirectRead, 4096, 0, 0);
+        let mut got = Vec::new();
+        for _ in 0..n {
+            if let Some(h) = self.sample(t, Some(vm_index), &spec)?.host_cpu {
+                got.push(h);
+            }
+        }
+        let m = HostCpu::median(&got).unwrap_or_default();
+        if self.overhead.len() <= vm_index {
+            self.overhead.resize(vm_index + 1, None);
+        }
+        self.overhead[vm_index] = Some(m);
+        Ok(m)
     }
 
     /// One sample: caches dropped (host, and guest for VM targets), the
@@ -302,6 +365,11 @@ impl Runner {
                 },
             },
         });
+        let overhead = vm_index.and_then(|i| self.overhead.get(i).copied().flatten());
+        let host_cpu = match (host_cpu, overhead) {
+            (Some(h), Some(o)) => Some(h.minus(&o)),
+            (h, _) => h,
+        };
         Ok(SampleOut {
             run,
             raw,
@@ -354,5 +422,20 @@ mod tests {
             disk_ops: None,
         };
         assert_eq!(h.total_s(), 1.875);
+        let o = HostCpu {
+            vcpu_s: 0.25,
+            io_threads_s: 1.0,
+            disk_ops: Some(2),
+            ..Default::default()
+        };
+        let d = HostCpu {
+            disk_ops: Some(10),
+            ..h
+        }
+        .minus(&o);
+        assert_eq!((d.vcpu_s, d.io_threads_s, d.disk_ops), (0.75, 0.0, Some(8)));
+        let m = HostCpu::median(&[h, o, h]).unwrap();
+        assert_eq!((m.vcpu_s, m.io_threads_s), (1.0, 0.5));
+        assert!(HostCpu::median(&[]).is_none());
     }
 }
