@@ -571,7 +571,7 @@ files = [{files}]
 [[vm.disk]]
 backend = "file"
 format = "raw"
-size_mib = 256
+size_mib = 448
 cache = "none"
 aio = "native"
 iothread = 0
@@ -609,69 +609,78 @@ optional = true
     // (1) Agreement inside the guest, on /dev/vda.
     let (mut client, _) =
         vmscope_lab::connect_agent(&vm, std::time::Duration::from_secs(20)).expect("agent");
-    let mut exec = |argv: &[String], secs: u64| {
+    let mut exec = |argv: &[String]| -> Result<(String, String), String> {
         let o = client
-            .exec(argv, std::time::Duration::from_secs(secs))
-            .expect("exec in the guest");
-        assert!(
-            o.exit_code == 0 && !o.timed_out,
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (
+            .exec(argv, std::time::Duration::from_secs(600))
+            .map_err(|e| format!("exec {argv:?} in the guest: {e}"))?;
+        if o.exit_code != 0 || o.timed_out {
+            return Err(format!("{argv:?}: {}", String::from_utf8_lossy(&o.stderr)));
+        }
+        Ok((
             String::from_utf8_lossy(&o.stdout).to_string(),
             String::from_utf8_lossy(&o.stderr).to_string(),
-        )
+        ))
     };
-    const SIZE: u64 = 96 << 20;
-    exec(
-        &[
-            "/usr/bin/vmscope-agent",
-            "io",
-            "fill",
-            "/dev/vda",
-            &format!("size={SIZE}"),
-        ]
-        .map(String::from),
-        600,
-    );
+    // About a second per run at either block size under TCG (shorter runs
+    // drown in the host's scheduling noise).
+    const SIZE: u64 = 384 << 20;
+    let size_of = |bs: u64| if bs >= 1 << 20 { SIZE } else { 128 << 20 };
+    const ROUNDS: usize = 5;
+    let fill = format!("size={SIZE}");
+    exec(&["/usr/bin/vmscope-agent", "io", "fill", "/dev/vda", &fill].map(String::from)).unwrap();
     use vmscope_bench::peers::{self, Tool};
     use vmscope_workload::io::Mode;
-    let mut failures = Vec::new();
-    eprintln!("| mode | bs | engine MiB/s | dd MiB/s | fio MiB/s | engine/dd | engine/fio |");
-    for mode in [Mode::DirectRead, Mode::DirectWrite] {
-        for bs in [64u64 << 10, 1 << 20] {
-            let r = peers::rounds(5, bs ^ mode as u64, |t| {
-                let exe = match t {
-                    Tool::Engine => "/usr/bin/vmscope-agent",
-                    Tool::Dd => "/usr/bin/gdd",
-                    Tool::Fio => "/usr/bin/fio",
-                };
-                let argv = peers::argv(t, exe, mode, "/dev/vda", bs, SIZE / bs);
-                let (o, e) = exec(&argv, 600);
-                peers::parse(t, mode, &o, &e)
-            })
-            .unwrap();
-            let med = |v: &[f64]| vmscope_bench::stats::median(v) / 1048576.0;
-            let (ed, ef) = (
-                peers::median_ratio(&r[0], &r[1]),
-                peers::median_ratio(&r[0], &r[2]),
-            );
-            eprintln!(
-                "| {mode} | {bs} | {:.1} | {:.1} | {:.1} | {ed:.3} | {ef:.3} |",
-                med(&r[0]),
-                med(&r[1]),
-                med(&r[2])
-            );
-            for (peer, ratio) in [("dd", ed), ("fio", ef)] {
-                if (ratio - 1.0).abs() > 0.05 {
-                    failures.push(format!("{mode} bs {bs}: engine/{peer} = {ratio:.3}"));
-                }
+    // Under KVM the guest's CPU work costs what it costs on the host, and
+    // the host's tolerance applies: 5 %, dd's writes printed but not held
+    // to it (vmscope-bench's tests/agreement.rs says why). Under TCG every
+    // instruction of the tools is emulated: dd clearing its buffer for
+    // every block, fio's bookkeeping and the engine's loop cost 10-50 times
+    // what they do natively against the same virtual disk, and the tools
+    // drift apart by more than their I/O differs (measured here: engine
+    // within 6-18 % of dd's reads and fio); 25 % there still catches a
+    // wrong byte count or clock.
+    let tcg = st.accel != "kvm";
+    let tolerance = |mode: Mode, peer: Tool| match (peer == Tool::Dd && mode.writes(), tcg) {
+        (true, _) => f64::INFINITY,
+        (false, false) => 0.05,
+        (false, true) => 0.25,
+    };
+    let got = peers::agree(
+        &[Mode::DirectRead, Mode::DirectWrite],
+        &[64 << 10, 1 << 20],
+        ROUNDS,
+        2,
+        tolerance,
+        |t, mode, bs| {
+            let exe = match t {
+                Tool::Engine => "/usr/bin/vmscope-agent",
+                Tool::Dd => "/usr/bin/gdd",
+                Tool::Fio => "/usr/bin/fio",
+            };
+            if t == Tool::Engine {
+                let (o, e) = exec(&peers::argv(t, exe, mode, "/dev/vda", bs, size_of(bs) / bs))?;
+                return peers::parse(t, mode, &o, &e);
             }
-        }
+            peers::peer_speed(t, exe, mode, "/dev/vda", bs, size_of(bs) / bs, &mut exec)
+        },
+    )
+    .unwrap();
+    eprintln!("in the VM ({}):\n{}", st.accel, peers::AGREEMENT_HEADER);
+    for a in &got {
+        eprintln!("{}", a.row());
     }
+    let bad: Vec<String> = got
+        .iter()
+        .filter(|a| !a.within)
+        .map(|a| {
+            format!(
+                "{} {}: engine/dd {:.3}, engine/fio {:.3}",
+                a.mode, a.bs, a.engine_dd, a.engine_fio
+            )
+        })
+        .collect();
     drop(client);
-    assert!(failures.is_empty(), "in the VM, beyond 5 %: {failures:?}");
+    assert!(bad.is_empty(), "in the VM, beyond the tolerances: {bad:?}");
 
     // (2) A sweep over every disk of the running lab (reused, left up).
     let charts = dir.path().join("charts");
