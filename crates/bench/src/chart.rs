@@ -187,8 +187,16 @@ impl LineChart {
                             }),
                     )?;
                 }
+                // Rising lines leave the lower right free, falling ones the upper.
+                let rising = self.series.iter().all(|s| {
+                    s.points.first().zip(s.points.last()).is_none_or(|(a, b)| b.y >= a.y)
+                });
                 c.configure_series_labels()
-                    .position(SeriesLabelPosition::LowerRight)
+                    .position(if rising {
+                        SeriesLabelPosition::LowerRight
+                    } else {
+                        SeriesLabelPosition::UpperRight
+                    })
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK)
                     .label_font(("sans-serif", 15))
