@@ -189,7 +189,10 @@ impl LineChart {
                 }
                 // Rising lines leave the lower right free, falling ones the upper.
                 let rising = self.series.iter().all(|s| {
-                    s.points.first().zip(s.points.last()).is_none_or(|(a, b)| b.y >= a.y)
+                    s.points
+                        .first()
+                        .zip(s.points.last())
+                        .is_none_or(|(a, b)| b.y >= a.y)
                 });
                 c.configure_series_labels()
                     .position(if rising {

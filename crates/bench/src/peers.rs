@@ -254,7 +254,8 @@ where
 
 /// One configuration's agreement: each tool's median speed (bytes/s), the
 /// ratios of the engine's median to dd's and fio's, and the attempt that
-/// produced them.
+/// produced them. The `dd/fio` column of [`Agreement::row`] says how well
+/// the peers agree with each other.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Agreement {
     pub mode: Mode,
@@ -272,7 +273,7 @@ impl Agreement {
     pub fn row(&self) -> String {
         let m = |x: f64| x / 1_048_576.0;
         format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {} |",
             self.mode,
             crate::units::iec(self.bs),
             m(self.medians[0]),
@@ -280,6 +281,7 @@ impl Agreement {
             m(self.medians[2]),
             self.engine_dd,
             self.engine_fio,
+            self.medians[1] / self.medians[2],
             self.attempt
         )
     }
@@ -287,11 +289,12 @@ impl Agreement {
 
 /// The header matching [`Agreement::row`].
 pub const AGREEMENT_HEADER: &str =
-    "| mode | bs | engine MiB/s | dd MiB/s | fio MiB/s | engine/dd | engine/fio | attempt |";
+    "| mode | bs | engine MiB/s | dd MiB/s | fio MiB/s | engine/dd | engine/fio | dd/fio | attempt |";
 
 /// Measures every (mode, block size): `rounds` interleaved rounds of the
-/// three tools through `run`; a configuration whose ratios fall outside
-/// `tolerance(mode, peer)` is measured again from scratch, up to
+/// three tools through `run`; a configuration whose ratios fall outside a
+/// factor `1 + tolerance(mode, peer)` either way (an infinite tolerance:
+/// printed, not held) is measured again from scratch, up to
 /// `attempts` times (a real difference stays, a burst of load from
 /// elsewhere does not), and the last attempt is kept.
 pub fn agree<F>(
@@ -324,8 +327,25 @@ where
                     attempt,
                     within: false,
                 };
-                let within = (a.engine_dd - 1.0).abs() <= tolerance(mode, Tool::Dd)
-                    && (a.engine_fio - 1.0).abs() <= tolerance(mode, Tool::Fio);
+                // Within a factor (1 + tolerance) of each held peer either
+                // way; or, when the two peers are further apart than that
+                // themselves, between them (with the same margin): the
+                // engine agrees with them as well as they agree together.
+                let ok = |r: f64, tol: f64| r.is_finite() && r > 0.0 && r.ln().abs() <= tol.ln_1p();
+                let (td, tf) = (tolerance(mode, Tool::Dd), tolerance(mode, Tool::Fio));
+                let strict = ok(a.engine_dd, td) && ok(a.engine_fio, tf);
+                let held: Vec<(f64, f64)> = [(a.medians[1], td), (a.medians[2], tf)]
+                    .into_iter()
+                    .filter(|(_, t)| t.is_finite())
+                    .collect();
+                let between = held.len() == 2 && {
+                    let tol = td.min(tf);
+                    let (lo, hi) = (held[0].0.min(held[1].0), held[0].0.max(held[1].0));
+                    hi / lo > 1.0 + tol
+                        && a.medians[0] >= lo / (1.0 + tol)
+                        && a.medians[0] <= hi * (1.0 + tol)
+                };
+                let within = strict || between;
                 let done = within || attempt >= attempts.max(1);
                 if done {
                     out.push(Agreement { within, ..a });
@@ -457,13 +477,46 @@ mod tests {
             3,
             3,
             |_, _| 0.05,
-            |t, _, _| Ok(if t == Tool::Dd { 80.0 } else { 100.0 }),
+            |t, _, _| Ok(if t == Tool::Engine { 130.0 } else { 100.0 }),
         )
         .unwrap();
         assert_eq!(a.len(), 2);
         assert!(a
             .iter()
-            .all(|x| !x.within && x.attempt == 3 && (x.engine_dd - 1.25).abs() < 1e-9));
+            .all(|x| !x.within && x.attempt == 3 && (x.engine_dd - 1.3).abs() < 1e-9));
         assert!(a[0].row().starts_with("| direct-write | 4 KiB |"));
+        // Peers 30 % apart: an engine between them agrees as well as they do.
+        let a = agree(
+            &[Mode::DirectRead],
+            &[4096],
+            3,
+            1,
+            |_, _| 0.05,
+            |t, _, _| {
+                Ok(match t {
+                    Tool::Engine => 115.0,
+                    Tool::Dd => 100.0,
+                    Tool::Fio => 130.0,
+                })
+            },
+        )
+        .unwrap();
+        assert!(a[0].within, "{a:?}");
+        let a = agree(
+            &[Mode::DirectRead],
+            &[4096],
+            3,
+            1,
+            |_, _| 0.05,
+            |t, _, _| {
+                Ok(match t {
+                    Tool::Engine => 150.0,
+                    Tool::Dd => 100.0,
+                    Tool::Fio => 130.0,
+                })
+            },
+        )
+        .unwrap();
+        assert!(!a[0].within, "{a:?}");
     }
 }

@@ -633,17 +633,19 @@ optional = true
     // Under KVM the guest's CPU work costs what it costs on the host, and
     // the host's tolerance applies: 5 %, dd's writes printed but not held
     // to it (vmscope-bench's tests/agreement.rs says why). Under TCG every
-    // instruction of the tools is emulated: dd clearing its buffer for
-    // every block, fio's bookkeeping and the engine's loop cost 10-50 times
-    // what they do natively against the same virtual disk, and the tools
-    // drift apart by more than their I/O differs (measured here: engine
-    // within 6-18 % of dd's reads and fio); 25 % there still catches a
-    // wrong byte count or clock.
+    // instruction of the tools is emulated against the same virtual disk:
+    // dd clearing its buffer for every block, fio's bookkeeping and the
+    // engine's loop cost 10-50 times what they do natively, and the one
+    // vCPU thread competes with everything else on the host. Measured on the
+    // 2-CPU development VM, the three tools' medians spread 6-18 % at load
+    // average 2 and up to 34 % at 5, from run to run in either direction;
+    // there the figures are printed and only a factor of 2 is held (a wrong
+    // byte count, unit or clock still fails it).
     let tcg = st.accel != "kvm";
     let tolerance = |mode: Mode, peer: Tool| match (peer == Tool::Dd && mode.writes(), tcg) {
         (true, _) => f64::INFINITY,
         (false, false) => 0.05,
-        (false, true) => 0.25,
+        (false, true) => 1.0,
     };
     let got = peers::agree(
         &[Mode::DirectRead, Mode::DirectWrite],
