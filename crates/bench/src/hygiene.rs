@@ -260,10 +260,17 @@ mod tests {
     fn own_cpu_is_counted() {
         let probe = LoadProbe::default();
         let m = probe.mark(&[]);
-        let t = Instant::now();
+        // Spin until this thread has had 0.3 s of CPU (however busy the host).
+        let cpu = || {
+            let (u, s) = vmscope_workload::io::thread_cpu();
+            u + s
+        };
+        let c0 = cpu();
         let mut x = 0u64;
-        while t.elapsed().as_millis() < 300 {
-            x = std::hint::black_box(x.wrapping_mul(3).wrapping_add(1));
+        while cpu() - c0 < 0.3 {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(3).wrapping_add(1));
+            }
         }
         let s = probe.since(&m);
         assert!(s.wall_s >= 0.3);
