@@ -20,6 +20,13 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The tests drop caches, time I/O and boot a VM: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn bench(args: &[&str]) -> Command {
     let mut c = vmscope();
     c.args(["bench", "io", "--quiet"]).args(args);
@@ -105,6 +112,7 @@ fn root_device() -> Option<String> {
 
 #[test]
 fn bad_input_fails_before_any_io() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let run_dir = d.join("no-labs");
@@ -269,6 +277,7 @@ fn bad_input_fails_before_any_io() {
 
 #[test]
 fn host_sweep_rows_tables_charts_and_session() {
+    let _one = serial();
     if !is_root() {
         eprintln!("SKIP: bench io drops caches before every sample: needs root");
         return;
@@ -535,6 +544,7 @@ fn peer_files() -> Vec<String> {
 /// whose remaining points fail while the host's go on (item 9).
 #[test]
 fn lab_bench_io() {
+    let _one = serial();
     let (cache, run, agent) = match Lab::env() {
         Ok(e) => e,
         Err(why) => {
