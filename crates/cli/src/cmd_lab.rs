@@ -476,7 +476,7 @@ fn console(vm: &str, socket: &Path) -> anyhow::Result<()> {
 
 /// `--max-output`: a size up to the protocol's limit.
 fn max_output(s: &str) -> Result<u64, String> {
-    let n = vmscope_workload::blockread::parse_size(s)?;
+    let n = vmscope_workload::io::parse_size(s)?;
     let max = vmscope_protocol::MAX_EXEC_OUTPUT_LIMIT as u64;
     if n == 0 || n > max {
         return Err(format!("must be from 1 byte to {max} bytes (6M)"));

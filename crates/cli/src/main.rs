@@ -3,6 +3,7 @@
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
 mod cmd_account;
+mod cmd_bench;
 mod cmd_demo;
 mod cmd_generate;
 mod cmd_import;
@@ -52,6 +53,8 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
+    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd_stat::run(a),
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(code) => code,

@@ -174,6 +174,22 @@ fn sql_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     }
 }
 
+/// One row of `bench_samples`: a benchmark's measured number in a base
+/// unit, with its configuration hash and manifest (JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchSampleRow {
+    pub experiment: String,
+    pub config_hash: String,
+    pub manifest: String,
+    pub point: String,
+    pub sample: i64,
+    pub metric: String,
+    pub value: f64,
+    pub unit: String,
+    pub raw_output: Option<String>,
+    pub flagged: Option<String>,
+}
+
 /// Writes one session. Create it, add events and domains, then `flush`
 /// deltas at least once a second; `finish` marks a clean stop.
 pub struct SessionWriter {
@@ -414,6 +430,40 @@ impl SessionWriter {
         Ok(())
     }
 
+    /// Add benchmark rows (`bench_samples`), in one transaction.
+    pub fn add_bench_samples(&self, rows: &[BenchSampleRow]) -> Result<()> {
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(sql_err(&self.path))?;
+        {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT INTO bench_samples(experiment, config_hash, manifest, point, sample,
+                       metric, value, unit, raw_output, flagged)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .map_err(sql_err(&self.path))?;
+            for r in rows {
+                st.execute(params![
+                    r.experiment,
+                    r.config_hash,
+                    r.manifest,
+                    r.point,
+                    r.sample,
+                    r.metric,
+                    r.value,
+                    r.unit,
+                    r.raw_output,
+                    r.flagged
+                ])
+                .map_err(sql_err(&self.path))?;
+            }
+        }
+        tx.commit().map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
     /// Mark the session complete and checkpoint the WAL into the main file.
     pub fn finish(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
@@ -527,6 +577,36 @@ impl Session {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every `bench_samples` row, in insertion order.
+    pub fn bench_samples(&self) -> Result<Vec<BenchSampleRow>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT experiment, config_hash, manifest, point, sample, metric, value, unit,
+                   raw_output, flagged FROM bench_samples ORDER BY rowid",
+            )
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(BenchSampleRow {
+                    experiment: r.get(0)?,
+                    config_hash: r.get(1)?,
+                    manifest: r.get(2)?,
+                    point: r.get(3)?,
+                    sample: r.get(4)?,
+                    metric: r.get(5)?,
+                    value: r.get(6)?,
+                    unit: r.get(7)?,
+                    raw_output: r.get(8)?,
+                    flagged: r.get(9)?,
+                })
+            })
+            .map_err(sql_err(&self.path))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql_err(&self.path))?;
+        Ok(rows)
     }
 
     pub fn meta(&self) -> Result<BTreeMap<String, String>> {
