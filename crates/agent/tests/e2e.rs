@@ -94,7 +94,8 @@ fn hello_describes_this_machine() {
         vec![
             "ping".to_string(),
             "profile".to_string(),
-            "kallsyms".to_string()
+            "kallsyms".to_string(),
+            "streams".to_string()
         ],
         "no exec, no file writes by default"
     );
