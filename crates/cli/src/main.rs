@@ -12,6 +12,7 @@ mod cmd_record;
 mod cmd_report;
 mod cmd_serve;
 mod cmd_stat;
+mod cmd_top;
 mod cmd_vms;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -53,6 +54,8 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
+    /// The host and every VM live: CPU, vCPU states, I/O, top functions.
+    Top(cmd_top::TopArgs),
     /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
     Bench(cmd_bench::BenchArgs),
 }
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd_stat::run(a),
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Top(a) => cmd_top::run(a),
         Command::Bench(a) => cmd_bench::run(a),
     };
     match result {

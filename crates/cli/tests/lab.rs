@@ -257,9 +257,10 @@ iothread = 0
         let rtt = client.ping(Duration::from_secs(10)).unwrap();
         eprintln!("VM {}: ping {rtt:?}", vm.name);
         let pid = vm.pid.unwrap();
-        // With emulator pinning, every thread but the vCPUs and I/O
-        // threads (the main loop, call_rcu, the worker pool) is on the
-        // emulator's CPUs, and the I/O threads on theirs.
+        // With emulator pinning, every thread but the vCPUs and the
+        // lab's I/O threads (the main loop, call_rcu, the worker pool, the
+        // monitor's thread) is on the emulator's CPUs, and the I/O threads
+        // on theirs.
         if !vm.pin_emulator.is_empty() {
             let mut seen = 0;
             for (tid, comm) in vmscope_linux::ProcRoot::system().threads(pid) {
@@ -267,7 +268,10 @@ iothread = 0
                 if comm.starts_with("CPU ") {
                     continue;
                 }
-                let want = if comm.starts_with("IO ") {
+                // Only the lab's own I/O threads are pinned to pin_io;
+                // QEMU's monitor thread (`IO mon_iothread`) stays with
+                // the emulator.
+                let want = if vm.iothread_tids.iter().any(|(_, t)| *t == tid) {
                     &vm.pin_io
                 } else {
                     seen += 1;
