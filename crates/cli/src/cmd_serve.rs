@@ -24,11 +24,15 @@ pub struct ServeArgs {
     #[arg(long)]
     per_cpu: bool,
     /// A process whose CPU is shared I/O work for all VMs (repeatable).
-    #[arg(long = "shared-io", value_name = "PID")]
+    #[arg(long = "shared-io", value_name = "PID", value_parser = crate::args::pid,
+          allow_negative_numbers = true)]
     shared_io: Vec<u32>,
 }
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
+    crate::args::check_pids("--shared-io", &a.shared_io)?;
+    // Ctrl-C, SIGTERM (systemctl stop) and SIGHUP end it with exit code 0.
+    crate::signals::exit_on_stop("vmscope serve");
     let listener =
         TcpListener::bind(&a.listen).with_context(|| format!("listening on {}", a.listen))?;
     eprintln!(
