@@ -401,6 +401,9 @@ pub fn record(
     );
     match body {
         Ok(mut summary) => {
+            // Everything is recorded: if the last step fails (a full disk
+            // while the WAL is folded in), the partial file keeps it.
+            output.keep_partial(true);
             let path = output.commit(writer, true)?;
             summary.output = path;
             Ok(summary)

@@ -516,6 +516,22 @@ impl SessionWriter {
     }
 }
 
+/// `file:/abs/path?immutable=1`, the path percent-encoded as SQLite's URI
+/// syntax wants.
+fn immutable_uri(path: &Path) -> String {
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut uri = String::from("file:");
+    for b in abs.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(b) {
+            uri.push(char::from(*b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
 /// A session opened for reading.
 pub struct Session {
     conn: Connection,
@@ -557,23 +573,32 @@ impl Session {
             }
         }
         // Read-write open so a session left with a WAL by a killed recorder is
-        // recovered; fall back to read-only for files we may not write.
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .or_else(|_| {
-            Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-        })
-        .map_err(|error| StoreError::Corrupt {
-            path: path.to_path_buf(),
-            error,
-        })?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
+        // recovered; fall back to read-only for files we may not write (or
+        // on a full file system, where the WAL index cannot be created).
+        let open = |flags: OpenFlags| -> std::result::Result<(Connection, i64), rusqlite::Error> {
+            let conn = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+            let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            Ok((conn, version))
+        };
+        let wal_empty =
+            std::fs::metadata(format!("{}-wal", path.display())).map_or(true, |m| m.len() == 0);
+        let (conn, version) = open(OpenFlags::SQLITE_OPEN_READ_WRITE)
+            .or_else(|_| open(OpenFlags::SQLITE_OPEN_READ_ONLY))
+            .or_else(|e| {
+                // Everything is in the main file: read it as immutable, which
+                // needs no WAL index at all.
+                if !wal_empty {
+                    return Err(e);
+                }
+                let conn = Connection::open_with_flags(
+                    immutable_uri(path),
+                    OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | OpenFlags::SQLITE_OPEN_URI
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+                Ok((conn, version))
+            })
             .map_err(|error| StoreError::Corrupt {
                 path: path.to_path_buf(),
                 error,

@@ -221,12 +221,20 @@ pub fn classify(path: &Path, m: &Metadata) -> Content {
     }
 }
 
-/// Whether an SQLite file has vmscope's tables.
+/// Whether an SQLite file has vmscope's tables. Opened read-write (as
+/// `report` does) so that closing the last connection removes the `-wal`
+/// and `-shm` files a read-only connection would leave behind.
 fn is_vmscope_session(path: &Path) -> bool {
     let Ok(conn) = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    ) else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .or_else(|_| {
+        Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+    }) else {
         return false;
     };
     let version: i64 = conn
@@ -623,9 +631,10 @@ impl SessionOutput {
     /// Finish `writer` (marking a clean stop or not), fold its WAL into the
     /// file and put it in place of the target. Returns the target path.
     pub fn commit(mut self, writer: SessionWriter, clean: bool) -> Result<PathBuf> {
-        self.keep_partial = true;
         writer.close(clean)?;
-        // Whatever appeared at the target meanwhile must still be ours to replace.
+        // Whatever appeared at the target meanwhile must still be ours to
+        // replace; if not, the complete session stays in the partial file.
+        self.keep_partial = true;
         check_output(
             &self.checked.given,
             OutputKind::Session,
