@@ -115,7 +115,9 @@ mod tests {
     use super::*;
 
     /// The parsers by name, so a test can run each on the same bad values.
-    const ALL_POSITIVE: &[(&str, fn(&str) -> Result<(), String>)] = &[
+    type Check = fn(&str) -> Result<(), String>;
+
+    const ALL_POSITIVE: &[(&str, Check)] = &[
         ("hertz", |s| hertz(s).map(drop)),
         ("rows", |s| rows(s).map(drop)),
         ("threads", |s| threads(s).map(drop)),

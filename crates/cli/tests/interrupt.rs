@@ -146,12 +146,11 @@ fn wait_output(child: Child, secs: u64, what: &str) -> Output {
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(o) => o.unwrap(),
-        Err(_) => {
-            signal(pid, libc::SIGKILL);
-            panic!("{what} did not end within {secs} s of the signal");
-        }
+    if let Ok(o) = rx.recv_timeout(Duration::from_secs(secs)) {
+        o.unwrap()
+    } else {
+        signal(pid, libc::SIGKILL);
+        panic!("{what} did not end within {secs} s of the signal");
     }
 }
 
