@@ -2,8 +2,11 @@
 //!
 //! This crate owns the schema and its version, the [`SessionWriter`] that
 //! recorders and importers use (deltas added up in one transaction per flush,
-//! at least once a second), and the [`Session`] reader that reports use. It
-//! knows nothing of perf, /proc or printing. The `sqlite3` CLI reads the files:
+//! at least once a second), the [`Session`] reader that reports use (which
+//! validates a session once when it opens it), and [`output`]: how every
+//! command writes a file (checked paths, one writer per session, atomic
+//! replacement; docs/architecture.md §7.1). It knows nothing of perf, /proc
+//! or printing. The `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
 pub mod output;
@@ -242,7 +245,9 @@ pub struct SessionWriter {
 }
 
 impl SessionWriter {
-    /// Create (or replace) the session file at `path`.
+    /// Create (or replace) the session file at `path`. Low level: commands
+    /// write sessions through [`output::SessionOutput`], which checks the
+    /// path, locks it and replaces it atomically.
     pub fn create(path: &Path) -> Result<SessionWriter> {
         // Probe writability first so the error names the path, not SQLite.
         let probe = path.with_extension("vmscope-probe");
