@@ -836,3 +836,204 @@ pub(crate) fn session_bytes(p: &Path) -> u64 {
         .map(|m| m.len())
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Session;
+
+    fn session(path: &Path) {
+        let w = SessionWriter::create(path).unwrap();
+        w.close(true).unwrap();
+    }
+
+    fn refusal(r: Result<CheckedOutput>) -> String {
+        match r {
+            Err(e @ StoreError::OutputRefused { .. }) => e.to_string(),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn what_may_be_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let none = OutputOptions::default();
+        let force = OutputOptions::new(true, &[]);
+        let s = d.join("s.db");
+        session(&s);
+        let text = d.join("notes.txt");
+        std::fs::write(&text, "notes\n").unwrap();
+        let empty = d.join("empty");
+        std::fs::write(&empty, "").unwrap();
+        let perf = d.join("perf.data");
+        std::fs::write(&perf, b"PERFILE2\x68\0\0\0\0\0\0\0").unwrap();
+        let bin = d.join("bin");
+        std::fs::write(&bin, [0u8, 1, 2, 255, 254]).unwrap();
+
+        assert!(check_output(&d.join("new.db"), OutputKind::Session, &none)
+            .unwrap()
+            .replaces
+            .is_none());
+        assert_eq!(
+            check_output(&s, OutputKind::Session, &none)
+                .unwrap()
+                .replaces,
+            Some(Content::Session)
+        );
+        assert_eq!(
+            check_output(&empty, OutputKind::Session, &none)
+                .unwrap()
+                .replaces,
+            Some(Content::Empty)
+        );
+        let e = refusal(check_output(&text, OutputKind::Session, &none));
+        assert!(e.contains("is a text file") && e.contains("--force"), "{e}");
+        assert!(check_output(&text, OutputKind::Session, &force).is_ok());
+        assert!(refusal(check_output(&perf, OutputKind::Session, &none)).contains("perf.data"));
+        // Artifacts replace text and binaries, never sessions or perf.data.
+        assert!(check_output(&text, OutputKind::Artifact, &none).is_ok());
+        assert!(check_output(&bin, OutputKind::Artifact, &none).is_ok());
+        assert!(refusal(check_output(&s, OutputKind::Artifact, &none)).contains("vmscope session"));
+        assert!(refusal(check_output(&perf, OutputKind::Artifact, &none)).contains("perf.data"));
+        // Never a device or a directory, --force or not.
+        for special in [Path::new("/dev/null"), d] {
+            for o in [&none, &force] {
+                let e = refusal(check_output(special, OutputKind::Artifact, o));
+                assert!(e.contains("writes only regular files"), "{e}");
+            }
+        }
+        // Never an input, by inode: a hard link is the same file.
+        let link = d.join("hard");
+        std::fs::hard_link(&text, &link).unwrap();
+        let o = OutputOptions::new(true, &[&text]);
+        assert!(refusal(check_output(&link, OutputKind::Artifact, &o))
+            .contains("same file as the input"));
+        // A missing directory is named.
+        let e = refusal(check_output(&d.join("no/x.db"), OutputKind::Session, &none));
+        assert!(e.contains("which does not exist"), "{e}");
+    }
+
+    #[test]
+    fn a_symbolic_link_is_followed_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.db");
+        session(&real);
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink("real.db", &link).unwrap();
+        let mut out = SessionOutput::prepare(&link, &OutputOptions::default(), "t").unwrap();
+        assert_eq!(out.partial(), dir.path().join("real.db.partial"));
+        let w = out.create_writer().unwrap();
+        w.set_meta("marker", "new").unwrap();
+        out.commit(w, true).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            Session::open(&real).unwrap().meta().unwrap()["marker"],
+            "new"
+        );
+    }
+
+    #[test]
+    fn a_session_is_replaced_only_when_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("s.db");
+        let w = SessionWriter::create(&target).unwrap();
+        w.set_meta("marker", "old").unwrap();
+        w.close(true).unwrap();
+        let old = std::fs::read(&target).unwrap();
+
+        // Dropped without a commit: the target stays, the partial goes.
+        {
+            let mut out = SessionOutput::prepare(&target, &OutputOptions::default(), "t").unwrap();
+            let w = out.create_writer().unwrap();
+            w.set_meta("marker", "new").unwrap();
+            assert!(out.partial().exists());
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), old);
+        assert!(!partial_path(&target).exists());
+        assert!(!lock_path(&target).exists());
+
+        // Kept on request, readable, and named to a reader of the target.
+        {
+            let mut out = SessionOutput::prepare(&target, &OutputOptions::default(), "t").unwrap();
+            let w = out.create_writer().unwrap();
+            w.set_meta("marker", "partial").unwrap();
+            out.keep_partial(true);
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), old);
+        let p = partial_path(&target);
+        assert_eq!(
+            Session::open(&p).unwrap().meta().unwrap()["marker"],
+            "partial"
+        );
+        let note = partial_note(&target).expect("a note about the partial file");
+        assert!(note.contains("s.db.partial"), "{note}");
+
+        // Committed: replaced, no WAL files, no partial, no lock.
+        let mut out = SessionOutput::prepare(&target, &OutputOptions::default(), "t").unwrap();
+        assert!(out.replaces_partial());
+        let w = out.create_writer().unwrap();
+        w.set_meta("marker", "new").unwrap();
+        out.commit(w, true).unwrap();
+        assert_eq!(
+            Session::open(&target).unwrap().meta().unwrap()["marker"],
+            "new"
+        );
+        for f in [
+            "s.db-wal",
+            "s.db-shm",
+            "s.db.partial",
+            "s.db.partial-wal",
+            "s.db.lock",
+        ] {
+            assert!(!dir.path().join(f).exists(), "{f} left");
+        }
+        assert!(partial_note(&target).is_none());
+    }
+
+    #[test]
+    fn one_writer_at_a_time_and_the_other_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("s.db");
+        let first = SessionOutput::prepare(&target, &OutputOptions::default(), "vmscope record -a")
+            .unwrap();
+        let e = SessionOutput::prepare(&target, &OutputOptions::default(), "second").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!(
+                "process {} (vmscope record -a)",
+                std::process::id()
+            )),
+            "{msg}"
+        );
+        assert_eq!(writer_of(&target).map(|w| w.0), Some(std::process::id()));
+        drop(first);
+        assert!(writer_of(&target).is_none());
+        assert!(SessionOutput::prepare(&target, &OutputOptions::default(), "third").is_ok());
+    }
+
+    #[test]
+    fn artifacts_are_written_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("flame.svg");
+        std::fs::write(&p, "old").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        {
+            let mut f = AtomicFile::create(&p, &OutputOptions::default()).unwrap();
+            f.write_all(b"half").unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "old");
+        write_artifact(&p, &OutputOptions::default(), b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "a temporary file stayed"
+        );
+    }
+}
