@@ -130,6 +130,9 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     }
     inputs.extend(args.kallsyms.iter().cloned());
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    // From here on a signal stops the recording (or, before it starts,
+    // the command) instead of killing the process with the lock held.
+    crate::signals::install();
     // The output is checked and locked before anything starts.
     let output = SessionOutput::prepare(
         &args.output,
@@ -149,7 +152,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     if duration.is_none() && args.command.is_empty() {
         eprintln!("vmscope: recording until Ctrl-C (give -d SECONDS to stop by itself)");
     }
-    crate::signals::install();
     let plan = plan_session(PlanRequest {
         roles,
         guest_kallsyms,
@@ -157,6 +159,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         strict: args.strict,
         ..PlanRequest::default()
     })?;
+    crate::signals::check("planning the session")?;
     for v in plan.fallbacks() {
         eprintln!("vmscope: VM {}: profiled as {}", v.name, v.describe());
     }

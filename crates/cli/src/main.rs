@@ -108,9 +108,12 @@ fn error_line(e: &anyhow::Error) -> String {
 /// 2 for every error, 128 + the signal for an interrupted command.
 fn exit_code(e: &anyhow::Error) -> u8 {
     for c in e.chain() {
-        if let Some(vmscope_lab::LabError::Interrupted { signal, .. }) = c.downcast_ref() {
-            return u8::try_from(128 + signal).unwrap_or(130);
-        }
+        let signal = match (c.downcast_ref(), c.downcast_ref::<signals::Interrupted>()) {
+            (Some(vmscope_lab::LabError::Interrupted { signal, .. }), _) => *signal,
+            (_, Some(i)) => i.signal,
+            _ => continue,
+        };
+        return u8::try_from(128 + signal).unwrap_or(130);
     }
     2
 }

@@ -73,6 +73,30 @@ pub fn received() -> Option<i32> {
     }
 }
 
+/// A command stopped by a signal before it could do its work; `main`
+/// exits with 128 + the signal.
+#[derive(Debug)]
+pub struct Interrupted {
+    pub signal: i32,
+    pub during: &'static str,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted by {} while {}", name(self.signal), self.during)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// `Err(Interrupted)` if a stop signal has arrived.
+pub fn check(during: &'static str) -> Result<(), Interrupted> {
+    match received() {
+        Some(signal) => Err(Interrupted { signal, during }),
+        None => Ok(()),
+    }
+}
+
 /// "SIGTERM", "SIGINT (Ctrl-C)", ...
 pub fn name(sig: i32) -> String {
     vmscope_lab::cancel::signal_name(sig)

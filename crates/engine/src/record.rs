@@ -572,6 +572,12 @@ impl Run<'_, '_> {
             }
         }
 
+        // Stopped while the agents were being armed: no recording at all.
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(EngineError::Invalid(
+                "stopped by a signal before sampling started; nothing was recorded".into(),
+            ));
+        }
         rec.enable()?;
         self.sampling = true;
         let t_enable = Instant::now();
