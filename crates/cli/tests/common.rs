@@ -80,8 +80,17 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
-/// (samples of event 0, stored duration in s) of a session being written,
-/// or None while it is not yet readable.
+/// Where a recorder writes `db` until it is complete (`DB.partial`,
+/// renamed to `db` when the recording ends).
+pub fn partial(db: &Path) -> PathBuf {
+    let mut s = db.as_os_str().to_os_string();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// (samples of event 0, stored duration in s) of a session file, or None
+/// while it is not yet readable. A recording under way is read through
+/// [`partial`].
 pub fn stored(db: &Path) -> Option<(u64, f64)> {
     let out = vmscope()
         .arg("report")
@@ -99,12 +108,13 @@ pub fn stored(db: &Path) -> Option<(u64, f64)> {
     Some((samples, d))
 }
 
-/// Wait (up to 60 s: start-up time varies with load) until a recorder has
-/// flushed samples to `db`; returns the stored duration then.
+/// Wait (up to 60 s: start-up time varies with load) until a recorder
+/// writing `db` has flushed samples (to its partial file); returns the
+/// stored duration then.
 pub fn wait_for_samples(db: &Path) -> f64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        if let Some((n, d)) = stored(db) {
+        if let Some((n, d)) = stored(&partial(db)) {
             if n > 0 {
                 return d;
             }
