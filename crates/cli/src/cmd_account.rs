@@ -36,6 +36,10 @@ pub struct AccountArgs {
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
+    /// Let -o replace a regular file that is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long, requires = "output")]
+    force: bool,
 }
 
 pub fn run(a: AccountArgs) -> Result<ExitCode> {
@@ -67,6 +71,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
                     ("softirq_source".into(), acc.softirq_source()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
+                a.force,
             )
             .with_context(|| format!("creating {}", p.display()))?,
         ),

@@ -55,6 +55,10 @@ pub struct StatArgs {
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
+    /// Let -o replace a regular file that is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long, requires = "output")]
+    force: bool,
     /// Root of the proc tree.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: std::path::PathBuf,
@@ -88,6 +92,7 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
                     ("stat_source".into(), desc.clone()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
+                a.force,
             )
             .with_context(|| format!("creating {}", p.display()))?,
         ),

@@ -613,6 +613,36 @@ fn table() -> Vec<Row> {
         )
         .unchanged(&["blocked.db.partial"])
         .absent(&["blocked.db"]),
+        // stat -o and account -o: the same checks as record -o
+        row(
+            "o20",
+            "stat -i 0.2 -n 1 -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .unchanged(&["/dev/null"]),
+        row(
+            "o21",
+            "stat -i 0.2 -n 1 -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"]),
+        row(
+            "o22",
+            "account -i 0.2 -n 1 -o perf1.data",
+            2,
+            &["perf1.data is a perf.data file"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "o23",
+            "account -i 0.2 -n 1 -o TMP",
+            2,
+            &["TMP is a directory"],
+        )
+        .unchanged(&["TMP"]),
+        row("o24", "stat -i 0.2 -n 1 --force", 2, &["--output"]),
         // record: paths the options need
         row(
             "v01",
