@@ -110,6 +110,26 @@ pub fn check_pids(option: &str, pids: &[u32]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--vm NAME=ROLE` arguments (record, top).
+pub fn vm_roles(args: &[String]) -> anyhow::Result<Vec<(String, vmscope_model::Role)>> {
+    let mut roles = Vec::new();
+    for r in args {
+        let (name, role) = r
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
+        let role = match vmscope_model::Role::parse(role) {
+            Some(
+                x @ (vmscope_model::Role::Active
+                | vmscope_model::Role::Passive
+                | vmscope_model::Role::Unmonitored),
+            ) => x,
+            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
+        };
+        roles.push((name.to_string(), role));
+    }
+    Ok(roles)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_engine::record::{check_command, record, RecordOptions, Scope};
-use vmscope_model::{EventSpec, Role, SampleRate, DEFAULT_FREQUENCY};
+use vmscope_model::{EventSpec, SampleRate, DEFAULT_FREQUENCY};
 use vmscope_store::output::{OutputOptions, SessionOutput};
 use vmscope_symbols::SymbolizerOptions;
 
@@ -107,7 +107,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     if let Some(d) = &args.symfs {
         crate::args::check_symfs(d)?;
     }
-    let roles = vm_roles(&args.vm_roles)?;
+    let roles = crate::args::vm_roles(&args.vm_roles)?;
     let mut guest_kallsyms = Vec::new();
     let mut inputs = Vec::new();
     for g in &args.guest_kallsyms {
@@ -224,20 +224,4 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         Some(c) if c != 0 => ExitCode::from(c.clamp(1, 255) as u8),
         _ => ExitCode::SUCCESS,
     })
-}
-
-/// `--vm NAME=ROLE` arguments (record, top).
-pub fn vm_roles(args: &[String]) -> anyhow::Result<Vec<(String, Role)>> {
-    let mut roles = Vec::new();
-    for r in args {
-        let (name, role) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
-        let role = match Role::parse(role) {
-            Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
-            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
-        };
-        roles.push((name.to_string(), role));
-    }
-    Ok(roles)
 }

@@ -59,7 +59,7 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
         frequency: a.freq,
         window: a.window,
         functions: a.functions,
-        roles: crate::cmd_record::vm_roles(&a.vm_roles)?,
+        roles: crate::args::vm_roles(&a.vm_roles)?,
     })
     .context("starting top")?;
     if !a.batch {

@@ -13,6 +13,8 @@
 //! Lab names start with `safety`. Both tests boot VMs: run them under the
 //! heavy-job lock (`flock /tmp/vmscope-heavy.lock cargo test ...`).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -24,52 +26,7 @@ const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 /// One lab at a time on a 2-CPU machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct Env {
-    cache: PathBuf,
-    run: PathBuf,
-    agent: PathBuf,
-}
-
-/// What the lab needs, or why the test skips.
-fn lab_env() -> Result<Env, String> {
-    if !vmscope_testkit::is_root() {
-        return Err("lab tests need root (taps, loop devices, perf_event_open)".into());
-    }
-    for (tool, pkg) in [
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("busybox", "busybox-static"),
-        ("ip", "iproute2"),
-        ("losetup", "mount"),
-    ] {
-        if vmscope_lab::util::which(tool).is_none() {
-            return Err(format!("{tool} not installed (apt-get install {pkg})"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Err("/dev/net/tun missing (tap NICs)".into());
-    }
-    let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let cache = std::env::var_os("VMSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| base.join("lab-cache"));
-    // Short: QEMU's Unix socket paths must stay under 108 bytes.
-    let run = base.join("sr");
-    std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
-    Ok(Env { cache, run, agent })
-}
-
-macro_rules! need_lab {
-    () => {
-        match lab_env() {
-            Ok(e) => e,
-            Err(why) => {
-                vmscope_testkit::skip(&why);
-                return;
-            }
-        }
-    };
-}
+use common::{leftovers, write_spec, LabEnv as Env};
 
 /// `vmscope ARGS` with the test's lab directories (in the environment, so
 /// `record` and `stat` find the lab's VMs too).
@@ -98,42 +55,6 @@ impl Drop for DownOnDrop<'_> {
     }
 }
 
-fn write_spec(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(format!("{name}.toml"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-/// Everything a lab might leave behind.
-fn leftovers(env: &Env, lab: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    let run_dir = env.run.join(lab);
-    if run_dir.exists() {
-        left.push(format!("run directory {}", run_dir.display()));
-    }
-    for pid in vmscope_lab::state::find_processes(&format!("{}/", run_dir.display())) {
-        left.push(format!("process {pid}"));
-    }
-    let short = vmscope_lab::names::short(lab);
-    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n == vmscope_lab::names::bridge(lab) || n.starts_with(&format!("vmst-{short}-")) {
-                left.push(format!("interface {n}"));
-            }
-        }
-    }
-    if let Ok(rd) = std::fs::read_dir("/sys/block") {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if vmscope_lab::state::loop_backing(&n).is_some_and(|b| b.starts_with(&run_dir)) {
-                left.push(format!("loop device /dev/{n}"));
-            }
-        }
-    }
-    left
-}
-
 fn signal(pid: i32, sig: i32) {
     // SAFETY: kill(2) on a child (or the process group) of this test.
     unsafe { libc::kill(pid, sig) };
@@ -156,7 +77,7 @@ fn wait_output(child: Child, secs: u64, what: &str) -> Output {
 
 #[test]
 fn lab_up_interrupted_while_booting_removes_what_it_made() {
-    let env = need_lab!();
+    let env = need_lab!("sr");
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -297,7 +218,7 @@ fn stored_samples(db: &Path) -> Option<u64> {
 
 #[test]
 fn record_stat_account_and_serve_stop_cleanly_on_sigterm_and_sighup() {
-    let env = need_lab!();
+    let env = need_lab!("sr");
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

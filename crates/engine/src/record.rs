@@ -7,11 +7,10 @@ use crate::{Converter, EngineError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vmscope_linux::ProcRoot;
 use vmscope_linux::{Recorder, RingOptions, Target};
-use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent};
+use vmscope_model::{Domain, EventSpec, Profile, Role, SessionEvent};
 use vmscope_store::output::SessionOutput;
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
@@ -698,9 +697,8 @@ impl Run<'_, '_> {
 #[derive(Default)]
 struct AgentBook {
     delta: Profile,
-    /// (domain, event) → (busy period, samples) measured in the guest.
-    busy: HashMap<(Arc<str>, u32), (u64, u64)>,
-    lost: HashMap<Arc<str>, u64>,
+    /// What the agents measured (busy period, samples, lost samples).
+    totals: crate::live::AgentTotals,
     /// VMs whose QEMU process was seen to exit.
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
@@ -717,29 +715,7 @@ impl AgentBook {
     ) -> Result<(), EngineError> {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                *self.lost.entry(domain.clone()).or_default() += delta.lost;
-                for r in delta.rows {
-                    // The guest's idle task is not host CPU: kept in the
-                    // agent's rows, left out of the scale.
-                    if r.process != "swapper" {
-                        let b = self.busy.entry((domain.clone(), r.event)).or_default();
-                        b.0 += r.period;
-                        b.1 += r.samples;
-                    }
-                    self.delta.add(
-                        AggKey {
-                            event: r.event,
-                            domain: domain.clone(),
-                            context: r.context,
-                            process: r.process.into(),
-                            image: r.image.into(),
-                            symbol: r.symbol.into(),
-                            stack: r.stack.into(),
-                        },
-                        r.samples,
-                        r.period,
-                    );
-                }
+                self.totals.absorb(&domain, delta, &mut self.delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));
@@ -764,7 +740,7 @@ impl AgentBook {
 
     fn flush(&mut self, writer: &mut SessionWriter, conv: &Converter) -> Result<(), EngineError> {
         writer.flush_agent(&self.delta.take())?;
-        for ((domain, event), (busy, samples)) in &self.busy {
+        for ((domain, event), (busy, samples)) in &self.totals.busy {
             let host = conv
                 .stats()
                 .guest_period
@@ -777,7 +753,7 @@ impl AgentBook {
                 host_period: host,
                 agent_period: *busy,
                 agent_samples: *samples,
-                agent_lost: self.lost.get(domain).copied().unwrap_or(0),
+                agent_lost: self.totals.lost.get(domain).copied().unwrap_or(0),
                 factor: if *busy > 0 {
                     host as f64 / *busy as f64
                 } else {
