@@ -30,6 +30,7 @@ positive_int!(rows, usize, "number of rows");
 positive_int!(threads, usize, "number of threads");
 positive_int!(pid, u32, "process id");
 positive_int!(whole_seconds, u64, "whole number of seconds");
+positive_int!(window, usize, "number of intervals");
 
 /// Ring size in pages: 0 (the default size) or a positive power of two.
 pub fn pages(s: &str) -> Result<usize, String> {

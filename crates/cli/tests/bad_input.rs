@@ -613,6 +613,27 @@ fn table() -> Vec<Row> {
         )
         .unchanged(&["blocked.db.partial"])
         .absent(&["blocked.db"]),
+        // top: the numbers it takes
+        row(
+            "t01",
+            "top -b -n -1",
+            2,
+            &["must be a positive number of intervals"],
+        ),
+        row("t02", "top -b -n 1 -F 0", 2, &["positive frequency in Hz"]),
+        row(
+            "t03",
+            "top -b -n 1 --window 0",
+            2,
+            &["must be a positive number of intervals"],
+        ),
+        row("t04", "top -b -n 1 -i 0", 2, &["interval"]),
+        row(
+            "t05",
+            "top -b -n 1 --vm x",
+            2,
+            &["expected NAME=active|passive|unmonitored"],
+        ),
         // stat -o and account -o: the same checks as record -o
         row(
             "o20",
