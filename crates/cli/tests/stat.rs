@@ -774,8 +774,10 @@ kind = "tap"
                         .find(|r| r["metric"]["domain"] == "busy")
                         .and_then(|r| r["value"][1].as_str().and_then(|x| x.parse::<f64>().ok()))
                 });
-                // Six readings span the 5 s window of rate().
-                if let (Some(r), true) = (found.filter(|r| *r > 0.0), readings.len() >= 6) {
+                // After 10 s of scrapes the 5 s window of rate() is full
+                // (its first scrapes start from serve's first interval);
+                // the last six readings span the same 5 s.
+                if let (Some(r), true) = (found.filter(|r| *r > 0.0), readings.len() >= 10) {
                     let (t1, r1) = readings[readings.len() - 1];
                     let (t0, r0) = readings[readings.len() - 6];
                     break (r, (r1 - r0) as f64 / 1e9 / (t1 - t0).as_secs_f64());
