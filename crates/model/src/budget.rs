@@ -118,7 +118,7 @@ impl CostSummary {
             _ => String::new(),
         };
         let mut s = format!(
-            "{:.2} % of the CPU it observed ({:.3} s{wall})",
+            "{:.2} % of the CPU it observed, the estimated slowdown there ({:.3} s{wall})",
             100.0 * self.fraction(),
             self.cost_s
         );
@@ -326,7 +326,7 @@ mod tests {
         });
         assert_eq!(
             s.describe(Some(2)),
-            "1.00 % of the CPU it observed (0.020 s over 1.0 s × 2 CPU), 99 Hz"
+            "1.00 % of the CPU it observed, the estimated slowdown there (0.020 s over 1.0 s × 2 CPU), 99 Hz"
         );
     }
 }
