@@ -640,6 +640,21 @@ fn table() -> Vec<Row> {
             2,
             &["must be a percentage"],
         ),
+        // bench io -o: checked before anything runs
+        row(
+            "bo1",
+            "bench io --target host:/var/tmp/x.img --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"]),
+        row(
+            "bo2",
+            "bench io --target host:/var/tmp/x.img --quiet -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .unchanged(&["/dev/null"]),
         // top: the numbers it takes
         row(
             "t01",
