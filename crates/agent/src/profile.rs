@@ -427,6 +427,9 @@ mod tests {
             image: A::from("/bin/x"),
             symbol: A::from(sym),
             stack: A::from(stack),
+            srcline: A::from(""),
+            second: 0,
+            cpu: 0,
         }
     }
 

@@ -64,6 +64,9 @@ fn key(
         image: Arc::from(image),
         symbol: Arc::from(symbol),
         stack: Arc::from(stack),
+        srcline: Arc::from(""),
+        second: 0,
+        cpu: 0,
     }
 }
 

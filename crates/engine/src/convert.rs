@@ -32,6 +32,7 @@ struct BatchKey {
     mode: CpuMode,
     ip: u64,
     second: u64,
+    cpu: u32,
     chain: Vec<(CpuMode, u64)>,
 }
 
@@ -180,6 +181,7 @@ impl Converter {
                         mode: s.mode,
                         ip: s.ip,
                         second: s.time.saturating_sub(origin) / 1_000_000_000,
+                        cpu: s.cpu,
                         chain: s.callchain.clone(),
                     };
                     let period = s.period.max(1);
@@ -243,6 +245,9 @@ impl Converter {
                 image: label.clone(),
                 symbol: label,
                 stack: "".into(),
+                srcline: "".into(),
+                second,
+                cpu: s.cpu,
             };
             self.delta.add(key, n, period);
             return;
@@ -297,6 +302,9 @@ impl Converter {
             image: resolved.image,
             symbol: resolved.symbol,
             stack,
+            srcline: resolved.srcline,
+            second,
+            cpu: s.cpu,
         };
         self.delta.add(key, n, period);
     }

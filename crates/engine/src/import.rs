@@ -161,6 +161,7 @@ fn import_into(
             detail: String::new(),
         })?;
     }
+    writer.set_build_ids(&conv.symbolizer_mut().build_ids())?;
     writer.finish(true)?;
     Ok(ImportSummary {
         output: out.to_path_buf(),

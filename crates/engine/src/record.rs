@@ -328,6 +328,8 @@ pub fn record(
         conv.push(r);
     }
     conv.set_origin(vmscope_linux::clock_monotonic_ns());
+    // The same origin for agents' rows: the second they arrive in.
+    let t_origin = Instant::now();
 
     // The readiness barrier: every active agent armed before the host starts.
     let mut notes = Vec::new();
@@ -388,7 +390,10 @@ pub fn record(
     let t_enable = Instant::now();
     let mut pollers = (!active.is_empty())
         .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
-    let mut agents = AgentBook::default();
+    let mut agents = AgentBook {
+        t0: Some(t_origin),
+        ..AgentBook::default()
+    };
     if let Some(c) = child.as_mut() {
         c.release();
     }
@@ -459,6 +464,7 @@ pub fn record(
     all_warnings.sort();
     all_warnings.dedup();
     writer.set_meta("warnings", &all_warnings.join("\n"))?;
+    writer.set_build_ids(&conv.symbolizer_mut().build_ids())?;
     writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
     writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
     let stats = conv.stats().clone();
@@ -484,6 +490,8 @@ struct AgentBook {
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
     lost_at: HashMap<String, f64>,
+    /// Time origin of the session's seconds (the converter's).
+    t0: Option<Instant>,
 }
 
 impl AgentBook {
@@ -497,6 +505,9 @@ impl AgentBook {
         match ev {
             GuestEvent::Delta { domain, delta } => {
                 *self.lost.entry(domain.clone()).or_default() += delta.lost;
+                // Rows sampled since the previous poll (500 ms): booked in
+                // the second they arrive in.
+                let second = self.t0.map_or(0, |t| t.elapsed().as_secs() as u32);
                 for r in delta.rows {
                     // The guest's idle task is not host CPU: kept in the
                     // agent's rows, left out of the scale.
@@ -514,6 +525,9 @@ impl AgentBook {
                             image: r.image.into(),
                             symbol: r.symbol.into(),
                             stack: r.stack.into(),
+                            srcline: "".into(),
+                            second,
+                            cpu: vmscope_model::UNKNOWN_SLICE,
                         },
                         r.samples,
                         r.period,

@@ -1,11 +1,13 @@
 //! santos2006's side-by-side view of one domain: its kernel on the left,
 //! the VMM working in its context on the right, samples and % of all
-//! samples of the event, with "other" and TOTAL rows.
+//! samples of the event, with "other" and TOTAL rows. With `--by class`
+//! it is the slides' class table (netback, bridge, net/core … beside the
+//! VMM's classes).
 
-use crate::{display_value, ReportError};
+use crate::{GroupKey, Grouper, ReportError, ReportOptions};
 use serde::Serialize;
 use std::io::Write;
-use vmscope_store::{Field, Session, View};
+use vmscope_store::{Field, Session};
 
 /// One half of the view.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +23,8 @@ pub struct Half {
 pub struct SideBySide {
     pub domain: String,
     pub event: String,
+    /// What the rows are (`symbol`, `class`, `image` …).
+    pub label: String,
     pub left: Half,
     pub right: Half,
 }
@@ -28,37 +32,32 @@ pub struct SideBySide {
 /// What both halves share.
 struct Query<'a> {
     session: &'a Session,
-    view: View,
+    opts: &'a ReportOptions,
     event: u32,
-    by: &'a [Field],
+    grouper: Grouper,
     domain: &'a str,
     total_period: u64,
     limit: usize,
 }
 
 fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportError> {
-    let (session, view, event, by, domain) = (q.session, q.view, q.event, q.by, q.domain);
     let (total_period, limit) = (q.total_period, q.limit);
     let mut merged: Vec<(String, u64, u64)> = Vec::new();
     for c in contexts {
-        let filter = vec![
-            (Field::Domain, domain.to_string()),
+        let mut opts = q.opts.clone();
+        opts.full_paths = false;
+        opts.filter = vec![
+            (Field::Domain, q.domain.to_string()),
             (Field::Context, c.to_string()),
         ];
-        for g in session.grouped(view, event, by, &filter)? {
-            let label = g
-                .values
-                .iter()
-                .zip(by)
-                .map(|(v, f)| display_value(*f, v, false))
-                .collect::<Vec<_>>()
-                .join(" ");
+        for (values, samples, period) in q.grouper.query(q.session, &opts, q.event)? {
+            let label = values.join(" ");
             match merged.iter_mut().find(|m| m.0 == label) {
                 Some(m) => {
-                    m.1 += g.samples;
-                    m.2 += g.period;
+                    m.1 += samples;
+                    m.2 += period;
                 }
-                None => merged.push((label, g.samples, g.period)),
+                None => merged.push((label, samples, period)),
             }
         }
     }
@@ -92,35 +91,24 @@ fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportE
 }
 
 /// Build the view for `domain` (a VM: guest kernel | VMM in its context;
-/// the host: host kernel | host user).
+/// the host: host kernel | host user), grouped by `opts.by` (default
+/// symbol), in `opts`' view and slice, `opts.limit` rows (default 10).
 pub fn build_side_by_side(
     session: &Session,
     domain: &str,
-    event: Option<&str>,
-    by: &[Field],
-    limit: usize,
-    view: View,
+    opts: &ReportOptions,
 ) -> Result<SideBySide, ReportError> {
     let events = session.events()?;
-    let ev = match event {
-        Some(want) => events
-            .iter()
-            .position(|e| e.name.eq_ignore_ascii_case(want))
-            .ok_or_else(|| ReportError::UnknownEvent {
-                wanted: want.into(),
-                have: events
-                    .iter()
-                    .map(|e| e.name.clone())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })? as u32,
-        None => 0,
-    };
-    let total = session.totals(view)?.get(&ev).map(|t| t.1).unwrap_or(0);
-    let by: Vec<Field> = if by.is_empty() {
-        vec![Field::Symbol]
+    let ev = crate::event_index(session, opts.event.as_deref())?;
+    let total = session
+        .totals_in(opts.view, &opts.slice)?
+        .get(&ev)
+        .map(|t| t.1)
+        .unwrap_or(0);
+    let by: Vec<GroupKey> = if opts.by.is_empty() {
+        vec![GroupKey::Field(Field::Symbol)]
     } else {
-        by.to_vec()
+        opts.by.clone()
     };
     let host = domain == vmscope_model::HOST_DOMAIN;
     let (lc, rc): (&[&str], &[&str]) = if host {
@@ -138,19 +126,21 @@ pub fn build_side_by_side(
     };
     let q = Query {
         session,
-        view,
+        opts,
         event: ev,
-        by: &by,
+        grouper: Grouper::new(&by),
         domain,
         total_period: total,
-        limit,
+        limit: opts.limit.unwrap_or(10),
     };
+    let label = by.iter().map(|k| k.name()).collect::<Vec<_>>().join(" ");
     Ok(SideBySide {
         domain: domain.into(),
         event: events
             .get(ev as usize)
             .map(|e| e.name.clone())
             .unwrap_or_default(),
+        label,
         left: half(&q, lc, lt)?,
         right: half(&q, rc, rt)?,
     })
@@ -161,7 +151,7 @@ pub fn render_side_by_side(v: &SideBySide, out: &mut dyn Write) -> Result<(), Re
     let fmt_half = |h: &Half| -> Vec<String> {
         let mut lines = vec![
             h.title.clone(),
-            format!("{:>9}  {:>7}  {}", "samples", "%", "symbol"),
+            format!("{:>9}  {:>7}  {}", "samples", "%", v.label),
         ];
         for (s, p, l) in &h.rows {
             lines.push(format!("{s:>9}  {p:>7.3}  {l}"));

@@ -12,6 +12,9 @@ fn key(event: u32, domain: &str, ctx: Context, image: &str, sym: &str) -> AggKey
         image: image.into(),
         symbol: sym.into(),
         stack: format!("main;{sym}").into(),
+        srcline: "".into(),
+        second: 0,
+        cpu: 0,
     }
 }
 
@@ -69,7 +72,13 @@ fn session(path: &Path) -> Session {
         10_000_000,
     );
     p.add(
-        key(0, "vm1", Context::GuestKernel, "[guest.kernel]", "do_idle"),
+        key(
+            0,
+            "vm1",
+            Context::GuestKernel,
+            "[guest.kernel.kallsyms]",
+            "do_idle",
+        ),
         20,
         20_000_000,
     );
@@ -162,13 +171,16 @@ fn events_side_by_side_json_csv_limit() {
     render(&r, ReportFormat::Csv, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(
-        text.starts_with("symbol,cpu-clock samples,cpu-clock percent,page-faults samples"),
+        text.starts_with(
+            "symbol,cpu-clock samples,cpu-clock CPU s,cpu-clock percent,page-faults samples,page-faults count"
+        ),
         "{text}"
     );
     let mut out = Vec::new();
     render(&r, ReportFormat::Collapsed, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
-    assert!(text.contains("host;p;main;alpha 50"), "{text}");
+    // Event counts (ns of CPU), not samples.
+    assert!(text.contains("host;p;main;alpha 50000000\n"), "{text}");
 }
 
 #[test]
@@ -226,7 +238,7 @@ fn side_by_side_of_a_vm() {
             0,
             "vm1",
             Context::GuestKernel,
-            "[guest.kernel]",
+            "[guest.kernel.kallsyms]",
             "netback_rx",
         ),
         30,
@@ -237,7 +249,7 @@ fn side_by_side_of_a_vm() {
             0,
             "vm1",
             Context::GuestKernel,
-            "[guest.kernel]",
+            "[guest.kernel.kallsyms]",
             "br_forward",
         ),
         20,
@@ -273,7 +285,15 @@ fn side_by_side_of_a_vm() {
     w.flush(&p).unwrap();
     w.finish(true).unwrap();
     let s = Session::open(&path).unwrap();
-    let v = build_side_by_side(&s, "vm1", None, &[], 1, vmscope_store::View::Merged).unwrap();
+    let v = build_side_by_side(
+        &s,
+        "vm1",
+        &ReportOptions {
+            limit: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(v.left.rows, vec![(30, 30.0, "netback_rx".to_string())]);
     assert_eq!(v.left.other, (20, 20.0));
     assert_eq!(v.left.total, (50, 50.0));
