@@ -78,6 +78,10 @@ pub struct ReportArgs {
     /// are scaled to the guest time the host measured on them.
     #[arg(long, value_name = "CPUS")]
     pub cpu: Option<String>,
+    /// Leave functions inlined into their callers (from DWARF) out of call
+    /// stacks, as perf's --no-inline.
+    #[arg(long)]
+    pub no_inline: bool,
 }
 
 /// Where output goes: a file (`-o`) or standard output.
@@ -174,6 +178,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         view,
         slice,
         classes,
+        inline: !args.no_inline,
     };
 
     if let Some(domain) = &args.side_by_side {

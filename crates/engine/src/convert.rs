@@ -267,6 +267,11 @@ impl Converter {
                 };
                 let f = self.procs.normalize(s.pid, addr, mode);
                 let r = self.resolve(&attr.domain, &f);
+                // Functions inlined at this address go above it (leaf first
+                // here, reversed below).
+                if let Some(inl) = &r.inlined {
+                    self.frame_text.extend(inl.iter().rev().cloned());
+                }
                 self.frame_text.push(r.symbol);
             }
             let mut text = String::with_capacity(self.frame_text.len() * 24);

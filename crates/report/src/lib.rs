@@ -145,6 +145,9 @@ pub struct ReportOptions {
     pub slice: Slice,
     /// Class rules for `--by class`.
     pub classes: Classes,
+    /// Keep inlined functions as stack frames (DWARF); false drops them,
+    /// as perf's `--no-inline`.
+    pub inline: bool,
 }
 
 impl Default for ReportOptions {
@@ -159,6 +162,7 @@ impl Default for ReportOptions {
             view: View::Merged,
             slice: Slice::default(),
             classes: Classes::builtin(),
+            inline: true,
         }
     }
 }
@@ -435,6 +439,19 @@ pub fn filtered_rows(
             .iter()
             .all(|(f, v)| field_of(&r.key, *f) == v.as_str())
     });
+    if !opts.inline {
+        for r in &mut rows {
+            if r.key.stack.contains(vmscope_model::INLINED_SUFFIX) {
+                let kept: Vec<&str> = r
+                    .key
+                    .stack
+                    .split(';')
+                    .filter(|f| !f.ends_with(vmscope_model::INLINED_SUFFIX))
+                    .collect();
+                r.key.stack = kept.join(";").into();
+            }
+        }
+    }
     Ok(rows)
 }
 

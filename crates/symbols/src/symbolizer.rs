@@ -18,7 +18,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vmscope_model::{
-    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, KERNEL_IMAGE, UNKNOWN_IMAGE,
+    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, INLINED_SUFFIX, KERNEL_IMAGE,
+    UNKNOWN_IMAGE,
 };
 
 /// Image and symbol name printed for guest user code seen from the host.
@@ -54,7 +55,8 @@ pub struct Resolved {
     pub symbol: Arc<str>,
     /// `path:line` where the image has DWARF line tables, else empty.
     pub srcline: Arc<str>,
-    /// Functions inlined at the address, outermost first (DWARF only).
+    /// Functions inlined at the address, outermost first, each ending in
+    /// [`INLINED_SUFFIX`] as stack frames carry them (DWARF only).
     pub inlined: Option<Arc<[Arc<str>]>>,
 }
 
@@ -321,7 +323,12 @@ impl Symbolizer {
                             r.srcline = line;
                         }
                         if !info.inlined.is_empty() {
-                            r.inlined = Some(info.inlined.into());
+                            let names: Vec<Arc<str>> = info
+                                .inlined
+                                .iter()
+                                .map(|n| Arc::from(format!("{n}{INLINED_SUFFIX}")))
+                                .collect();
+                            r.inlined = Some(names.into());
                         }
                     }
                 }
