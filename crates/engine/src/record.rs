@@ -527,7 +527,7 @@ impl AgentBook {
                             stack: r.stack.into(),
                             srcline: "".into(),
                             second,
-                            cpu: vmscope_model::UNKNOWN_SLICE,
+                            cpu: r.cpu.unwrap_or(vmscope_model::UNKNOWN_SLICE),
                         },
                         r.samples,
                         r.period,
