@@ -71,7 +71,9 @@ fn key(
 }
 
 /// A session with everything a report can show, built without recording.
-fn coordinated_session(path: &Path) {
+/// `variant` 1 is the same machine in another configuration (for
+/// `compare`): the guest's request parsing costs more, the host's make less.
+fn coordinated_session(path: &Path, variant: u32) {
     use Context::*;
     type Row<'a> = (
         u32,
@@ -314,8 +316,23 @@ fn coordinated_session(path: &Path) {
             3,
         ),
     ];
-    for &(e, d, c, p, i, s, st, n, period) in host_rows {
-        host.add(key(e, d, c, p, i, s, st), n, period);
+    for (i, &(e, d, c, p, img, s, st, n, period)) in host_rows.iter().enumerate() {
+        let mut k = key(e, d, c, p, img, s, st);
+        // Time and CPU: rows alternate between seconds 0 and 1 and CPUs 0 and 1.
+        k.second = (i % 2) as u32;
+        k.cpu = ((i / 2) % 2) as u32;
+        if s == "main" || s == "hash_find" {
+            k.srcline = Arc::from(if s == "main" {
+                "/src/make/main.c:42"
+            } else {
+                "/src/make/hash.c:7"
+            });
+        }
+        let (n, period) = match (variant, s) {
+            (1, "main") => (n / 2, period / 2),
+            _ => (n, period),
+        };
+        host.add(k, n, period);
     }
     for (sec, d, c, n) in [
         (0, "host", HostUser, 30),
@@ -376,8 +393,17 @@ fn coordinated_session(path: &Path) {
             50,
         ),
     ];
-    for &(d, c, p, i, s, st, n) in agent_rows {
-        agent.add(key(0, d, c, p, i, s, st), n, n * ms);
+    for (i, &(d, c, p, img, s, st, n)) in agent_rows.iter().enumerate() {
+        let mut k = key(0, d, c, p, img, s, st);
+        // The guest CPU (vCPU index) the agent reports; seconds 0 and 1.
+        k.cpu = (i % 2) as u32;
+        k.second = ((i / 2) % 2) as u32;
+        let n = if variant == 1 && s == "parse_request" {
+            n * 2
+        } else {
+            n
+        };
+        agent.add(k, n, n * ms);
     }
     w.flush_agent(&agent).unwrap();
     w.set_scale(&ScaleRow {
@@ -390,7 +416,21 @@ fn coordinated_session(path: &Path) {
         factor: 2.0,
     })
     .unwrap();
+    w.set_build_ids(&[("/usr/bin/make".into(), "4f1e3c2b00aa".into())])
+        .unwrap();
     w.finish(true).unwrap();
+    // vm-stat and benchmark rows, as other commands store them, for the
+    // HTML report's charts.
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch(
+        "INSERT INTO intervals VALUES ('vmstat', 0, 1, NULL, 'web', NULL, 'busy', 61.5, '%');
+         INSERT INTO intervals VALUES ('vmstat', 1, 2, NULL, 'web', NULL, 'busy', 70.0, '%');
+         INSERT INTO intervals VALUES ('vmstat', 0, 1, NULL, 'db', NULL, 'busy', 35.0, '%');
+         INSERT INTO intervals VALUES ('vmstat', 1, 2, NULL, 'db', NULL, 'busy', 0.0, '%');
+         INSERT INTO bench_samples VALUES ('web', 'h1', '{}', 'rate=40', 0, 'throughput', 39.5, 'req/s', NULL, NULL);
+         INSERT INTO bench_samples VALUES ('web', 'h1', '{}', 'rate=80', 0, 'throughput', 61.0, 'req/s', NULL, NULL);",
+    )
+    .unwrap();
 }
 
 /// Run `vmscope report` and return stdout with the machine's paths replaced.
@@ -417,7 +457,16 @@ fn report(db: &Path, args: &[&str], replace: &[(&str, &str)]) -> String {
 fn report_outputs_match_the_golden_files() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("coordinated.db");
-    coordinated_session(&db);
+    coordinated_session(&db, 0);
+    let db_b = dir.path().join("coordinated-b.db");
+    coordinated_session(&db_b, 1);
+    let classes = dir.path().join("classes.toml");
+    std::fs::write(
+        &classes,
+        "# the httpd's own code\n[[rule]]\nclass = \"httpd\"\nimage = \"httpd$\"\ncontext = [\"guest-user\"]\n",
+    )
+    .unwrap();
+    let classes_arg = classes.display().to_string();
     let tmp = dir.path().display().to_string();
     let sub = [(tmp.as_str(), "TMP")];
     let cases: &[(&str, &[&str])] = &[
@@ -465,12 +514,146 @@ fn report_outputs_match_the_golden_files() {
             "coordinated-collapsed-page-faults.txt",
             &["--format", "collapsed", "-e", "page-faults"],
         ),
+        ("coordinated-class.txt", &["--by", "domain,class"]),
+        (
+            "coordinated-classes-file.txt",
+            &[
+                "--by",
+                "domain,class",
+                "--classes",
+                &classes_arg,
+                "-e",
+                "cpu-clock",
+            ],
+        ),
+        (
+            "coordinated-side-by-side-class.txt",
+            &["--side-by-side", "web", "--by", "class"],
+        ),
+        (
+            "coordinated-srcline.txt",
+            &[
+                "--by",
+                "symbol,srcline",
+                "--domain",
+                "host",
+                "-e",
+                "cpu-clock",
+            ],
+        ),
+        (
+            "coordinated-cpu.txt",
+            &["--by", "domain,cpu", "--view", "host", "-e", "cpu-clock"],
+        ),
+        (
+            "coordinated-time.txt",
+            &[
+                "--time",
+                "1s-2s",
+                "--by",
+                "domain,symbol",
+                "-e",
+                "cpu-clock",
+            ],
+        ),
+        (
+            "coordinated-cpu-slice.txt",
+            &["--cpu", "1", "--by", "domain,symbol", "-e", "cpu-clock"],
+        ),
+        ("coordinated-callers.txt", &["--callers", "send_file"]),
+        ("coordinated-callees.txt", &["--callees", "serve"]),
+        (
+            "coordinated-callers.json",
+            &["--callers", "main_loop_wait", "--format", "json"],
+        ),
+        (
+            "coordinated-callees.csv",
+            &["--callees", "main", "--format", "csv"],
+        ),
+        (
+            "coordinated-collapsed-web.txt",
+            &[
+                "--format",
+                "collapsed",
+                "--domain",
+                "web",
+                "--view",
+                "agent",
+            ],
+        ),
     ];
     let mut failures = Vec::new();
     for (name, args) in cases {
         let text = report(&db, args, &sub);
         failures.extend(check(name, &text));
     }
+    // Formats written to files.
+    for (name, args) in [
+        (
+            "coordinated-flamegraph.svg",
+            &["--format", "flamegraph"][..],
+        ),
+        (
+            "coordinated-flamegraph-web.svg",
+            &["--format", "flamegraph", "--domain", "web"][..],
+        ),
+        ("coordinated.html", &["--format", "html"][..]),
+    ] {
+        let out = dir.path().join(name);
+        let mut a: Vec<&str> = args.to_vec();
+        let o = out.display().to_string();
+        a.extend(["-o", &o]);
+        report(&db, &a, &sub);
+        let text = std::fs::read_to_string(&out).unwrap().replace(&tmp, "TMP");
+        failures.extend(check(name, &text));
+    }
+    // pprof: the decoded profile, in a stable text form.
+    let pb = dir.path().join("coordinated.pb.gz");
+    report(
+        &db,
+        &["--format", "pprof", "-o", pb.to_str().unwrap()],
+        &sub,
+    );
+    failures.extend(check(
+        "coordinated-pprof.txt",
+        &pprof_text(&pb).replace(&tmp, "TMP"),
+    ));
+    // compare: the base against the other configuration.
+    for (name, fmt) in [
+        ("compare.txt", "table"),
+        ("compare.json", "json"),
+        ("compare.csv", "csv"),
+    ] {
+        let svg = dir.path().join("compare.svg");
+        let out = vmscope()
+            .arg("compare")
+            .arg(&db)
+            .arg(&db_b)
+            .args(["--format", fmt, "--by", "domain,symbol", "--svg"])
+            .arg(&svg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "compare: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap().replace(&tmp, "TMP");
+        failures.extend(check(name, &text));
+        let svg = std::fs::read_to_string(&svg).unwrap().replace(&tmp, "TMP");
+        failures.extend(check("compare.svg", &svg));
+    }
+    let out = vmscope()
+        .arg("compare")
+        .arg(&db)
+        .arg(&db_b)
+        .args(["--by", "domain,class", "--throughput", "100,90"])
+        .output()
+        .unwrap();
+    failures.extend(check(
+        "compare-class.txt",
+        &String::from_utf8(out.stdout).unwrap().replace(&tmp, "TMP"),
+    ));
 
     // The imported perf 3.8 fixture.
     let fixture = fixture_dir().join("perf/quipper.perf.data.callgraph-3.8");
@@ -498,6 +681,18 @@ fn report_outputs_match_the_golden_files() {
     ];
     let cases: &[(&str, &[&str])] = &[
         ("quipper-table.txt", &["--limit", "25"]),
+        ("quipper-class.txt", &["--by", "class", "--limit", "15"]),
+        (
+            "quipper-callers.txt",
+            &[
+                "--callers",
+                "0xffffffff9661da49",
+                "--depth",
+                "3",
+                "--limit",
+                "8",
+            ],
+        ),
         ("quipper-context.txt", &["--by", "context"]),
         ("quipper-process.txt", &["--by", "process", "--limit", "15"]),
         ("quipper-image.txt", &["--by", "image"]),
@@ -516,4 +711,83 @@ fn report_outputs_match_the_golden_files() {
         failures.extend(check(name, &text));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A pprof file as text: sample types, then every sample with its labels
+/// and its frames (leaf first: function, source line, mapping, build-id).
+fn pprof_text(path: &Path) -> String {
+    use prost::Message;
+    use std::fmt::Write;
+    use std::io::Read;
+    let mut gz = flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap());
+    let mut raw = Vec::new();
+    gz.read_to_end(&mut raw).unwrap();
+    let p = vmscope_report::pprof::Profile::decode(raw.as_slice()).unwrap();
+    let st = |i: i64| p.string_table[i as usize].clone();
+    let mut out = String::new();
+    for t in &p.sample_type {
+        let _ = writeln!(out, "sample_type {}/{}", st(t.r#type), st(t.unit));
+    }
+    let _ = writeln!(
+        out,
+        "default {} period {} duration_ns {} time_ns {}",
+        st(p.default_sample_type),
+        p.period,
+        p.duration_nanos,
+        p.time_nanos
+    );
+    let mut samples: Vec<String> = p
+        .sample
+        .iter()
+        .map(|s| {
+            let labels: Vec<String> = s
+                .label
+                .iter()
+                .map(|l| {
+                    if l.str != 0 {
+                        format!("{}={}", st(l.key), st(l.str))
+                    } else {
+                        format!("{}={}", st(l.key), l.num)
+                    }
+                })
+                .collect();
+            let frames: Vec<String> = s
+                .location_id
+                .iter()
+                .map(|id| {
+                    let loc = &p.location[*id as usize - 1];
+                    let lines: Vec<String> = loc
+                        .line
+                        .iter()
+                        .map(|l| {
+                            let f = &p.function[l.function_id as usize - 1];
+                            if l.line > 0 {
+                                format!("{}@{}:{}", st(f.name), st(f.filename), l.line)
+                            } else {
+                                st(f.name)
+                            }
+                        })
+                        .collect();
+                    let map = if loc.mapping_id > 0 {
+                        let m = &p.mapping[loc.mapping_id as usize - 1];
+                        format!(" [{} {}]", st(m.filename), st(m.build_id))
+                    } else {
+                        String::new()
+                    };
+                    format!("{}{map}", lines.join("+"))
+                })
+                .collect();
+            format!(
+                "{:?} {} | {}",
+                s.value,
+                labels.join(","),
+                frames.join(" < ")
+            )
+        })
+        .collect();
+    samples.sort();
+    for s in samples {
+        let _ = writeln!(out, "{s}");
+    }
+    out
 }

@@ -238,7 +238,11 @@ pub fn compare(sessions: &[Session], opts: &CompareOptions) -> Result<Comparison
     }
     if instr.is_none() {
         needs.push("miss rates per instruction need `instructions` and a miss event (cache-misses, LLC-load-misses, dTLB-load-misses, iTLB-load-misses) in every session: record with -e instructions -e dTLB-load-misses …".into());
-        needs.push("the instruction cost ratio needs `instructions` in every session and throughputs (--throughput B,O… or a benchmark's samples)".into());
+        needs.push(if opts.throughput.is_some() {
+            "the instruction cost ratio needs `instructions` in every session (the throughputs are given)".into()
+        } else {
+            "the instruction cost ratio needs `instructions` in every session and throughputs (--throughput B,O… or a benchmark's samples)".into()
+        });
     } else if miss_rates.is_empty() {
         needs.push("miss rates per instruction need a miss event (cache-misses, LLC-load-misses, dTLB-load-misses, iTLB-load-misses) in every session".into());
     }
