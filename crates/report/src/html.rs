@@ -33,7 +33,7 @@ fn table(r: &Report, id: &str) -> String {
     for f in &r.fields {
         let _ = write!(h, "<th>{}</th>", esc(f));
     }
-    h.push_str("</tr></thead><tbody>");
+    h.push_str("</tr></thead><tbody>\n");
     for row in &r.rows {
         let _ = write!(
             h,
@@ -46,9 +46,9 @@ fn table(r: &Report, id: &str) -> String {
         for v in &row.values {
             let _ = write!(h, "<td>{}</td>", esc(v));
         }
-        h.push_str("</tr>");
+        h.push_str("</tr>\n");
     }
-    h.push_str("</tbody></table>");
+    h.push_str("</tbody></table>\n");
     if r.omitted_rows > 0 {
         let _ = write!(
             h,
@@ -60,11 +60,14 @@ fn table(r: &Report, id: &str) -> String {
 }
 
 fn flame_frame(title: &str, svg: &[u8]) -> String {
-    // srcdoc keeps each graph's script and ids to its own document.
+    use base64::Engine;
+    // Each graph is an SVG document of its own (a data: URL in a frame):
+    // its script and ids never meet the page's or another graph's, and it
+    // stays interactive (zoom, search).
     format!(
-        "<iframe class=\"flame\" title=\"{}\" srcdoc=\"{}\"></iframe>",
+        "<iframe class=\"flame\" title=\"{}\" src=\"data:image/svg+xml;base64,{}\"></iframe>\n",
         esc(title),
-        esc(&String::from_utf8_lossy(svg))
+        base64::engine::general_purpose::STANDARD.encode(svg)
     )
 }
 
@@ -230,28 +233,28 @@ pub fn write(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>",
         esc(&title)
     );
-    let _ = write!(h, "<h1>{}</h1>", esc(&title));
+    let _ = writeln!(h, "<h1>{}</h1>", esc(&title));
     h.push_str("<nav><a href=\"#domains\">Domains</a><a href=\"#functions\">Top functions</a><a href=\"#classes\">Classes</a><a href=\"#flame\">Flame graphs</a><a href=\"#time\">Over time</a></nav>");
-    let _ = write!(
+    let _ = writeln!(
         h,
         "<pre class=\"header\">{}</pre>",
         esc(&header_lines(&stacks).join("\n"))
     );
     let _ = write!(
         h,
-        "<h2 id=\"domains\">Domains ({})</h2>{}<h2>Domains and contexts</h2>{}",
+        "<h2 id=\"domains\">Domains ({})</h2>\n{}<h2>Domains and contexts</h2>\n{}",
         esc(&event),
         table(&domains, "t-domains"),
         table(&contexts, "t-contexts")
     );
     let _ = write!(
         h,
-        "<h2 id=\"functions\">Top functions</h2>{}<h2 id=\"classes\">Function classes</h2>{}",
+        "<h2 id=\"functions\">Top functions</h2>\n{}<h2 id=\"classes\">Function classes</h2>\n{}",
         table(&top, "t-functions"),
         table(&classes, "t-classes")
     );
 
-    h.push_str("<h2 id=\"flame\">Flame graphs</h2>");
+    h.push_str("<h2 id=\"flame\">Flame graphs</h2>\n");
     if !crate::flame::has_stacks(&stacks) {
         h.push_str("<p class=\"note\">This session has no call stacks (recorded without -g): the graphs show domain, process and function only. <code>vmscope record -g</code> records each sample's stack.</p>");
     }
@@ -270,31 +273,35 @@ pub fn write(
         let mut svg = Vec::new();
         let t = format!("Domain {dom}");
         if crate::flame::svg(&lines, &event, &t, None, &mut svg).is_ok() {
-            let _ = write!(h, "<h3>{}</h3>{}", esc(&t), flame_frame(&t, &svg));
+            let _ = write!(h, "<h3>{}</h3>\n{}", esc(&t), flame_frame(&t, &svg));
         }
     }
 
-    h.push_str("<h2 id=\"time\">Over time</h2>");
+    h.push_str("<h2 id=\"time\">Over time</h2>\n");
     let events = session.events()?;
     let ev_index = crate::event_index(session, Some(&event)).unwrap_or(0);
     let freq = events.get(ev_index as usize).and_then(|e| e.frequency);
     match timeline(session, ev_index, crate::is_clock(&event), freq)? {
-        Some(svg) => h.push_str(&svg),
+        Some(svg) => {
+            h.push_str(&svg);
+            h.push('\n');
+        }
         None => h.push_str("<p class=\"note\">No per-second counts in this session.</p>"),
     }
     for kind in session.interval_kinds()? {
         if let Some(svg) = interval_chart(session, &kind)? {
-            let _ = write!(h, "<h3>{}</h3>{svg}", esc(&kind));
+            let _ = writeln!(h, "<h3>{}</h3>\n{svg}", esc(&kind));
         }
     }
     let bench = bench_charts(session)?;
     if !bench.is_empty() {
-        h.push_str("<h2>Benchmarks</h2>");
+        h.push_str("<h2>Benchmarks</h2>\n");
         for b in bench {
             h.push_str(&b);
+            h.push('\n');
         }
     }
-    let _ = write!(
+    let _ = writeln!(
         h,
         "<p class=\"note\">Written by {} from {}.</p></body></html>",
         esc(stacks
