@@ -392,3 +392,32 @@ pub fn coordinated_session(path: &Path, variant: u32) {
     )
     .unwrap();
 }
+
+/// A host-only session without call stacks and with only `event`.
+pub fn flat_session(path: &Path, event: &str) {
+    let mut w = SessionWriter::create(path).unwrap();
+    w.set_meta("duration_s", "3.000").unwrap();
+    w.set_meta("cpus", "2").unwrap();
+    w.set_events(&[SessionEvent {
+        name: event.into(),
+        period: Some(1),
+        frequency: None,
+    }])
+    .unwrap();
+    w.upsert_domain(&DomainRecord {
+        domain: Domain::host(),
+        status: "running".into(),
+        ended_at: None,
+        detail: String::new(),
+    })
+    .unwrap();
+    let mut p = Profile::new();
+    for (i, s) in ["alpha", "beta"].iter().enumerate() {
+        let mut k = key(0, "host", Context::HostUser, "app", "/usr/bin/app", s, "");
+        k.second = i as u32;
+        k.cpu = i as u32;
+        p.add(k, 10, 10);
+    }
+    w.flush(&p).unwrap();
+    w.finish(true).unwrap();
+}

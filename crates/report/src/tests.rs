@@ -371,7 +371,7 @@ fn compare_reproduces_menon_ratios() {
     // A session with other events: what can be compared is, the rest is named.
     let other = {
         let path = dir.path().join("clock.db");
-        let mut w = SessionWriter::create(&path).unwrap();
+        let w = SessionWriter::create(&path).unwrap();
         w.set_events(&[SessionEvent {
             name: "cpu-clock".into(),
             period: None,
