@@ -4,7 +4,7 @@
 //! host processes beside each VM, and in a VM its vCPUs, the guest's
 //! processes and functions.
 
-use crate::stacks::{collapsed_frame, StackLine};
+use crate::stacks::StackLine;
 use crate::{is_clock, Report, ReportError};
 use std::io::Write;
 
@@ -25,8 +25,9 @@ pub fn svg(
         .iter()
         .filter(|l| l.event_count > 0)
         .map(|l| {
-            let frames: Vec<String> = l.frames.split(';').map(collapsed_frame).collect();
-            format!("{} {}", frames.join(";"), l.event_count)
+            // Frame names keep their spaces (`vCPU 0`, `CPU 0/TCG`,
+            // `f (inlined)`): inferno splits the count off at the last one.
+            format!("{} {}", l.frames, l.event_count)
         })
         .collect();
     let mut opts = inferno::flamegraph::Options::default();

@@ -187,7 +187,7 @@ const STYLE: &str = "body{font-family:sans-serif;margin:1.5em;color:#222;max-wid
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ccc}\
 pre.header{background:#f6f6f6;padding:.6em;font-size:.85em;white-space:pre-wrap}\
 table{border-collapse:collapse;font-size:.88em}td,th{padding:.15em .6em;text-align:left;border-bottom:1px solid #eee}\
-td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}th,td:not(:last-child){white-space:nowrap}\
 .bar{display:inline-block;height:.7em;background:#e69f00;margin-right:.4em;vertical-align:middle;max-width:100px}\
 iframe.flame{width:100%;height:520px;border:1px solid #ccc}.note{color:#666;font-size:.9em}\
 nav a{margin-right:1em}";
@@ -213,9 +213,9 @@ pub fn write(
     let contexts = with(&[f(Field::Domain), f(Field::Context)], None)?;
     let top = with(
         &[f(Field::Domain), f(Field::Image), f(Field::Symbol)],
-        Some(40),
+        Some(25),
     )?;
-    let classes = with(&[f(Field::Domain), GroupKey::Class], Some(30))?;
+    let classes = with(&[f(Field::Domain), GroupKey::Class], Some(20))?;
     let mut full = opts.clone();
     full.limit = None;
     full.by = vec![f(Field::Domain)];
