@@ -23,7 +23,7 @@ mod svgchart;
 
 pub use classes::{ClassError, Classes};
 pub use render::{render, render_call_graph};
-pub use side::{build_side_by_side, render_side_by_side, Half, SideBySide};
+pub use side::{build_side_by_side, render_side_by_side, Half, SideBySide, SideRow};
 pub use stacks::{CallGraph, StackLine};
 
 use serde::Serialize;

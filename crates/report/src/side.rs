@@ -9,14 +9,24 @@ use serde::Serialize;
 use std::io::Write;
 use vmscope_store::{Field, Session};
 
+/// One line of a half: samples, event count, % of the event's total.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SideRow {
+    pub samples: u64,
+    /// Sum of periods (ns for clock events): adds up across samplers.
+    pub event_count: u64,
+    pub percent: f64,
+    pub label: String,
+}
+
 /// One half of the view.
 #[derive(Debug, Clone, Serialize)]
 pub struct Half {
     pub title: String,
     /// (samples, percent of all samples of the event, label).
-    pub rows: Vec<(u64, f64, String)>,
-    pub other: (u64, f64),
-    pub total: (u64, f64),
+    pub rows: Vec<SideRow>,
+    pub other: SideRow,
+    pub total: SideRow,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,7 +86,12 @@ fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportE
         ts += s;
         tp += p;
         if i < limit {
-            rows.push((s, pct(p), label));
+            rows.push(SideRow {
+                samples: s,
+                event_count: p,
+                percent: pct(p),
+                label,
+            });
         } else {
             os += s;
             op += p;
@@ -85,8 +100,18 @@ fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportE
     Ok(Half {
         title,
         rows,
-        other: (os, pct(op)),
-        total: (ts, pct(tp)),
+        other: SideRow {
+            samples: os,
+            event_count: op,
+            percent: pct(op),
+            label: "other".into(),
+        },
+        total: SideRow {
+            samples: ts,
+            event_count: tp,
+            percent: pct(tp),
+            label: "TOTAL".into(),
+        },
     })
 }
 
@@ -151,20 +176,30 @@ pub fn render_side_by_side(v: &SideBySide, out: &mut dyn Write) -> Result<(), Re
     let fmt_half = |h: &Half| -> Vec<String> {
         let mut lines = vec![
             h.title.clone(),
-            format!("{:>9}  {:>7}  {}", "samples", "%", v.label),
+            format!(
+                "{:>9}  {:>9}  {:>7}  {}",
+                "samples",
+                crate::render::count_title(&v.event),
+                "%",
+                v.label
+            ),
         ];
-        for (s, p, l) in &h.rows {
-            lines.push(format!("{s:>9}  {p:>7.3}  {l}"));
+        for r in h.rows.iter().chain([&h.other, &h.total]) {
+            lines.push(format!(
+                "{:>9}  {:>9}  {:>7.3}  {}",
+                r.samples,
+                crate::render::count_text(&v.event, r.event_count),
+                r.percent,
+                r.label
+            ));
         }
-        lines.push(format!("{:>9}  {:>7.3}  other", h.other.0, h.other.1));
-        lines.push(format!("{:>9}  {:>7.3}  TOTAL", h.total.0, h.total.1));
         lines
     };
     let (l, r) = (fmt_half(&v.left), fmt_half(&v.right));
     let width = l.iter().map(|s| s.chars().count()).max().unwrap_or(0) + 4;
     writeln!(
         out,
-        "# {} ({}): % of all samples of the event",
+        "# {} ({}): % of the event's total count (all domains)",
         v.domain, v.event
     )?;
     for i in 0..l.len().max(r.len()) {

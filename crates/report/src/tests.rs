@@ -294,10 +294,15 @@ fn side_by_side_of_a_vm() {
         },
     )
     .unwrap();
-    assert_eq!(v.left.rows, vec![(30, 30.0, "netback_rx".to_string())]);
-    assert_eq!(v.left.other, (20, 20.0));
-    assert_eq!(v.left.total, (50, 50.0));
-    assert_eq!(v.right.total, (15, 15.0));
+    let row = |r: &SideRow| (r.samples, r.event_count, r.percent, r.label.clone());
+    assert_eq!(
+        row(&v.left.rows[0]),
+        (30, 30, 30.0, "netback_rx".to_string())
+    );
+    assert_eq!(v.left.rows.len(), 1);
+    assert_eq!(row(&v.left.other), (20, 20, 20.0, "other".to_string()));
+    assert_eq!(row(&v.left.total), (50, 50, 50.0, "TOTAL".to_string()));
+    assert_eq!(row(&v.right.total), (15, 15, 15.0, "TOTAL".to_string()));
     let mut out = Vec::new();
     render_side_by_side(&v, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
