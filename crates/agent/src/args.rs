@@ -38,6 +38,9 @@ pub const USAGE: &str = "\
 usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--allow-write] [--once] [--log FILE]
        vmscope-agent demo [-d SECONDS] [-t THREADS]
        vmscope-agent dd if=FILE [bs=SIZE] [count=N] [skip=N] [iflag=direct]
+       vmscope-agent dd of=FILE [bs=SIZE] count=N [seek=N] [oflag=direct] [conv=fdatasync]
+       vmscope-agent io run PATH mode=MODE bs=SIZE count=N [offset=BYTES]
+       vmscope-agent io inspect PATH | io fill PATH size=BYTES [offset=BYTES] | io drop-caches
 
 Answers the vmscope host over a virtio-serial port.
   --name NAME     serve the virtio-serial port named NAME (default vmscope.agent),
@@ -56,28 +59,43 @@ and prints the rounds done and the rounds per second.
 
 `dd` reads FILE (a disk such as /dev/vdb) in blocks of SIZE bytes (default
 512; suffixes k, M, G) and discards them: COUNT reads (default: to the end),
-after skipping N blocks. `iflag=direct` opens with O_DIRECT and reads into a
-4 KiB-aligned buffer, so each block is one request on the virtual disk
-(busybox dd falls back to cached reads there). Prints records, bytes,
-seconds, MiB/s and reads/s.
+after skipping N blocks; or, with of=FILE, writes COUNT blocks of zeros
+after seeking N blocks. `iflag=direct`/`oflag=direct` open with O_DIRECT and
+use a 4 KiB-aligned buffer, so each block is one request on the virtual disk
+(busybox dd falls back to cached reads there); `conv=fdatasync` syncs before
+the clock stops. Prints records, bytes, seconds, MiB/s and blocks/s.
+
+`io` is the engine of `vmscope bench io` (the same code the host runs):
+`run` does one sequential pass (MODE: buffered-write = writes + fdatasync,
+buffered-write-nosync, direct-write, direct-read, buffered-read) and prints
+one JSON line: bytes, wall_s, sync_s, user_s, sys_s (its own CPU). `inspect`
+prints what PATH is (size, logical block size, mounted, signatures) without
+writing; `fill` writes zeros over a region so reads do not hit holes;
+`drop-caches` syncs and drops the page cache.
 ";
 
-/// Options of `vmscope-agent dd`.
+/// Options of `vmscope-agent dd`: one engine run ([`vmscope_workload::io`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DdOptions {
-    pub input: PathBuf,
-    pub read: vmscope_workload::blockread::BlockRead,
+    pub spec: vmscope_workload::io::IoSpec,
 }
 
-/// Parses the dd-style operands after `dd`.
+/// Parses the dd-style operands after `dd`: `if=FILE` reads (to /dev/null),
+/// `of=FILE` writes zeros (from /dev/zero); `iflag=direct`/`oflag=direct`
+/// for O_DIRECT, `conv=fdatasync` for a final sync inside the timing.
 pub fn parse_dd<I: IntoIterator<Item = String>>(args: I) -> Result<DdOptions, String> {
-    use vmscope_workload::blockread::{parse_size, BlockRead};
+    use vmscope_workload::io::{parse_size, IoSpec, Mode};
     let mut input = None;
-    let mut read = BlockRead {
-        block_size: 512,
-        count: u64::MAX,
-        skip: 0,
-        direct: false,
+    let mut output = None;
+    let mut bs = 512u64;
+    let mut count = None;
+    let mut skip = 0u64;
+    let mut seek = 0u64;
+    let (mut idirect, mut odirect, mut fdatasync) = (false, false, false);
+    let blocks = |key: &str, value: &str| -> Result<u64, String> {
+        value
+            .parse()
+            .map_err(|_| format!("{key} wants a number of blocks, not `{value}`"))
     };
     for a in args {
         let (key, value) = a
@@ -85,40 +103,181 @@ pub fn parse_dd<I: IntoIterator<Item = String>>(args: I) -> Result<DdOptions, St
             .ok_or_else(|| format!("dd operands are KEY=VALUE, not `{a}`"))?;
         match key {
             "if" => input = Some(PathBuf::from(value)),
-            "bs" | "ibs" => {
+            "of" => output = Some(PathBuf::from(value)),
+            "bs" | "ibs" | "obs" => {
                 let n = parse_size(value)?;
-                if n == 0 || n > (64 << 20) {
+                if n == 0 || n > vmscope_workload::io::MAX_BLOCK_SIZE {
                     return Err(format!("bs wants 1 byte to 64 MiB, not `{value}`"));
                 }
-                read.block_size = n as usize;
+                bs = n;
             }
-            "count" => {
-                read.count = value
-                    .parse()
-                    .map_err(|_| format!("count wants a number of blocks, not `{value}`"))?;
-            }
-            "skip" => {
-                read.skip = value
-                    .parse()
-                    .map_err(|_| format!("skip wants a number of blocks, not `{value}`"))?;
-            }
-            "iflag" => {
+            "count" => count = Some(blocks("count", value)?),
+            "skip" => skip = blocks("skip", value)?,
+            "seek" => seek = blocks("seek", value)?,
+            "iflag" | "oflag" => {
                 for flag in value.split(',') {
                     match flag {
-                        "direct" => read.direct = true,
+                        "direct" if key == "iflag" => idirect = true,
+                        "direct" => odirect = true,
                         "" => {}
                         other => {
-                            return Err(format!("unsupported iflag `{other}` (only `direct`)"))
+                            return Err(format!("unsupported {key} `{other}` (only `direct`)"))
                         }
                     }
                 }
             }
-            "of" => return Err("this dd only reads: leave out `of=`".into()),
+            "conv" => {
+                for c in value.split(',') {
+                    match c {
+                        "fdatasync" => fdatasync = true,
+                        "notrunc" | "" => {}
+                        other => {
+                            return Err(format!(
+                                "unsupported conv `{other}` (only fdatasync, notrunc)"
+                            ))
+                        }
+                    }
+                }
+            }
             other => return Err(format!("unknown dd operand `{other}`")),
         }
     }
-    let input = input.ok_or("dd needs if=FILE")?;
-    Ok(DdOptions { input, read })
+    let is = |p: &Option<PathBuf>, dev: &str| p.as_deref() == Some(std::path::Path::new(dev));
+    let reading = match (&input, &output) {
+        (Some(_), None) => true,
+        (Some(_), Some(_)) if is(&output, "/dev/null") => true,
+        (None, Some(_)) => false,
+        (Some(_), Some(_)) if is(&input, "/dev/zero") => false,
+        (Some(_), Some(_)) => {
+            return Err(
+                "this dd reads a file (of=/dev/null) or writes zeros to one \
+                        (if=/dev/zero), it does not copy"
+                    .into(),
+            )
+        }
+        (None, None) => return Err("dd needs if=FILE or of=FILE".into()),
+    };
+    let spec = if reading {
+        IoSpec {
+            path: input.unwrap_or_default(),
+            mode: if idirect {
+                Mode::DirectRead
+            } else {
+                Mode::BufferedRead
+            },
+            block_size: bs,
+            count: count.unwrap_or(u64::MAX),
+            offset: skip.saturating_mul(bs),
+            create: false,
+        }
+    } else {
+        IoSpec {
+            path: output.unwrap_or_default(),
+            mode: if odirect {
+                Mode::DirectWrite
+            } else if fdatasync {
+                Mode::BufferedWrite
+            } else {
+                Mode::BufferedWriteNosync
+            },
+            block_size: bs,
+            count: count.ok_or("writing zeros needs count=N (blocks)")?,
+            offset: seek.saturating_mul(bs),
+            create: true,
+        }
+    };
+    Ok(DdOptions { spec })
+}
+
+/// What `vmscope-agent io` is asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoCommand {
+    /// One engine run; prints its [`vmscope_workload::io::IoRun`] as JSON.
+    Run(vmscope_workload::io::IoSpec),
+    /// Prints [`vmscope_workload::io::TargetInfo`] as JSON; touches nothing.
+    Inspect(PathBuf),
+    /// Writes zeros over `[offset, offset + size)` and syncs (untimed set-up).
+    Fill {
+        path: PathBuf,
+        offset: u64,
+        size: u64,
+    },
+    /// `sync` and drop the guest's page cache.
+    DropCaches,
+}
+
+/// Parses the arguments after `io`:
+/// `run PATH mode=MODE bs=SIZE count=N [offset=BYTES]`, `inspect PATH`,
+/// `fill PATH size=BYTES [offset=BYTES]`, `drop-caches`.
+pub fn parse_io<I: IntoIterator<Item = String>>(args: I) -> Result<IoCommand, String> {
+    use vmscope_workload::io::{parse_size, IoSpec, Mode, MAX_BLOCK_SIZE};
+    let mut it = args.into_iter();
+    let op = it
+        .next()
+        .ok_or("io needs an operation: run, inspect, fill or drop-caches")?;
+    if op == "drop-caches" {
+        if let Some(extra) = it.next() {
+            return Err(format!("drop-caches takes no arguments, not `{extra}`"));
+        }
+        return Ok(IoCommand::DropCaches);
+    }
+    let path = PathBuf::from(it.next().ok_or_else(|| format!("io {op} needs a PATH"))?);
+    let mut kv = std::collections::BTreeMap::new();
+    for a in it {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| format!("io operands are KEY=VALUE, not `{a}`"))?;
+        kv.insert(k.to_string(), v.to_string());
+    }
+    let allowed: &[&str] = match op.as_str() {
+        "run" => &["mode", "bs", "count", "offset"],
+        "fill" => &["size", "offset"],
+        "inspect" => &[],
+        other => {
+            return Err(format!(
+                "unknown io operation `{other}` (run, inspect, fill, drop-caches)"
+            ))
+        }
+    };
+    if let Some(k) = kv.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!("io {op} has no operand `{k}`"));
+    }
+    let size_of =
+        |k: &str| -> Result<Option<u64>, String> { kv.get(k).map(|v| parse_size(v)).transpose() };
+    let offset = size_of("offset")?.unwrap_or(0);
+    match op.as_str() {
+        "inspect" => Ok(IoCommand::Inspect(path)),
+        "fill" => Ok(IoCommand::Fill {
+            path,
+            offset,
+            size: size_of("size")?.ok_or("io fill needs size=BYTES")?,
+        }),
+        _ => {
+            let mode = kv.get("mode").ok_or("io run needs mode=MODE")?;
+            let mode = Mode::parse(mode).ok_or_else(|| {
+                format!(
+                    "unknown mode `{mode}` ({})",
+                    Mode::ALL.map(Mode::name).join(", ")
+                )
+            })?;
+            let bs = size_of("bs")?.ok_or("io run needs bs=SIZE")?;
+            if bs == 0 || bs > MAX_BLOCK_SIZE {
+                return Err(format!("bs wants 1 byte to 64 MiB, not {bs}"));
+            }
+            let count = kv.get("count").ok_or("io run needs count=N")?;
+            let count = count
+                .parse()
+                .map_err(|_| format!("count wants a number of blocks, not `{count}`"))?;
+            Ok(IoCommand::Run(IoSpec {
+                path,
+                mode,
+                block_size: bs,
+                count,
+                offset,
+                create: false,
+            }))
+        }
+    }
 }
 
 /// Options of `vmscope-agent demo`.
@@ -207,24 +366,55 @@ mod tests {
 
     #[test]
     fn dd_operands() {
+        use vmscope_workload::io::Mode;
         let o = parse_dd(["if=/dev/vdb", "bs=4k", "count=8000", "iflag=direct"].map(String::from))
-            .unwrap();
-        assert_eq!(o.input, PathBuf::from("/dev/vdb"));
+            .unwrap()
+            .spec;
+        assert_eq!(o.path, PathBuf::from("/dev/vdb"));
         assert_eq!(
-            (o.read.block_size, o.read.count, o.read.skip, o.read.direct),
-            (4096, 8000, 0, true)
+            (o.block_size, o.count, o.offset, o.mode),
+            (4096, 8000, 0, Mode::DirectRead)
         );
-        let o = parse_dd(["if=/x", "skip=3"].map(String::from)).unwrap();
+        let o = parse_dd(["if=/x", "skip=3"].map(String::from))
+            .unwrap()
+            .spec;
         assert_eq!(
-            (o.read.block_size, o.read.count, o.read.skip, o.read.direct),
-            (512, u64::MAX, 3, false)
+            (o.block_size, o.count, o.offset, o.mode),
+            (512, u64::MAX, 1536, Mode::BufferedRead)
         );
+        let o = parse_dd(
+            [
+                "if=/dev/zero",
+                "of=/y",
+                "bs=1M",
+                "count=4",
+                "conv=fdatasync",
+            ]
+            .map(String::from),
+        )
+        .unwrap()
+        .spec;
+        assert_eq!((o.path.to_str(), o.mode), (Some("/y"), Mode::BufferedWrite));
+        let o = parse_dd(["of=/y", "bs=1M", "count=4", "seek=2", "oflag=direct"].map(String::from))
+            .unwrap()
+            .spec;
+        assert_eq!(
+            (o.mode, o.offset, o.create),
+            (Mode::DirectWrite, 2 << 20, true)
+        );
+        let o = parse_dd(["of=/y", "count=1"].map(String::from))
+            .unwrap()
+            .spec;
+        assert_eq!(o.mode, Mode::BufferedWriteNosync);
+        assert!(parse_dd(["of=/y"].map(String::from))
+            .unwrap_err()
+            .contains("count"));
         assert!(parse_dd(["bs=512"].map(String::from))
             .unwrap_err()
             .contains("if=FILE"));
         assert!(parse_dd(["if=/x", "of=/y"].map(String::from))
             .unwrap_err()
-            .contains("only reads"));
+            .contains("does not copy"));
         assert!(parse_dd(["if=/x", "iflag=sync"].map(String::from))
             .unwrap_err()
             .contains("sync"));
@@ -233,6 +423,68 @@ mod tests {
         assert!(parse_dd(["/dev/vdb"].map(String::from))
             .unwrap_err()
             .contains("KEY=VALUE"));
+    }
+
+    #[test]
+    fn io_operations() {
+        use vmscope_workload::io::Mode;
+        let p = |a: &[&str]| parse_io(a.iter().map(std::string::ToString::to_string));
+        match p(&[
+            "run",
+            "/dev/vdb",
+            "mode=direct-read",
+            "bs=64k",
+            "count=16",
+            "offset=1M",
+        ])
+        .unwrap()
+        {
+            IoCommand::Run(s) => {
+                assert_eq!(s.path, PathBuf::from("/dev/vdb"));
+                assert_eq!(
+                    (s.mode, s.block_size, s.count, s.offset, s.create),
+                    (Mode::DirectRead, 65536, 16, 1 << 20, false)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            p(&["inspect", "/dev/vda"]).unwrap(),
+            IoCommand::Inspect("/dev/vda".into())
+        );
+        assert_eq!(
+            p(&["fill", "/dev/vda", "size=2M"]).unwrap(),
+            IoCommand::Fill {
+                path: "/dev/vda".into(),
+                offset: 0,
+                size: 2 << 20
+            }
+        );
+        assert_eq!(p(&["drop-caches"]).unwrap(), IoCommand::DropCaches);
+        for (bad, why) in [
+            (&[][..], "operation"),
+            (&["run"], "PATH"),
+            (&["run", "/x", "bs=4k", "count=1"], "mode"),
+            (
+                &["run", "/x", "mode=fast", "bs=4k", "count=1"],
+                "unknown mode",
+            ),
+            (&["run", "/x", "mode=direct-read", "count=1"], "bs"),
+            (&["run", "/x", "mode=direct-read", "bs=0", "count=1"], "bs"),
+            (&["run", "/x", "mode=direct-read", "bs=4k"], "count"),
+            (
+                &["run", "/x", "mode=direct-read", "bs=4k", "count=x"],
+                "count",
+            ),
+            (&["inspect", "/x", "size=1"], "no operand"),
+            (&["fill", "/x"], "size"),
+            (&["drop-caches", "/x"], "no arguments"),
+            (&["zap", "/x"], "unknown io operation"),
+            (&["run", "/x", "mode"], "KEY=VALUE"),
+        ] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
     }
 
     fn p(a: &[&str]) -> Result<Options, String> {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vmscope_protocol::{ErrorKind, Response, MAX_EXEC_OUTPUT};
+use vmscope_protocol::{ErrorKind, Response};
 
 /// How long to keep collecting output after the program exited, for
 /// descendants that still hold its pipes.
@@ -64,7 +64,13 @@ fn finished(cap: Option<&Arc<Mutex<Capture>>>) -> bool {
 
 /// Runs `argv` and returns the response to send (an `ExecResult`, or an
 /// `Error` when the program cannot be started).
-pub fn run(argv: &[String], stdin: Option<Vec<u8>>, timeout: Duration) -> Response {
+/// `max_output` bounds each of stdout and stderr.
+pub fn run(
+    argv: &[String],
+    stdin: Option<Vec<u8>>,
+    timeout: Duration,
+    max_output: usize,
+) -> Response {
     let Some((prog, args)) = argv.split_first() else {
         return Response::Error {
             kind: ErrorKind::BadRequest,
@@ -96,8 +102,8 @@ pub fn run(argv: &[String], stdin: Option<Vec<u8>>, timeout: Duration) -> Respon
             let _ = w.write_all(&input);
         });
     }
-    let out = child.stdout.take().map(|s| reader(s, MAX_EXEC_OUTPUT));
-    let err = child.stderr.take().map(|s| reader(s, MAX_EXEC_OUTPUT));
+    let out = child.stdout.take().map(|s| reader(s, max_output));
+    let err = child.stderr.take().map(|s| reader(s, max_output));
     let deadline = Instant::now() + timeout;
     let mut timed_out = false;
     let status = loop {
@@ -140,6 +146,7 @@ pub fn run(argv: &[String], stdin: Option<Vec<u8>>, timeout: Duration) -> Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmscope_protocol::MAX_EXEC_OUTPUT;
 
     fn argv(a: &[&str]) -> Vec<String> {
         a.iter().map(std::string::ToString::to_string).collect()
@@ -151,6 +158,7 @@ mod tests {
             &argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
             None,
             Duration::from_secs(10),
+            MAX_EXEC_OUTPUT,
         ) {
             Response::ExecResult {
                 exit_code,
@@ -174,6 +182,7 @@ mod tests {
             &argv(&["cat"]),
             Some(b"abc".to_vec()),
             Duration::from_secs(10),
+            MAX_EXEC_OUTPUT,
         ) {
             Response::ExecResult { stdout, .. } => assert_eq!(stdout, b"abc"),
             other => panic!("{other:?}"),
@@ -187,6 +196,7 @@ mod tests {
             &argv(&["sh", "-c", "sleep 30 & sleep 30"]),
             None,
             Duration::from_millis(300),
+            MAX_EXEC_OUTPUT,
         ) {
             Response::ExecResult {
                 exit_code,
@@ -208,6 +218,7 @@ mod tests {
             &argv(&["head", "-c", &n.to_string(), "/dev/zero"]),
             None,
             Duration::from_secs(30),
+            MAX_EXEC_OUTPUT,
         ) {
             Response::ExecResult {
                 stdout,
@@ -225,7 +236,12 @@ mod tests {
 
     #[test]
     fn missing_program_is_an_io_error() {
-        match run(&argv(&["/nonexistent/prog"]), None, Duration::from_secs(1)) {
+        match run(
+            &argv(&["/nonexistent/prog"]),
+            None,
+            Duration::from_secs(1),
+            MAX_EXEC_OUTPUT,
+        ) {
             Response::Error { kind, message } => {
                 assert_eq!(kind, ErrorKind::Io);
                 assert!(message.contains("/nonexistent/prog"));

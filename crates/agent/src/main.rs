@@ -2,7 +2,9 @@
 //! then answers the host's requests (hello, ping, and, when allowed, exec
 //! and file copies, profiling, kernel symbols) until stopped. See
 //! docs/protocol.md. `vmscope-agent demo` runs the known-answer workload,
-//! `vmscope-agent dd` the block reads of cherkasova2005's disk experiment.
+//! `vmscope-agent dd` the block reads of cherkasova2005's disk experiment,
+//! `vmscope-agent io` the I/O engine of `vmscope bench io` (see
+//! `vmscope_workload::io`).
 
 mod args;
 mod exec;
@@ -83,7 +85,7 @@ fn demo(args: impl Iterator<Item = String>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `vmscope-agent dd`: block reads at a fixed size, optionally O_DIRECT.
+/// `vmscope-agent dd`: one run of the I/O engine, reported like dd.
 fn dd(args: impl Iterator<Item = String>) -> ExitCode {
     let o = match args::parse_dd(args) {
         Ok(o) => o,
@@ -92,22 +94,69 @@ fn dd(args: impl Iterator<Item = String>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match vmscope_workload::blockread::read_blocks(&o.input, &o.read) {
+    match vmscope_workload::io::run(&o.spec) {
         Ok(s) => {
-            println!("{}+{} records in", s.full, s.partial);
+            let (dir, verb) = if o.spec.mode.writes() {
+                ("out", "written")
+            } else {
+                ("in", "read")
+            };
+            println!("{}+{} records {dir}", s.blocks, s.partial);
             println!(
-                "{} bytes read, {:.3} s, {:.2} MiB/s, {:.1} reads/s, bs {}{}",
+                "{} bytes {verb}, {:.3} s, {:.2} MiB/s, {:.1} {}/s, bs {} {}",
                 s.bytes,
-                s.seconds,
-                s.bytes as f64 / f64::from(1 << 20) / s.seconds.max(1e-9),
-                s.reads_per_s(),
-                o.read.block_size,
-                if o.read.direct { " direct" } else { "" }
+                s.wall_s,
+                s.bytes_per_s() / f64::from(1 << 20),
+                (s.blocks + s.partial) as f64 / s.wall_s.max(1e-9),
+                if o.spec.mode.writes() {
+                    "writes"
+                } else {
+                    "reads"
+                },
+                o.spec.block_size,
+                o.spec.mode,
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("vmscope-agent dd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `vmscope-agent io`: the engine of `vmscope bench io`, one JSON line out.
+fn io(args: impl Iterator<Item = String>) -> ExitCode {
+    use args::IoCommand;
+    use vmscope_workload::io;
+    let cmd = match args::parse_io(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vmscope-agent io: {e}\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let line = match cmd {
+        IoCommand::Run(spec) => io::run(&spec)
+            .map_err(|e| e.to_string())
+            .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string())),
+        IoCommand::Inspect(path) => {
+            serde_json::to_string(&io::inspect(&path)).map_err(|e| e.to_string())
+        }
+        IoCommand::Fill { path, offset, size } => io::fill(&path, offset, size)
+            .map_err(|e| e.to_string())
+            .and_then(|r| serde_json::to_string(&r).map_err(|e| e.to_string())),
+        IoCommand::DropCaches => io::drop_caches()
+            .map(|()| "{\"dropped\":true}".to_string())
+            .map_err(|e| e.to_string()),
+    };
+    match line {
+        Ok(l) => {
+            println!("{l}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vmscope-agent io: {e}");
             ExitCode::FAILURE
         }
     }
@@ -124,6 +173,9 @@ fn main() -> ExitCode {
     }
     if argv.first().map(String::as_str) == Some("dd") {
         return dd(argv.into_iter().skip(1));
+    }
+    if argv.first().map(String::as_str) == Some("io") {
+        return io(argv.into_iter().skip(1));
     }
     if argv.iter().any(|a| a == "--version") {
         println!("vmscope-agent {}", env!("CARGO_PKG_VERSION"));

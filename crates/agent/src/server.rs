@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vmscope_protocol::{
-    capability, encode_response, AgentHello, Decoder, Envelope, ErrorKind, ProtocolError, Request,
-    Response, MAX_ERROR_MESSAGE, MAX_STRING, PROTOCOL_VERSION,
+    capability, encode_response_on, AgentHello, Decoder, Envelope, ErrorKind, ProtocolError,
+    Request, Response, MAX_ERROR_MESSAGE, MAX_EXEC_OUTPUT, MAX_STRING, PROTOCOL_VERSION,
 };
 
 use crate::kallsyms::{self, Snapshot};
@@ -39,15 +39,39 @@ enum Outcome {
     Kallsyms(Result<Arc<Snapshot>, Response>),
 }
 
-/// A worker's answer to request `id` of connection `epoch`.
+/// A worker's answer to request `id` of stream `stream` of connection `epoch`.
 struct Done {
     epoch: u64,
+    stream: u32,
     id: u64,
     outcome: Outcome,
 }
 
+/// What the agent keeps for one host client (a stream; protocol 3): a
+/// broker multiplexes many over the channel, a direct connection is
+/// stream 0. Dropped with its stream or the connection.
+#[derive(Default)]
+struct StreamState {
+    puts: PutFiles,
+    profile: Option<Session>,
+    kallsyms: Option<Arc<Snapshot>>,
+}
+
+impl StreamState {
+    fn close(&mut self) {
+        self.puts.abort();
+        if self.profile.take().is_some() {
+            log!("dropping a profiling session");
+        }
+        self.kallsyms = None;
+    }
+}
+
 /// Most exec requests running at once; more are answered `busy`.
 pub const MAX_RUNNING_EXECS: usize = 8;
+/// Most profiling sessions at once (one per stream); more are answered
+/// `busy`. Each samples every guest CPU on its own perf events.
+pub const MAX_PROFILE_SESSIONS: usize = 4;
 /// Stop reading requests while this many answer bytes wait for the host.
 const OUT_HIGH_WATER: usize = 32 << 20;
 /// Pause between looks at a port whose host side is closed.
@@ -90,9 +114,7 @@ struct Server {
     rx: Receiver<Done>,
     wake_r: OwnedFd,
     wake_w: Arc<OwnedFd>,
-    puts: PutFiles,
-    profile: Option<Session>,
-    kallsyms: Option<Arc<Snapshot>>,
+    streams: std::collections::HashMap<u32, StreamState>,
     connected: bool,
     served: bool,
     bad_frames: u64,
@@ -159,9 +181,7 @@ pub fn serve(ch: ChannelFds, policy: Policy) -> io::Result<()> {
         rx,
         wake_r,
         wake_w: Arc::new(wake_w),
-        puts: PutFiles::default(),
-        profile: None,
-        kallsyms: None,
+        streams: std::collections::HashMap::new(),
         connected: false,
         served: false,
         bad_frames: 0,
@@ -267,11 +287,16 @@ impl Server {
         self.decoder = Decoder::new();
         self.out.clear();
         self.out_pos = 0;
-        self.puts.abort();
-        if self.profile.take().is_some() {
-            log!("host gone: dropping the profiling session");
+        if !self.streams.is_empty() {
+            log!(
+                "host gone: dropping the state of {} stream(s)",
+                self.streams.len()
+            );
         }
-        self.kallsyms = None;
+        for st in self.streams.values_mut() {
+            st.close();
+        }
+        self.streams.clear();
         self.epoch += 1;
         self.ch.ends_on_eof || (self.policy.once && was_served)
     }
@@ -347,7 +372,7 @@ impl Server {
                     match r {
                         Ok(snap) if done.epoch == self.epoch => {
                             let first = kallsyms::slice(&snap, 0);
-                            self.kallsyms = Some(snap);
+                            self.streams.entry(done.stream).or_default().kallsyms = Some(snap);
                             first
                         }
                         Ok(_) => continue,
@@ -356,14 +381,15 @@ impl Server {
                 }
             };
             if done.epoch == self.epoch {
-                self.enqueue(done.id, resp);
+                self.enqueue(done.stream, done.id, resp);
             }
         }
     }
 
-    fn enqueue(&mut self, id: u64, resp: Response) {
-        let frame = encode_response(id, &resp).or_else(|e| {
-            encode_response(
+    fn enqueue(&mut self, stream: u32, id: u64, resp: Response) {
+        let frame = encode_response_on(stream, id, &resp).or_else(|e| {
+            encode_response_on(
+                stream,
                 id,
                 &Response::Error {
                     kind: ErrorKind::TooLarge,
@@ -391,7 +417,10 @@ impl Server {
                     reason,
                 }) => {
                     self.bad_frame(format_args!("invalid {type_name} request {id}: {reason}"));
+                    // The stream of a bad message is unknown: stream 0, and
+                    // the broker routes by id.
                     self.enqueue(
+                        0,
                         id,
                         Response::Error {
                             kind: ErrorKind::BadRequest,
@@ -424,11 +453,13 @@ impl Server {
         }
         caps.push(capability::PROFILE.to_string());
         caps.push(capability::KALLSYMS.to_string());
+        caps.push(capability::STREAMS.to_string());
         caps
     }
 
     fn dispatch(&mut self, env: Envelope<Request>) {
         let id = env.id;
+        let stream = env.stream;
         let resp = match env.msg {
             Request::Hello {
                 nonce,
@@ -452,6 +483,7 @@ impl Server {
                 argv,
                 stdin,
                 timeout_ms,
+                max_output,
             } => {
                 if !self.policy.allow_exec {
                     Response::Error {
@@ -464,7 +496,8 @@ impl Server {
                         message: format!("{MAX_RUNNING_EXECS} commands are already running"),
                     }
                 } else {
-                    self.spawn_exec(id, argv, stdin, timeout_ms);
+                    let max = max_output.map_or(MAX_EXEC_OUTPUT, |m| m as usize);
+                    self.spawn_exec(stream, id, argv, stdin, timeout_ms, max);
                     return;
                 }
             }
@@ -476,7 +509,11 @@ impl Server {
                 last,
             } => {
                 if self.policy.allow_exec || self.policy.allow_write {
-                    self.puts.chunk(&path, mode, offset, &data, last)
+                    self.streams
+                        .entry(stream)
+                        .or_default()
+                        .puts
+                        .chunk(&path, mode, offset, &data, last)
                 } else {
                     Response::Error {
                         kind: ErrorKind::Denied,
@@ -489,11 +526,20 @@ impl Server {
                 frequency,
                 callchain,
             } => {
-                if self.profile.as_ref().is_some_and(|p| !p.finished()) {
+                let running = |st: &StreamState| st.profile.as_ref().is_some_and(|p| !p.finished());
+                let sessions = self.streams.values().filter(|st| running(st)).count();
+                if self.streams.get(&stream).is_some_and(running) {
                     Response::Error {
                         kind: ErrorKind::Busy,
-                        message: "a profiling session is already running: send profile_stop first"
+                        message: "a profiling session is already running for this client: send profile_stop first"
                             .into(),
+                    }
+                } else if sessions >= MAX_PROFILE_SESSIONS {
+                    Response::Error {
+                        kind: ErrorKind::Busy,
+                        message: format!(
+                            "{sessions} profiling sessions of other host clients are running (at most {MAX_PROFILE_SESSIONS} at once)"
+                        ),
                     }
                 } else {
                     let cfg = profile::Config {
@@ -501,9 +547,9 @@ impl Server {
                         frequency,
                         callchain,
                     };
-                    match Session::start(id, cfg, self.reply_fn()) {
+                    match Session::start(id, cfg, self.reply_fn(stream)) {
                         Ok(s) => {
-                            self.profile = Some(s);
+                            self.streams.entry(stream).or_default().profile = Some(s);
                             return;
                         }
                         Err(e) => Response::Error {
@@ -515,7 +561,7 @@ impl Server {
             }
             Request::ProfilePoll {} | Request::ProfileStop {} => {
                 let stop = matches!(env.msg, Request::ProfileStop {});
-                let sent = match &self.profile {
+                let sent = match self.streams.get(&stream).and_then(|st| st.profile.as_ref()) {
                     Some(p) if !p.finished() => {
                         if stop {
                             p.stop(id)
@@ -540,17 +586,27 @@ impl Server {
                         message: format!("{MAX_RUNNING_EXECS} requests are already running"),
                     }
                 } else {
-                    self.spawn_kallsyms(id);
+                    self.spawn_kallsyms(stream, id);
                     return;
                 }
             }
-            Request::GetKallsyms { offset } => match &self.kallsyms {
+            Request::GetKallsyms { offset } => match self
+                .streams
+                .get(&stream)
+                .and_then(|st| st.kallsyms.as_ref())
+            {
                 Some(snap) => kallsyms::slice(snap, offset),
                 None => Response::Error {
                     kind: ErrorKind::BadRequest,
                     message: "no kallsyms snapshot on this connection: start at offset 0".into(),
                 },
             },
+            Request::CloseStream {} => {
+                if let Some(mut st) = self.streams.remove(&stream) {
+                    st.close();
+                }
+                Response::StreamClosed {}
+            }
             Request::Unknown { type_name } => Response::Error {
                 kind: ErrorKind::Unsupported,
                 message: format!(
@@ -559,17 +615,18 @@ impl Server {
                 ),
             },
         };
-        self.enqueue(id, resp);
+        self.enqueue(stream, id, resp);
     }
 
     /// Sends a worker's answers to this connection's queue and wakes the loop.
-    fn reply_fn(&self) -> profile::Reply {
+    fn reply_fn(&self, stream: u32) -> profile::Reply {
         let tx = self.tx.clone();
         let wake = Arc::clone(&self.wake_w);
         let epoch = self.epoch;
         Box::new(move |id, resp| {
             let _ = tx.send(Done {
                 epoch,
+                stream,
                 id,
                 outcome: Outcome::Profile(resp),
             });
@@ -577,16 +634,29 @@ impl Server {
         })
     }
 
-    fn spawn_kallsyms(&mut self, id: u64) {
-        self.spawn_worker("kallsyms", id, || {
+    fn spawn_kallsyms(&mut self, stream: u32, id: u64) {
+        self.spawn_worker("kallsyms", stream, id, || {
             Outcome::Kallsyms(kallsyms::read(std::path::Path::new("/proc")).map(Arc::new))
         });
     }
 
-    fn spawn_exec(&mut self, id: u64, argv: Vec<String>, stdin: Option<Vec<u8>>, timeout_ms: u64) {
+    fn spawn_exec(
+        &mut self,
+        stream: u32,
+        id: u64,
+        argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        timeout_ms: u64,
+        max_output: usize,
+    ) {
         log!("exec {argv:?} (timeout {timeout_ms} ms)");
-        self.spawn_worker("exec", id, move || {
-            Outcome::Exec(exec::run(&argv, stdin, Duration::from_millis(timeout_ms)))
+        self.spawn_worker("exec", stream, id, move || {
+            Outcome::Exec(exec::run(
+                &argv,
+                stdin,
+                Duration::from_millis(timeout_ms),
+                max_output,
+            ))
         });
     }
 
@@ -596,6 +666,7 @@ impl Server {
     fn spawn_worker(
         &mut self,
         name: &str,
+        stream: u32,
         id: u64,
         work: impl FnOnce() -> Outcome + Send + 'static,
     ) {
@@ -607,12 +678,18 @@ impl Server {
             .name(name.into())
             .spawn(move || {
                 let outcome = work();
-                let _ = tx.send(Done { epoch, id, outcome });
+                let _ = tx.send(Done {
+                    epoch,
+                    stream,
+                    id,
+                    outcome,
+                });
                 wake_loop(&wake);
             });
         if let Err(e) = spawned {
             self.running -= 1;
             self.enqueue(
+                stream,
                 id,
                 Response::Error {
                     kind: ErrorKind::Io,

@@ -94,7 +94,8 @@ fn hello_describes_this_machine() {
         vec![
             "ping".to_string(),
             "profile".to_string(),
-            "kallsyms".to_string()
+            "kallsyms".to_string(),
+            "streams".to_string()
         ],
         "no exec, no file writes by default"
     );
@@ -186,6 +187,7 @@ fn pings_are_answered_while_a_command_runs() {
             argv: argv(&["sleep", "1"]),
             stdin: None,
             timeout_ms: 10_000,
+            max_output: None,
         },
     )
     .unwrap();

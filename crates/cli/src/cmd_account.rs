@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_stat::render::{self, IntervalFormat};
+use vmscope_stat::session::IntervalSession;
 
 #[derive(Args)]
 pub struct AccountArgs {
@@ -26,6 +27,9 @@ pub struct AccountArgs {
     /// Do not ask QMP for disk requests (use /proc/PID/io).
     #[arg(long)]
     no_qmp: bool,
+    /// Also keep the intervals in this session file (`vmscope report FILE`).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: AccountArgs) -> Result<ExitCode> {
@@ -46,14 +50,35 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
         a.interval.as_secs_f64(),
         &acc.softirq_source(),
     )?;
+    let mut session = match &a.output {
+        Some(p) => Some(
+            IntervalSession::create(
+                p,
+                "account",
+                &std::env::args().collect::<Vec<_>>().join(" "),
+                &[
+                    ("softirq_source".into(), acc.softirq_source()),
+                    ("vmscope_version".into(), crate::VERSION.into()),
+                ],
+            )
+            .with_context(|| format!("creating {}", p.display()))?,
+        ),
+        None => None,
+    };
     let mut n = 0;
     while a.count.is_none_or(|c| n < c) {
         next += a.interval;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         if let (Some(iv), _) = acc.sample().context("sampling")? {
+            if let Some(s) = session.as_mut() {
+                s.add_account(&iv).context("storing the interval")?;
+            }
             render::account_interval(&mut out, fmt, &iv)?;
             n += 1;
         }
+    }
+    if let Some(s) = session {
+        s.finish().context("finishing the session")?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -98,6 +98,10 @@ enum LabCommand {
         /// Seconds before the agent kills the command.
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         timeout: u64,
+        /// Most bytes kept of the command's stdout, and of its stderr
+        /// (suffixes k, M; at most 6M: the agent sends both in one message).
+        #[arg(long, default_value = "4M", value_name = "SIZE", value_parser = max_output)]
+        max_output: u64,
         /// The command and its arguments (no shell; use `sh -c '...'`).
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
@@ -225,17 +229,24 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             vm,
             lab,
             timeout,
+            max_output,
             command,
         } => {
             let (_, v) = lab::find_vm(&opts, lab.as_deref(), &vm)?;
             let (mut client, _) = lab::connect_agent(&v, Duration::from_secs(10))?;
+            let limit =
+                (max_output != vmscope_protocol::MAX_EXEC_OUTPUT as u64).then_some(max_output);
             let out = client
-                .exec(&command, Duration::from_secs(timeout))
+                .exec_with_limit(&command, None, Duration::from_secs(timeout), limit)
                 .with_context(|| format!("VM {vm}: exec {:?}", command.join(" ")))?;
             std::io::stdout().write_all(&out.stdout)?;
             std::io::stderr().write_all(&out.stderr)?;
             if out.truncated {
-                eprintln!("vmscope: VM {vm}: output truncated by the agent");
+                let kept = out.stdout.len().max(out.stderr.len());
+                eprintln!(
+                    "vmscope: VM {vm}: output cut at {kept} bytes (--max-output {max_output}, at most {} with --max-output 6M; for more, write it to a file in the guest and read it in parts)",
+                    vmscope_protocol::MAX_EXEC_OUTPUT_LIMIT
+                );
             }
             if out.timed_out {
                 eprintln!("vmscope: VM {vm}: command killed after {timeout} s");
@@ -461,4 +472,14 @@ fn console(vm: &str, socket: &Path) -> anyhow::Result<()> {
     let _ = w.shutdown(std::net::Shutdown::Both);
     let _ = out.join();
     Ok(())
+}
+
+/// `--max-output`: a size up to the protocol's limit.
+fn max_output(s: &str) -> Result<u64, String> {
+    let n = vmscope_workload::io::parse_size(s)?;
+    let max = vmscope_protocol::MAX_EXEC_OUTPUT_LIMIT as u64;
+    if n == 0 || n > max {
+        return Err(format!("must be from 1 byte to {max} bytes (6M)"));
+    }
+    Ok(n)
 }

@@ -111,17 +111,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let mut roles = Vec::new();
-    for r in &args.vm_roles {
-        let (name, role) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
-        let role = match Role::parse(role) {
-            Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
-            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
-        };
-        roles.push((name.to_string(), role));
-    }
+    let roles = vm_roles(&args.vm_roles)?;
     let mut guest_kallsyms = Vec::new();
     for g in &args.guest_kallsyms {
         let (name, path) = g
@@ -199,4 +189,20 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         Some(c) if c != 0 => ExitCode::from(c.clamp(1, 255) as u8),
         _ => ExitCode::SUCCESS,
     })
+}
+
+/// `--vm NAME=ROLE` arguments (record, top).
+pub fn vm_roles(args: &[String]) -> anyhow::Result<Vec<(String, Role)>> {
+    let mut roles = Vec::new();
+    for r in args {
+        let (name, role) = r
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
+        let role = match Role::parse(role) {
+            Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
+            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
+        };
+        roles.push((name.to_string(), role));
+    }
+    Ok(roles)
 }

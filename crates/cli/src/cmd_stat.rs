@@ -6,6 +6,7 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::process::ExitCode;
 use vmscope_stat::render::{self, IntervalFormat};
+use vmscope_stat::session::IntervalSession;
 use vmscope_stat::vmstat::{Source, VmStat, VmStatOptions};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -47,6 +48,9 @@ pub struct StatArgs {
     format: OutFormat,
     #[arg(long, value_enum, default_value = "auto")]
     source: SourceArg,
+    /// Also keep the intervals in this session file (`vmscope report FILE`).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<std::path::PathBuf>,
     /// Root of the proc tree.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: std::path::PathBuf,
@@ -70,13 +74,40 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
     if let Some(why) = &stat.fallback_reason {
         desc.push_str(&format!("; sched_switch unavailable: {why}"));
     }
+    let mut session = match &a.output {
+        Some(p) => Some(
+            IntervalSession::create(
+                p,
+                "stat",
+                &std::env::args().collect::<Vec<_>>().join(" "),
+                &[
+                    ("stat_source".into(), desc.clone()),
+                    ("vmscope_version".into(), crate::VERSION.into()),
+                ],
+            )
+            .with_context(|| format!("creating {}", p.display()))?,
+        ),
+        None => None,
+    };
     render::stat_header(&mut out, fmt, &desc, a.interval.as_secs_f64())?;
     out.flush()?;
     let mut n = 0;
     while a.count.is_none_or(|c| n < c) {
         let iv = stat.next(a.interval).context("sampling")?;
+        if let Some(s) = session.as_mut() {
+            let names = stat
+                .tracker()
+                .current()
+                .iter()
+                .map(|d| (d.id, d.name.clone()))
+                .collect();
+            s.add_stat(&iv, &names).context("storing the interval")?;
+        }
         render::stat_interval(&mut out, fmt, &iv)?;
         n += 1;
+    }
+    if let Some(s) = session {
+        s.finish().context("finishing the session")?;
     }
     Ok(ExitCode::SUCCESS)
 }

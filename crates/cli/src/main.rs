@@ -3,6 +3,7 @@
 //! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
 
 mod cmd_account;
+mod cmd_bench;
 mod cmd_compare;
 mod cmd_demo;
 mod cmd_generate;
@@ -12,6 +13,7 @@ mod cmd_record;
 mod cmd_report;
 mod cmd_serve;
 mod cmd_stat;
+mod cmd_top;
 mod cmd_vms;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -55,12 +57,21 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
+    /// The host and every VM live: CPU, vCPU states, I/O, top functions.
+    Top(cmd_top::TopArgs),
+    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
+    Bench(cmd_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     // Man pages and completions for the package build; not a clap subcommand.
     if std::env::args().nth(1).as_deref() == Some(cmd_generate::NAME) {
         return cmd_generate::main(std::env::args().skip(2), Cli::command());
+    }
+    // The agent broker host tools start on demand (crates/broker); not a
+    // clap subcommand either: nobody types it.
+    if std::env::args().nth(1).as_deref() == Some("__agent-broker") {
+        return agent_broker(std::env::args_os().skip(2).collect());
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -74,6 +85,8 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd_stat::run(a),
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Top(a) => cmd_top::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
         Ok(code) => code,
@@ -82,6 +95,32 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("vmscope: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `vmscope __agent-broker LISTEN_SOCKET`, the agent socket in
+/// `$VMSCOPE_BROKER_AGENT`.
+fn agent_broker(args: Vec<std::ffi::OsString>) -> ExitCode {
+    let ([listen], Some(agent)) = (args.as_slice(), std::env::var_os(vmscope_broker::AGENT_ENV))
+    else {
+        eprintln!(
+            "vmscope: error: __agent-broker takes LISTEN_SOCKET, with the agent socket in ${}",
+            vmscope_broker::AGENT_ENV
+        );
+        return ExitCode::from(2);
+    };
+    let opts = vmscope_broker::BrokerOptions {
+        agent_socket: agent.into(),
+        listen: listen.into(),
+        idle_exit: std::time::Duration::from_secs(10),
+        hello_timeout: std::time::Duration::from_secs(120),
+    };
+    match vmscope_broker::serve(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vmscope agent broker: error: {e}");
             ExitCode::from(2)
         }
     }

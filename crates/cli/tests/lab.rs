@@ -202,6 +202,8 @@ name = "t1"
 vcpus = 1
 memory_mib = 160
 iothreads = 1
+pin_emulator = [1]
+pin_io = [0]
 [[vm.nic]]
 kind = "tap"
 [[vm.disk]]
@@ -254,8 +256,32 @@ iothread = 0
         assert_eq!(hello.hostname, vm.name);
         let rtt = client.ping(Duration::from_secs(10)).unwrap();
         eprintln!("VM {}: ping {rtt:?}", vm.name);
-        // vCPU threads are named `CPU n/TCG|KVM` (debug-threads=on).
         let pid = vm.pid.unwrap();
+        // With emulator pinning, every thread but the vCPUs and the
+        // lab's I/O threads (the main loop, call_rcu, the worker pool, the
+        // monitor's thread) is on the emulator's CPUs, and the I/O threads
+        // on theirs.
+        if !vm.pin_emulator.is_empty() {
+            let mut seen = 0;
+            for (tid, comm) in vmscope_linux::ProcRoot::system().threads(pid) {
+                let cpus = vmscope_lab::qemu::affinity(tid).unwrap();
+                if comm.starts_with("CPU ") {
+                    continue;
+                }
+                // Only the lab's own I/O threads are pinned to pin_io;
+                // QEMU's monitor thread (`IO mon_iothread`) stays with
+                // the emulator.
+                let want = if vm.iothread_tids.iter().any(|(_, t)| *t == tid) {
+                    &vm.pin_io
+                } else {
+                    seen += 1;
+                    &vm.pin_emulator
+                };
+                assert_eq!(&cpus, want, "VM {} thread {tid} ({comm})", vm.name);
+            }
+            assert!(seen >= 2, "main loop and call_rcu at least: {seen}");
+        }
+        // vCPU threads are named `CPU n/TCG|KVM` (debug-threads=on).
         for (i, tid) in vm.vcpu_tids.iter().enumerate() {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap();
             assert!(

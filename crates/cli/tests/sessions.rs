@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use vmscope_model::{AggKey, Context, Domain, Profile, Role, SessionEvent};
-use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
+use vmscope_store::{BenchSampleRow, DomainRecord, IntervalRow, ScaleRow, SessionWriter};
 
 fn key(
     event: u32,
@@ -58,7 +58,7 @@ pub fn coordinated_session(path: &Path, variant: u32) {
         ("started_at", "1700000000"),
         ("vms", "2"),
         ("accel", "tcg"),
-        ("agent_db", "passive: no hello on /run/db.sock: timed out"),
+        ("agent_db", "passive: its agent did not answer within 3 s (fix: check that vmscope-agent runs in the guest (systemctl status vmscope-agent))"),
     ] {
         w.set_meta(k, v).unwrap();
     }
@@ -378,19 +378,84 @@ pub fn coordinated_session(path: &Path, variant: u32) {
     .unwrap();
     w.set_build_ids(&[("/usr/bin/make".into(), "4f1e3c2b00aa".into())])
         .unwrap();
+    // vm-stat and accounting intervals and benchmark rows, in the shapes
+    // `stat -o`, `account -o` and `bench` store them, for the report's
+    // interval tables and the HTML report's charts.
+    let iv = |kind: &str,
+              t: f64,
+              cpu: Option<u32>,
+              domain: Option<&str>,
+              vcpu: Option<&str>,
+              metric: &str,
+              value: f64,
+              unit: &str| IntervalRow {
+        kind: kind.into(),
+        t_start: t,
+        t_end: t + 1.0,
+        cpu,
+        domain: domain.map(str::to_string),
+        vcpu: vcpu.map(str::to_string),
+        metric: metric.into(),
+        value,
+        unit: unit.into(),
+    };
+    for (t, web, db) in [(0.0, 0.615, 0.35), (1.0, 0.7, 0.0)] {
+        w.add_intervals(&[
+            iv("stat", t, Some(0), None, None, "busy", web + 0.05, "s"),
+            iv("stat", t, Some(0), Some("web"), Some("0"), "time", web, "s"),
+            iv(
+                "stat",
+                t,
+                Some(0),
+                Some("host"),
+                Some("host"),
+                "time",
+                0.05,
+                "s",
+            ),
+            iv("stat", t, Some(1), None, None, "busy", db, "s"),
+            iv("stat", t, Some(1), Some("db"), Some("0"), "time", db, "s"),
+            iv("account", t, None, Some("web"), None, "vcpu_run", web, "s"),
+            iv(
+                "account",
+                t,
+                None,
+                Some("web"),
+                None,
+                "total",
+                web + 0.02,
+                "s",
+            ),
+            iv("account", t, None, Some("db"), None, "vcpu_run", db, "s"),
+            iv("account", t, None, Some("db"), None, "total", db, "s"),
+            iv(
+                "account",
+                t,
+                None,
+                None,
+                None,
+                "measured_host",
+                web + db + 0.07,
+                "s",
+            ),
+        ])
+        .unwrap();
+    }
+    let bench = |point: &str, value: f64| BenchSampleRow {
+        experiment: "web".into(),
+        config_hash: "h1".into(),
+        manifest: "{}".into(),
+        point: point.into(),
+        sample: 0,
+        metric: "throughput".into(),
+        value,
+        unit: "req/s".into(),
+        raw_output: None,
+        flagged: None,
+    };
+    w.add_bench_samples(&[bench("rate=40", 39.5), bench("rate=80", 61.0)])
+        .unwrap();
     w.finish(true).unwrap();
-    // vm-stat and benchmark rows, as other commands store them, for the
-    // HTML report's charts.
-    let c = rusqlite::Connection::open(path).unwrap();
-    c.execute_batch(
-        "INSERT INTO intervals VALUES ('vmstat', 0, 1, NULL, 'web', NULL, 'busy', 61.5, '%');
-         INSERT INTO intervals VALUES ('vmstat', 1, 2, NULL, 'web', NULL, 'busy', 70.0, '%');
-         INSERT INTO intervals VALUES ('vmstat', 0, 1, NULL, 'db', NULL, 'busy', 35.0, '%');
-         INSERT INTO intervals VALUES ('vmstat', 1, 2, NULL, 'db', NULL, 'busy', 0.0, '%');
-         INSERT INTO bench_samples VALUES ('web', 'h1', '{}', 'rate=40', 0, 'throughput', 39.5, 'req/s', NULL, NULL);
-         INSERT INTO bench_samples VALUES ('web', 'h1', '{}', 'rate=80', 0, 'throughput', 61.0, 'req/s', NULL, NULL);",
-    )
-    .unwrap();
 }
 
 /// A host-only session without call stacks and with only `event`.

@@ -19,13 +19,10 @@ pub struct AgentProfiler {
 /// Why a VM's agent could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// Nothing listens on the socket (the VM is gone, or the socket is stale).
-    #[error("cannot connect to {socket}: {source}")]
-    Socket {
-        socket: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Neither the VM's broker nor its channel could be reached (the VM is
+    /// gone, the socket is stale, or the broker did not start).
+    #[error("{0}")]
+    Channel(#[from] vmscope_broker::BrokerError),
     /// The socket accepted but no hello came back in time.
     #[error("no hello on {socket} within {timeout:?}: {source}")]
     NoHello {
@@ -37,17 +34,17 @@ pub enum ConnectError {
 }
 
 impl AgentProfiler {
-    /// Connect and say hello (fails fast when nothing answers).
+    /// Connect through the VM's broker (started when none runs, so other
+    /// host tools can use the agent at the same time) and say hello; fails
+    /// fast when nothing answers.
     pub fn connect(
         domain: &str,
         socket: &Path,
         timeout: Duration,
     ) -> Result<AgentProfiler, ConnectError> {
         let name = socket.display().to_string();
-        let stream = UnixStream::connect(socket).map_err(|source| ConnectError::Socket {
-            socket: name.clone(),
-            source,
-        })?;
+        let launcher = vmscope_broker::launcher();
+        let stream = vmscope_broker::connect(socket, launcher.as_deref(), timeout)?;
         let (client, hello) =
             AgentClient::connect(stream, timeout).map_err(|source| ConnectError::NoHello {
                 socket: name,

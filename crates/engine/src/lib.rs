@@ -13,6 +13,8 @@ pub mod guest;
 #[cfg(feature = "host")]
 pub mod import;
 #[cfg(feature = "host")]
+pub mod live;
+#[cfg(feature = "host")]
 pub mod plan;
 #[cfg(feature = "host")]
 pub mod record;

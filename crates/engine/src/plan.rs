@@ -6,12 +6,13 @@
 //! other command that profiles VMs, builds its plan here instead of
 //! deciding roles itself.
 
-use crate::agent::AgentProfiler;
+use crate::agent::{AgentProfiler, ConnectError};
 use crate::guest::GuestProfiler;
 use crate::EngineError;
 use std::time::Duration;
 use vmscope_discover::{discover, thread_map, Accel, AgentChannel, DiscoverOptions, Vm};
 use vmscope_model::{Domain, Role, ThreadMap};
+use vmscope_protocol::ProtocolError;
 use vmscope_symbols::Kallsyms;
 
 /// Every VM on this host as record and import need it.
@@ -148,6 +149,8 @@ impl SessionPlan {
 const FIX_NO_CHANNEL: &str = "give the VM the vmscope.agent virtio-serial port (docs/protocol.md §6) and run vmscope-agent in the guest";
 const FIX_NO_ANSWER: &str =
     "check that vmscope-agent runs in the guest (systemctl status vmscope-agent)";
+const FIX_OLD_AGENT: &str =
+    "install this vmscope's vmscope-agent in the guest (/usr/lib/vmscope/vmscope-agent)";
 
 /// Decide every VM's role and connect the agents of the active ones.
 pub fn plan_session(req: PlanRequest) -> Result<SessionPlan, EngineError> {
@@ -251,13 +254,73 @@ fn connect(vm: &Vm, timeout: Duration) -> Result<AgentProfiler, (String, Option<
         )),
         AgentChannel::Unreachable(why) => Err((why.clone(), None)),
         AgentChannel::Socket(sock) => {
-            AgentProfiler::connect(&vm.name, sock, timeout).map_err(|e| {
-                (
-                    format!("its agent did not answer ({e})"),
-                    Some(FIX_NO_ANSWER.into()),
-                )
-            })
+            AgentProfiler::connect(&vm.name, sock, timeout).map_err(|e| connect_reason(&e, timeout))
         }
+    }
+}
+
+/// Why connecting failed, in words a user acts on, and the fix.
+fn connect_reason(e: &ConnectError, timeout: Duration) -> (String, Option<String>) {
+    match e {
+        ConnectError::Channel(e) => (
+            format!("its agent's channel cannot be reached ({e})"),
+            Some("check that the VM is running".into()),
+        ),
+        ConnectError::NoHello {
+            source: ProtocolError::VersionMismatch { agent, min, .. },
+            ..
+        } => (
+            format!("its agent speaks protocol {agent}, older than this vmscope's minimum {min}"),
+            Some(FIX_OLD_AGENT.into()),
+        ),
+        ConnectError::NoHello {
+            source: ProtocolError::Timeout { .. },
+            ..
+        } => (
+            format!(
+                "its agent did not answer within {:.0} s",
+                timeout.as_secs_f64()
+            ),
+            Some(FIX_NO_ANSWER.into()),
+        ),
+        ConnectError::NoHello { .. } => (
+            format!("its agent did not answer ({e})"),
+            Some(FIX_NO_ANSWER.into()),
+        ),
+    }
+}
+
+/// Why an agent that said hello did not start profiling, and the fix.
+pub fn arm_reason(e: &ProtocolError, timeout: Duration) -> (String, Option<String>) {
+    use vmscope_protocol::ErrorKind;
+    match e {
+        ProtocolError::Remote { kind, message } => match kind {
+            ErrorKind::Busy => (
+                format!("its agent is busy ({message})"),
+                Some("wait for the other profiling sessions of this VM to end, or install this vmscope's agent in the guest (several sessions at once)".into()),
+            ),
+            ErrorKind::Denied => (
+                format!("its agent refused profiling ({message})"),
+                Some("run vmscope-agent as root in the guest, or set kernel.perf_event_paranoid = -1 there".into()),
+            ),
+            ErrorKind::UnsupportedEvent => (
+                format!("the guest cannot sample the event ({message})"),
+                Some("record with an event the guest has (cpu-clock works everywhere)".into()),
+            ),
+            ErrorKind::Unsupported => (
+                format!("its agent cannot profile ({message})"),
+                Some(FIX_OLD_AGENT.into()),
+            ),
+            _ => (format!("its agent failed to start profiling ({e})"), None),
+        },
+        ProtocolError::Timeout { .. } => (
+            format!(
+                "its agent was not ready to profile within {:.0} s",
+                timeout.as_secs_f64()
+            ),
+            Some("raise --barrier-timeout, or check the guest's load".into()),
+        ),
+        _ => (format!("its agent failed to start profiling ({e})"), None),
     }
 }
 

@@ -369,10 +369,15 @@ pub fn record(
                 active.push(g);
             }
             Err((_, why)) => {
-                let note = format!(
-                    "VM {}: its agent is not profiling ({why}); continuing with it passive",
-                    a.domain
-                );
+                let (reason, fix) = crate::plan::arm_reason(&why, opts.barrier_timeout);
+                let plan = crate::plan::VmPlan {
+                    name: a.domain.to_string(),
+                    role: Role::Passive,
+                    reason: Some(reason),
+                    fix,
+                };
+                writer.set_meta(&format!("agent_{}", a.domain), &plan.describe())?;
+                let note = format!("VM {}: profiled as {}", a.domain, plan.describe());
                 notes.push(note.clone());
                 dom.role = Role::Passive;
                 writer.upsert_domain(&DomainRecord {

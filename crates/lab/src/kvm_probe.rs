@@ -136,7 +136,7 @@ fn probe_kvm(
     })?;
     let log = dir.join("qemu.log");
     let start = Instant::now();
-    qemu::spawn_detached("kvm-probe", &argv, &log)?;
+    qemu::spawn_detached("kvm-probe", &argv, &log, &[])?;
     let verdict = match qemu::wait_qmp(
         "kvm-probe",
         &vs.qmp,

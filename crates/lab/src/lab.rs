@@ -127,12 +127,14 @@ pub fn connect_agent(
         vm: vm.name.clone(),
         message: "the VM has no agent channel (agent = false in the spec)".into(),
     })?;
-    let stream = UnixStream::connect(sock).map_err(|e| LabError::Agent {
-        vm: vm.name.clone(),
-        message: format!(
-            "cannot connect to {}: {e} (is the VM running?)",
-            sock.display()
-        ),
+    // Through the VM's broker, so a `lab exec` and a recording (and any
+    // other host tool) use the agent at the same time.
+    let launcher = vmscope_broker::launcher();
+    let stream = vmscope_broker::connect(sock, launcher.as_deref(), timeout).map_err(|e| {
+        LabError::Agent {
+            vm: vm.name.clone(),
+            message: format!("{e} (is the VM running?)"),
+        }
     })?;
     AgentClient::connect(stream, timeout).map_err(|e| LabError::Agent {
         vm: vm.name.clone(),

@@ -37,8 +37,12 @@ pub fn qemu_version(bin: &Path) -> String {
 
 /// Start `argv` (argv\[0\] = QEMU) detached: a new session, reparented to init
 /// by a double fork, stdout and stderr to `log`. Returns once QEMU runs (or
-/// failed to exec); its pid comes from QEMU's `-pidfile`.
-pub fn spawn_detached(vm: &str, argv: &[String], log: &Path) -> Result<()> {
+/// failed to exec); its pid comes from QEMU's `-pidfile`. With `cpus`, QEMU
+/// starts pinned to them, so every thread it creates (vCPUs and I/O
+/// threads until they are pinned on their own, the `call_rcu` thread, the
+/// `worker` pool threads it starts at any time) inherits the emulator's
+/// CPUs, as libvirt's emulator pinning does.
+pub fn spawn_detached(vm: &str, argv: &[String], log: &Path, cpus: &[usize]) -> Result<()> {
     let (prog, args) = argv.split_first().ok_or_else(|| LabError::Vm {
         vm: vm.to_string(),
         message: "empty QEMU command".into(),
@@ -50,9 +54,26 @@ pub fn spawn_detached(vm: &str, argv: &[String], log: &Path) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err));
-    // SAFETY: only async-signal-safe calls (setsid, fork, _exit) between fork and exec.
+    let pin_to = cpu_set(cpus);
+    // SAFETY: only async-signal-safe calls (sched_setaffinity, close_range,
+    // setsid, fork, _exit) between fork and exec, on a set prepared before
+    // the fork.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            if let Some(set) = &pin_to {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // Descriptors the caller inherited (a lock held by `flock`, a
+            // test harness's pipes) must not live on in a VM that outlives
+            // the caller: every descriptor above stderr closes at exec.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -70,6 +91,23 @@ pub fn spawn_detached(vm: &str, argv: &[String], log: &Path) -> Result<()> {
     // Reap the intermediate process.
     let _ = child.wait();
     Ok(())
+}
+
+/// A CPU set of `cpus`; `None` for none.
+fn cpu_set(cpus: &[usize]) -> Option<libc::cpu_set_t> {
+    if cpus.is_empty() {
+        return None;
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays within CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+        }
+        Some(set)
+    }
 }
 
 /// Pin thread `tid` to `cpus`.

@@ -383,7 +383,7 @@ impl Starter<'_> {
             ),
         );
         let log = dir.join("qemu.log");
-        qemu::spawn_detached(&vm.name, &argv, &log)?;
+        qemu::spawn_detached(&vm.name, &argv, &log, &vm.pin_emulator)?;
         let (q, pid) = qemu::wait_qmp(
             &vm.name,
             &dir.join("qmp.sock"),

@@ -268,11 +268,25 @@ impl<T: Transport> AgentClient<T> {
         stdin: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<ExecOutput, ProtocolError> {
+        self.exec_with_limit(argv, stdin, timeout, None)
+    }
+
+    /// Like [`AgentClient::exec_with_stdin`], keeping up to `max_output`
+    /// bytes of each output stream (protocol 3; older agents keep
+    /// [`crate::MAX_EXEC_OUTPUT`]).
+    pub fn exec_with_limit(
+        &mut self,
+        argv: &[String],
+        stdin: Option<&[u8]>,
+        timeout: Duration,
+        max_output: Option<u64>,
+    ) -> Result<ExecOutput, ProtocolError> {
         let timeout_ms = timeout.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
         let req = Request::Exec {
             argv: argv.to_vec(),
             stdin: stdin.map(<[u8]>::to_vec),
             timeout_ms,
+            max_output,
         };
         match self.request(&req, timeout + EXEC_GRACE)? {
             Response::ExecResult {
@@ -573,6 +587,7 @@ fn unexpected(wanted: &str, got: &Response) -> ProtocolError {
         Response::ProfileReady { .. } => "profile_ready",
         Response::ProfileData { .. } => "profile_data",
         Response::Kallsyms { .. } => "kallsyms",
+        Response::StreamClosed {} => "stream_closed",
         Response::Unknown { type_name } => type_name.as_str(),
     };
     ProtocolError::malformed(format!("expected {wanted}, agent answered {name}"))

@@ -15,7 +15,7 @@ use crate::frame::{encode_frame, FrameDecoder, ENCODING_JSON};
 
 /// Version of the message set this crate speaks. Raised when messages or
 /// fields are added; older peers keep working (see docs/protocol.md).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Oldest peer version this crate can talk to.
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 
@@ -31,8 +31,15 @@ pub const MAX_ARGV: usize = 1024;
 pub const MAX_ARGV_BYTES: usize = 256 * 1024;
 /// Most bytes of stdin an exec request may carry.
 pub const MAX_EXEC_STDIN: usize = 4 << 20;
-/// Most bytes of stdout, and separately of stderr, an exec result carries.
+/// Most bytes of stdout, and separately of stderr, an exec result carries
+/// by default.
 pub const MAX_EXEC_OUTPUT: usize = 4 << 20;
+/// Most bytes of stdout, and separately of stderr, an exec may ask for with
+/// `max_output` (protocol 3): both streams base64-encoded must fit in one
+/// frame ([`crate::MAX_FRAME`]).
+pub const MAX_EXEC_OUTPUT_LIMIT: usize = 6 << 20;
+/// Most streams an agent keeps state for at once (protocol 3).
+pub const MAX_STREAMS: u32 = 1024;
 /// Longest exec timeout, in milliseconds (one day).
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// Largest PutFile chunk, in bytes.
@@ -97,6 +104,13 @@ pub mod capability {
     pub const PROFILE: &str = "profile";
     /// Sends the guest's kernel symbols and modules: `get_kallsyms` (protocol 2).
     pub const KALLSYMS: &str = "kallsyms";
+    /// Keeps per-stream state (profiling sessions, file transfers, kallsyms
+    /// snapshots), so several host clients share one channel through a
+    /// broker, and answers `close_stream` (protocol 3).
+    pub const STREAMS: &str = "streams";
+    /// The hello came from the host's broker, which relays for the agent
+    /// (protocol 3).
+    pub const BROKER: &str = "broker";
 }
 
 fn default_profile_events() -> Vec<String> {
@@ -169,6 +183,9 @@ pub struct Envelope<T> {
     pub v: u32,
     /// Request id, echoed by the response.
     pub id: u64,
+    /// The host client this message belongs to when a broker multiplexes
+    /// several over one channel (protocol 3); 0 for a direct connection.
+    pub stream: u32,
     /// The message.
     pub msg: T,
 }
@@ -202,6 +219,10 @@ pub enum Request {
         stdin: Option<Vec<u8>>,
         /// The agent kills the program (and its process group) after this long.
         timeout_ms: u64,
+        /// Most bytes kept of stdout, and of stderr (protocol 3; default
+        /// [`MAX_EXEC_OUTPUT`], at most [`MAX_EXEC_OUTPUT_LIMIT`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_output: Option<u64>,
     },
     /// One chunk of a file copied into the guest; needs `--allow-write` or `--allow-exec`.
     PutFile {
@@ -240,6 +261,10 @@ pub enum Request {
         #[serde(default)]
         offset: u64,
     },
+    /// The host client of the envelope's stream is gone: drop its profiling
+    /// session, file transfer and kallsyms snapshot (protocol 3); answered
+    /// `stream_closed`.
+    CloseStream {},
     /// A request type this build does not know (decoded only, or sent by tests).
     #[serde(skip)]
     Unknown {
@@ -344,6 +369,8 @@ pub enum Response {
         #[serde(default)]
         modules: Vec<String>,
     },
+    /// Answer to [`Request::CloseStream`]: the stream's state is gone.
+    StreamClosed {},
     /// The request failed or is not allowed or not known.
     Error {
         /// Category.
@@ -456,6 +483,7 @@ impl Message for Request {
         "profile_poll",
         "profile_stop",
         "get_kallsyms",
+        "close_stream",
     ];
 
     fn unknown(type_name: String) -> Self {
@@ -477,7 +505,8 @@ impl Message for Request {
             Request::Ping { .. }
             | Request::Unknown { .. }
             | Request::ProfilePoll {}
-            | Request::ProfileStop {} => Ok(()),
+            | Request::ProfileStop {}
+            | Request::CloseStream {} => Ok(()),
             Request::ProfileStart {
                 events, frequency, ..
             } => {
@@ -499,7 +528,15 @@ impl Message for Request {
                 argv,
                 stdin,
                 timeout_ms,
+                max_output,
             } => {
+                if let Some(m) = max_output {
+                    if *m == 0 || *m > MAX_EXEC_OUTPUT_LIMIT as u64 {
+                        return Err(format!(
+                            "max_output {m} outside 1..={MAX_EXEC_OUTPUT_LIMIT}"
+                        ));
+                    }
+                }
                 if argv.is_empty() {
                     return Err("argv is empty".into());
                 }
@@ -574,6 +611,7 @@ impl Message for Response {
         "profile_ready",
         "profile_data",
         "kallsyms",
+        "stream_closed",
     ];
 
     fn unknown(type_name: String) -> Self {
@@ -604,14 +642,15 @@ impl Message for Response {
                 }
                 Ok(())
             }
-            Response::Pong { .. } | Response::PutFileDone { .. } | Response::Unknown { .. } => {
-                Ok(())
-            }
+            Response::Pong { .. }
+            | Response::PutFileDone { .. }
+            | Response::StreamClosed {}
+            | Response::Unknown { .. } => Ok(()),
             Response::ExecResult { stdout, stderr, .. } => {
                 for (name, b) in [("stdout", stdout), ("stderr", stderr)] {
-                    if b.len() > MAX_EXEC_OUTPUT {
+                    if b.len() > MAX_EXEC_OUTPUT_LIMIT {
                         return Err(format!(
-                            "{name} is {} bytes, limit {MAX_EXEC_OUTPUT}",
+                            "{name} is {} bytes, limit {MAX_EXEC_OUTPUT_LIMIT}",
                             b.len()
                         ));
                     }
@@ -675,7 +714,7 @@ fn cut_type_name(s: &str) -> String {
     s[..end].to_string()
 }
 
-fn encode_message<T: Message>(id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError> {
+fn encode_message<T: Message>(stream: u32, id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError> {
     if let Err(reason) = msg.validate() {
         return Err(ProtocolError::malformed(format!(
             "refusing to encode an invalid message: {reason}"
@@ -684,6 +723,9 @@ fn encode_message<T: Message>(id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError
     let mut obj = Map::new();
     obj.insert("v".into(), Value::from(PROTOCOL_VERSION));
     obj.insert("id".into(), Value::from(id));
+    if stream != 0 {
+        obj.insert("stream".into(), Value::from(stream));
+    }
     if let Some(name) = msg.unknown_name() {
         obj.insert("type".into(), Value::from(name));
     } else {
@@ -702,12 +744,22 @@ fn encode_message<T: Message>(id: u64, msg: &T) -> Result<Vec<u8>, ProtocolError
 
 /// One complete frame carrying `req` with envelope id `id`.
 pub fn encode_request(id: u64, req: &Request) -> Result<Vec<u8>, ProtocolError> {
-    encode_message(id, req)
+    encode_message(0, id, req)
 }
 
 /// One complete frame carrying `resp`, answering request `id`.
 pub fn encode_response(id: u64, resp: &Response) -> Result<Vec<u8>, ProtocolError> {
-    encode_message(id, resp)
+    encode_message(0, id, resp)
+}
+
+/// [`encode_request`] on behalf of host client `stream` (protocol 3).
+pub fn encode_request_on(stream: u32, id: u64, req: &Request) -> Result<Vec<u8>, ProtocolError> {
+    encode_message(stream, id, req)
+}
+
+/// [`encode_response`] for host client `stream` (protocol 3).
+pub fn encode_response_on(stream: u32, id: u64, resp: &Response) -> Result<Vec<u8>, ProtocolError> {
+    encode_message(stream, id, resp)
 }
 
 fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, ProtocolError> {
@@ -730,6 +782,16 @@ fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, Pro
         .and_then(Value::as_u64)
         .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| ProtocolError::malformed("missing or invalid `v`"))?;
+    let stream = match obj.get("stream") {
+        None => 0,
+        Some(s) => s
+            .as_u64()
+            .and_then(|s| u32::try_from(s).ok())
+            .filter(|s| *s < MAX_STREAMS)
+            .ok_or_else(|| {
+                ProtocolError::malformed(format!("invalid `stream` (0..{MAX_STREAMS})"))
+            })?,
+    };
     let type_name = obj
         .get("type")
         .and_then(Value::as_str)
@@ -738,6 +800,7 @@ fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, Pro
         return Ok(Envelope {
             v,
             id,
+            stream,
             msg: T::unknown(cut_type_name(type_name)),
         });
     }
@@ -752,7 +815,7 @@ fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, Pro
         type_name,
         reason,
     })?;
-    Ok(Envelope { v, id, msg })
+    Ok(Envelope { v, id, stream, msg })
 }
 
 /// Incremental message decoder: [`Decoder::push`] received bytes, then call

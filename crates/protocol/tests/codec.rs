@@ -14,11 +14,13 @@ fn all_requests() -> Vec<Request> {
             argv: vec!["/bin/echo".into(), "hé llo".into(), "".into()],
             stdin: None,
             timeout_ms: 1000,
+            max_output: None,
         },
         Request::Exec {
             argv: vec!["cat".into()],
             stdin: Some((0..=255u8).collect()),
             timeout_ms: 1,
+            max_output: None,
         },
         Request::PutFile {
             path: "/tmp/x".into(),
@@ -208,6 +210,7 @@ fn torn_frame_heals_once_enough_bytes_follow() {
             argv: vec!["x".repeat(300)],
             stdin: None,
             timeout_ms: 5,
+            max_output: None,
         },
     )
     .unwrap();
@@ -362,6 +365,7 @@ fn limits_are_enforced_on_encode_and_decode() {
         argv: vec!["a".into(); MAX_ARGV + 1],
         stdin: None,
         timeout_ms: 1,
+        max_output: None,
     };
     assert!(encode_request(1, &too_many).is_err());
     let big_chunk = Request::PutFile {
@@ -376,6 +380,7 @@ fn limits_are_enforced_on_encode_and_decode() {
         argv: vec!["a\0b".into()],
         stdin: None,
         timeout_ms: 1,
+        max_output: None,
     };
     assert!(encode_request(1, &nul).is_err());
     // The decoder checks the same limits on what it receives.
@@ -398,13 +403,42 @@ fn limits_are_enforced_on_encode_and_decode() {
 #[test]
 fn wire_format_is_stable() {
     let frame = encode_request(1, &Request::Ping { seq: 2 }).unwrap();
-    let body = br#"{"id":1,"seq":2,"type":"ping","v":2}"#;
+    let body = br#"{"id":1,"seq":2,"type":"ping","v":3}"#;
     assert_eq!(&frame[..4], b"VMS1");
     assert_eq!(&frame[4..8], &(body.len() as u32).to_le_bytes());
     assert_eq!(&frame[8..12], &[1, 0, 0, 0]);
     assert_eq!(&frame[12..16], &crc32(body).to_le_bytes());
     assert_eq!(&frame[16..20], &crc32(&frame[..16]).to_le_bytes());
     assert_eq!(&frame[HEADER_LEN..], body);
+}
+
+#[test]
+fn streams_ride_in_the_envelope() {
+    use vmscope_protocol::{encode_request_on, MAX_STREAMS};
+    let frame = encode_request_on(7, 3, &Request::CloseStream {}).unwrap();
+    let body = br#"{"id":3,"stream":7,"type":"close_stream","v":3}"#;
+    assert_eq!(&frame[HEADER_LEN..], body);
+    let mut d = Decoder::new();
+    d.push(&frame);
+    let env = d.next_request().unwrap().unwrap();
+    assert_eq!((env.stream, env.id), (7, 3));
+    assert_eq!(env.msg, Request::CloseStream {});
+    // Stream 0 (a direct connection) is not written; out-of-range streams
+    // are malformed.
+    d.push(&encode_request(4, &Request::Ping { seq: 1 }).unwrap());
+    assert_eq!(d.next_request().unwrap().unwrap().stream, 0);
+    d.push(&raw_json(&format!(
+        r#"{{"v":3,"id":5,"stream":{MAX_STREAMS},"type":"ping","seq":1}}"#
+    )));
+    assert!(d.next_request().is_err());
+    // An old agent's answer without the field, and exec's max_output bounds.
+    d.push(&raw_json(
+        r#"{"v":3,"id":6,"type":"exec","argv":["x"],"timeout_ms":1,"max_output":0}"#,
+    ));
+    assert!(matches!(
+        d.next_request(),
+        Err(ProtocolError::BadMessage { id: 6, .. })
+    ));
 }
 
 /// xorshift64*: deterministic, no dependency.

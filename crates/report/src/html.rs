@@ -119,36 +119,64 @@ fn timeline(
     )))
 }
 
-/// Interval metrics (vm-stat, account) as one line per domain and metric.
+/// Interval metrics as lines over time: for `stat` (vm-stat, one row per
+/// host CPU and cell) each domain's time summed over host CPUs, for
+/// `account` each VM's charged and run time; other kinds one line per
+/// domain and metric. Values are per second of the interval.
 fn interval_chart(session: &Session, kind: &str) -> Result<Option<String>, ReportError> {
-    let rows = session.intervals(kind)?;
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let mut per: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let rows = session.intervals(Some(kind))?;
+    // (series, interval start bits) -> (interval midpoint, value per second)
+    let mut per: BTreeMap<String, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
     let mut unit = String::new();
-    for r in rows.iter().filter(|r| r.cpu.is_none()) {
-        let name = format!(
-            "{} {}{}",
-            r.domain.as_deref().unwrap_or("host"),
-            r.metric,
-            r.vcpu
-                .as_deref()
-                .map(|v| format!(" vCPU {v}"))
-                .unwrap_or_default()
-        );
-        unit.clone_from(&r.unit);
-        per.entry(name)
+    let (title, keep): (&str, fn(&vmscope_store::IntervalRow) -> Option<String>) = match kind {
+        "stat" => (
+            "vm-stat: each domain's CPU over time (summed over host CPUs)",
+            |r| (r.metric == "time").then(|| r.domain.clone()).flatten(),
+        ),
+        "account" => ("Accounting: each VM's vCPU run and charged time", |r| {
+            (r.vcpu.is_none() && matches!(r.metric.as_str(), "vcpu_run" | "total"))
+                .then(|| r.domain.as_ref().map(|d| format!("{d} {}", r.metric)))
+                .flatten()
+        }),
+        _ => ("Interval values", |r| {
+            r.cpu.is_none().then(|| {
+                format!(
+                    "{} {}{}",
+                    r.domain.as_deref().unwrap_or("host"),
+                    r.metric,
+                    r.vcpu
+                        .as_deref()
+                        .map(|v| format!(" vCPU {v}"))
+                        .unwrap_or_default()
+                )
+            })
+        }),
+    };
+    for r in &rows {
+        let Some(name) = keep(r) else { continue };
+        let len = r.t_end - r.t_start;
+        if len <= 0.0 {
+            continue;
+        }
+        unit = format!("{}/s", r.unit);
+        let e = per
+            .entry(name)
             .or_default()
-            .push(((r.t_start + r.t_end) / 2.0, r.value));
+            .entry(r.t_start.to_bits())
+            .or_insert(((r.t_start + r.t_end) / 2.0, 0.0));
+        e.1 += r.value / len;
     }
     if per.is_empty() {
         return Ok(None);
     }
-    let series: Vec<(String, Vec<(f64, f64)>)> = per.into_iter().take(8).collect();
+    let series: Vec<(String, Vec<(f64, f64)>)> = per
+        .into_iter()
+        .take(8)
+        .map(|(n, pts)| (n, pts.into_values().collect()))
+        .collect();
     Ok(Some(crate::svgchart::lines(
-        &format!("{kind} intervals"),
-        "seconds",
+        title,
+        "seconds since the start",
         &unit,
         &series,
     )))

@@ -8,12 +8,14 @@
 //! (function classes), [`stacks`] (joined call stacks, callers and
 //! callees), [`flame`] (flame graph SVG), [`pprof`] (profile.proto),
 //! [`html`] (the self-contained page), [`compare`] (sessions against a
-//! base), [`slice`] (`--time` and `--cpu`).
+//! base), [`slice`] (`--time` and `--cpu`), [`intervals`] (what `stat -o`
+//! and `account -o` kept).
 
 pub mod classes;
 pub mod compare;
 pub mod flame;
 pub mod html;
+pub mod intervals;
 pub mod pprof;
 mod render;
 mod side;
@@ -244,6 +246,8 @@ pub struct Report {
     pub slice: Option<slice::SliceSummary>,
     /// Where user class rules came from (with `--by class`).
     pub class_rules: Option<String>,
+    /// Intervals kept by `stat -o` / `account -o`, summarized.
+    pub intervals: Vec<intervals::IntervalSummary>,
 }
 
 /// Coordinated profiling of one active VM for one event.
@@ -405,6 +409,7 @@ pub fn build(
         }
         .into(),
         scales,
+        intervals: intervals::summarize(&session.intervals(None)?),
         file: session.path().display().to_string(),
         meta,
         domains,

@@ -188,6 +188,12 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             sc.factor
         ));
     }
+    // Why a VM is not active (the session plan's reason and fix).
+    for (k, why) in &r.meta {
+        if let Some(vm) = k.strip_prefix("agent_") {
+            v.push(format!("# agent     {vm}: {why}"));
+        }
+    }
     if let Some(t) = slice_text(r) {
         v.push(format!(
             "# slice     {t} (whole seconds; agents' rows scaled to the guest time the host measured in the slice)"
@@ -216,6 +222,11 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         writeln!(out, "{l}")?;
     }
     writeln!(out, "#")?;
+    crate::intervals::write_text(&r.intervals, out)?;
+    // A session of intervals only (stat -o, account -o) has no samples to list.
+    if r.rows.is_empty() && !r.intervals.is_empty() {
+        return Ok(());
+    }
     let multi = r.events.len() > 1;
     // Column texts.
     let mut header: Vec<String> = Vec::new();

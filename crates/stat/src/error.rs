@@ -6,6 +6,8 @@ pub enum StatError {
     Discover(#[from] vmscope_discover::DiscoverError),
     #[error(transparent)]
     Linux(#[from] vmscope_linux::LinuxError),
+    #[error(transparent)]
+    Store(#[from] vmscope_store::StoreError),
     /// Writing output (a closed pipe arrives here as BrokenPipe).
     #[error("write: {0}")]
     Write(#[from] std::io::Error),

@@ -8,7 +8,8 @@
 //! - [`fit`]: sched_switch slices fitted to `schedstat` and `/proc/stat`;
 //! - [`tracker`]: the VMs followed across intervals, with stable `dN`
 //!   numbers and their threads;
-//! - [`render`]: text (the vm-stat layout), JSON lines and CSV.
+//! - [`render`]: text (the vm-stat layout), JSON lines and CSV;
+//! - [`session`]: intervals kept in a session file (`stat -o`, `account -o`).
 
 pub mod account;
 mod error;
@@ -16,6 +17,7 @@ pub mod fit;
 pub mod math;
 pub mod metrics;
 pub mod render;
+pub mod session;
 pub mod tracker;
 pub mod vmstat;
 

@@ -22,6 +22,7 @@ pub struct Totals {
     io_seconds: BTreeMap<Labels, f64>,
     io_ops: BTreeMap<Labels, f64>,
     cpu_busy: BTreeMap<Labels, f64>,
+    cpu_domain: BTreeMap<Labels, f64>,
     softirq: BTreeMap<Labels, f64>,
     per_cpu: bool,
 }
@@ -80,6 +81,37 @@ impl Totals {
         }
     }
 
+    /// Add one vm-stat interval: each host CPU's time per VM (its vCPUs and
+    /// its I/O threads) and for the host itself; `names` maps the
+    /// interval's domain numbers to VM names. Only with per-CPU series.
+    pub fn add_vmstat(
+        &mut self,
+        iv: &crate::vmstat::StatInterval,
+        names: &std::collections::HashMap<u32, String>,
+    ) {
+        use crate::vmstat::CellKind;
+        if !self.per_cpu {
+            return;
+        }
+        for row in &iv.rows {
+            let cpu = row.cpu.to_string();
+            for c in &row.cells {
+                let (domain, kind) = match c.kind {
+                    CellKind::Host => ("host", "host"),
+                    CellKind::Vcpu(_) => (
+                        names.get(&c.domain).map_or("unknown", String::as_str),
+                        "vcpu",
+                    ),
+                    CellKind::Io => (names.get(&c.domain).map_or("unknown", String::as_str), "io"),
+                };
+                *self
+                    .cpu_domain
+                    .entry(l(&[("cpu", &cpu), ("domain", domain), ("kind", kind)]))
+                    .or_default() += c.pct / 100.0 * iv.interval_s;
+            }
+        }
+    }
+
     /// The exposition text (OpenMetrics, which Prometheus scrapes).
     pub fn encode(&self) -> String {
         let mut reg = Registry::default();
@@ -134,6 +166,12 @@ impl Totals {
                 Unit::Seconds,
                 fam(&self.cpu_busy),
             );
+            reg.register_with_unit(
+                "vmscope_cpu_domain",
+                "Time a host CPU spent for a VM, by kind (vcpu: its vCPU threads, io: its other threads) and for the host itself (vm-stat)",
+                Unit::Seconds,
+                fam(&self.cpu_domain),
+            );
         }
         let mut s = String::new();
         // Writing into a String cannot fail.
@@ -146,6 +184,7 @@ impl Totals {
 mod tests {
     use super::*;
     use crate::account::{DeviceOps, VcpuAccount, VmAccount};
+    use crate::vmstat::{Cell, CellKind, CpuRow, Source, StatInterval};
 
     #[test]
     fn counters_accumulate_and_encode() {
@@ -223,5 +262,53 @@ mod tests {
         assert!(t
             .encode()
             .contains("vmscope_cpu_busy_seconds_total{cpu=\"1\"} 0.2"));
+        // The per-CPU split by VM, from a vm-stat interval.
+        let iv = StatInterval {
+            time_s: 1.0,
+            interval_s: 2.0,
+            source: Source::Schedstat,
+            rows: vec![CpuRow {
+                cpu: 1,
+                total_pct: 75.0,
+                cells: vec![
+                    Cell {
+                        domain: 1,
+                        kind: CellKind::Vcpu(0),
+                        pct: 50.0,
+                    },
+                    Cell {
+                        domain: 1,
+                        kind: CellKind::Io,
+                        pct: 5.0,
+                    },
+                    Cell {
+                        domain: 0,
+                        kind: CellKind::Host,
+                        pct: 20.0,
+                    },
+                ],
+            }],
+            notes: vec![],
+            legend: None,
+            lost: 0,
+            uncounted_slices: 0,
+        };
+        let names = [(1u32, "t0".to_string())].into_iter().collect();
+        let mut p = Totals::new(true);
+        p.add_vmstat(&iv, &names);
+        p.add_vmstat(&iv, &names);
+        let s = p.encode();
+        assert!(
+            s.contains(
+                "vmscope_cpu_domain_seconds_total{cpu=\"1\",domain=\"t0\",kind=\"vcpu\"} 2.0"
+            ),
+            "{s}"
+        );
+        assert!(s.contains(
+            "vmscope_cpu_domain_seconds_total{cpu=\"1\",domain=\"host\",kind=\"host\"} 0.8"
+        ));
+        let mut off = Totals::new(false);
+        off.add_vmstat(&iv, &names);
+        assert!(!off.encode().contains("vmscope_cpu_domain"));
     }
 }

@@ -213,6 +213,18 @@ impl VmStat {
         &self.domains
     }
 
+    /// The interval from the end of the previous one to now, without
+    /// waiting (what a scrape asks for). Tracepoint rings hold what came
+    /// in between; records they drop are counted in `lost` and the slices
+    /// are still fitted to each thread's `schedstat`.
+    pub fn sample(&mut self) -> Result<StatInterval, StatError> {
+        let elapsed = match &self.src {
+            Src::Switch(s) => Duration::from_nanos(clock_monotonic_ns().saturating_sub(s.t0)),
+            Src::Sched(_) => Duration::ZERO,
+        };
+        self.next(elapsed)
+    }
+
     /// Wait for `interval` and return it.
     pub fn next(&mut self, interval: Duration) -> Result<StatInterval, StatError> {
         let before = self.domains.tid_map();

@@ -6,7 +6,10 @@
 //! knows nothing of perf, /proc or printing. The `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
+mod intervals;
 mod schema;
+
+pub use intervals::IntervalRow;
 
 pub use schema::SCHEMA_VERSION;
 
@@ -224,30 +227,6 @@ impl Field {
     }
 }
 
-/// One vm-stat / account value.
-#[derive(Debug, Clone, PartialEq)]
-pub struct IntervalRow {
-    pub t_start: f64,
-    pub t_end: f64,
-    pub cpu: Option<i64>,
-    pub domain: Option<String>,
-    pub vcpu: Option<String>,
-    pub metric: String,
-    pub value: f64,
-    pub unit: String,
-}
-
-/// One benchmark sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BenchRow {
-    pub experiment: String,
-    pub point: String,
-    pub sample: i64,
-    pub metric: String,
-    pub value: f64,
-    pub unit: String,
-}
-
 /// What a session can be sliced by (`report --time`, `--cpu`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slicing {
@@ -285,6 +264,22 @@ fn sql_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// One row of `bench_samples`: a benchmark's measured number in a base
+/// unit, with its configuration hash and manifest (JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchSampleRow {
+    pub experiment: String,
+    pub config_hash: String,
+    pub manifest: String,
+    pub point: String,
+    pub sample: i64,
+    pub metric: String,
+    pub value: f64,
+    pub unit: String,
+    pub raw_output: Option<String>,
+    pub flagged: Option<String>,
 }
 
 /// Writes one session. Create it, add events and domains, then `flush`
@@ -564,6 +559,40 @@ impl SessionWriter {
         Ok(())
     }
 
+    /// Add benchmark rows (`bench_samples`), in one transaction.
+    pub fn add_bench_samples(&self, rows: &[BenchSampleRow]) -> Result<()> {
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(sql_err(&self.path))?;
+        {
+            let mut st = tx
+                .prepare_cached(
+                    "INSERT INTO bench_samples(experiment, config_hash, manifest, point, sample,
+                       metric, value, unit, raw_output, flagged)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .map_err(sql_err(&self.path))?;
+            for r in rows {
+                st.execute(params![
+                    r.experiment,
+                    r.config_hash,
+                    r.manifest,
+                    r.point,
+                    r.sample,
+                    r.metric,
+                    r.value,
+                    r.unit,
+                    r.raw_output,
+                    r.flagged
+                ])
+                .map_err(sql_err(&self.path))?;
+            }
+        }
+        tx.commit().map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
     /// Mark the session complete and checkpoint the WAL into the main file.
     pub fn finish(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
@@ -677,6 +706,36 @@ impl Session {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every `bench_samples` row, in insertion order.
+    pub fn bench_samples(&self) -> Result<Vec<BenchSampleRow>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT experiment, config_hash, manifest, point, sample, metric, value, unit,
+                   raw_output, flagged FROM bench_samples ORDER BY rowid",
+            )
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(BenchSampleRow {
+                    experiment: r.get(0)?,
+                    config_hash: r.get(1)?,
+                    manifest: r.get(2)?,
+                    point: r.get(3)?,
+                    sample: r.get(4)?,
+                    metric: r.get(5)?,
+                    value: r.get(6)?,
+                    unit: r.get(7)?,
+                    raw_output: r.get(8)?,
+                    flagged: r.get(9)?,
+                })
+            })
+            .map_err(sql_err(&self.path))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(sql_err(&self.path))?;
+        Ok(rows)
     }
 
     pub fn meta(&self) -> Result<BTreeMap<String, String>> {
@@ -957,33 +1016,6 @@ impl Session {
             .map_err(sql_err(&self.path))
     }
 
-    /// vm-stat / account rows of one kind (`vmstat`, `account`, …).
-    pub fn intervals(&self, kind: &str) -> Result<Vec<IntervalRow>> {
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT t_start, t_end, cpu, domain, vcpu, metric, value, unit FROM intervals
-                 WHERE kind = ?1 ORDER BY t_start, domain, metric",
-            )
-            .map_err(sql_err(&self.path))?;
-        let rows = st
-            .query_map(params![kind], |r| {
-                Ok(IntervalRow {
-                    t_start: r.get(0)?,
-                    t_end: r.get(1)?,
-                    cpu: r.get(2)?,
-                    domain: r.get(3)?,
-                    vcpu: r.get(4)?,
-                    metric: r.get(5)?,
-                    value: r.get(6)?,
-                    unit: r.get(7)?,
-                })
-            })
-            .map_err(sql_err(&self.path))?;
-        rows.collect::<std::result::Result<_, _>>()
-            .map_err(sql_err(&self.path))
-    }
-
     /// Kinds of interval rows the session holds.
     pub fn interval_kinds(&self) -> Result<Vec<String>> {
         let mut st = self
@@ -992,31 +1024,6 @@ impl Session {
             .map_err(sql_err(&self.path))?;
         let rows = st
             .query_map([], |r| r.get(0))
-            .map_err(sql_err(&self.path))?;
-        rows.collect::<std::result::Result<_, _>>()
-            .map_err(sql_err(&self.path))
-    }
-
-    /// Benchmark samples: (experiment, point, metric, unit, value), in order.
-    pub fn bench_samples(&self) -> Result<Vec<BenchRow>> {
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT experiment, point, sample, metric, value, unit FROM bench_samples
-                 ORDER BY experiment, metric, rowid",
-            )
-            .map_err(sql_err(&self.path))?;
-        let rows = st
-            .query_map([], |r| {
-                Ok(BenchRow {
-                    experiment: r.get(0)?,
-                    point: r.get(1)?,
-                    sample: r.get(2)?,
-                    metric: r.get(3)?,
-                    value: r.get(4)?,
-                    unit: r.get(5)?,
-                })
-            })
             .map_err(sql_err(&self.path))?;
         rows.collect::<std::result::Result<_, _>>()
             .map_err(sql_err(&self.path))

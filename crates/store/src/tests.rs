@@ -364,3 +364,28 @@ fn slices_select_seconds_and_cpus_and_rescale_agents() {
     let by_cpu = s.grouped(View::Host, 0, &[Field::Cpu], &[]).unwrap();
     assert_eq!(by_cpu.len(), 2);
 }
+
+#[test]
+fn bench_samples_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.db");
+    let w = SessionWriter::create(&path).unwrap();
+    let row = |sample, flagged: Option<&str>| BenchSampleRow {
+        experiment: "io".into(),
+        config_hash: "0123456789abcdef".into(),
+        manifest: r#"{"kernel":"6.1"}"#.into(),
+        point: "host:/x direct-read bs=4096".into(),
+        sample,
+        metric: "throughput".into(),
+        value: 1.5e8,
+        unit: "bytes/s".into(),
+        raw_output: None,
+        flagged: flagged.map(str::to_string),
+    };
+    w.add_bench_samples(&[row(1, None), row(2, Some("busy host"))])
+        .unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let got = s.bench_samples().unwrap();
+    assert_eq!(got, vec![row(1, None), row(2, Some("busy host"))]);
+}

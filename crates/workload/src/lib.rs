@@ -2,8 +2,11 @@
 //! `vmscope-agent demo` inside guests: three functions that take 50 %, 30 %
 //! and 20 % of the workload's CPU. Their names are unmangled so every
 //! symbolizer (vmscope's, perf's, a guest agent's) names them alike.
+//!
+//! [`io`] is the dd-equivalent I/O engine of `vmscope bench io`, the same
+//! code on the host and in guests (`vmscope-agent io`, `vmscope-agent dd`).
 
-pub mod blockread;
+pub mod io;
 
 use std::time::{Duration, Instant};
 

@@ -207,6 +207,12 @@ impl ProcRoot {
         parse_task_stat(&read_string(&path)?, &path)
     }
 
+    /// The CPU time and flags of a process from `/proc/PID/stat`.
+    pub fn process_cpu(&self, pid: u32) -> Result<ProcessCpu> {
+        let path = self.pid_path(pid, "stat");
+        parse_process_cpu(&read_string(&path)?, &path)
+    }
+
     /// Parent pid from `/proc/PID/stat` (field 4).
     pub fn ppid(&self, pid: u32) -> Result<u32> {
         let path = self.pid_path(pid, "stat");
@@ -371,6 +377,47 @@ pub fn parse_task_stat(text: &str, path: &Path) -> Result<TaskStat> {
         ppid: field(4)? as u32,
         processor: field(39)? as u32,
         starttime: field(22)?,
+    })
+}
+
+/// The CPU time and flags of a process, from `/proc/PID/stat`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProcessCpu {
+    pub comm: String,
+    /// Field 9: `PF_*` flags.
+    pub flags: u64,
+    /// Fields 14-17, in clock ticks ([`clk_tck`]): user and system time of
+    /// the process (its dead threads included), and of its reaped children.
+    pub utime: u64,
+    pub stime: u64,
+    pub cutime: u64,
+    pub cstime: u64,
+}
+
+impl ProcessCpu {
+    /// `PF_KTHREAD`: a kernel thread.
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & 0x0020_0000 != 0
+    }
+}
+
+/// Parse the text of a `stat` file for [`ProcessCpu`] (fields up to 17
+/// must be present).
+pub fn parse_process_cpu(text: &str, path: &Path) -> Result<ProcessCpu> {
+    let (comm, rest) = split_stat(text).ok_or_else(|| parse_err(path, "no '(comm)'"))?;
+    let rest: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let field = |n: usize| -> Result<u64> {
+        rest.get(n - 3)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| parse_err(path, format!("no field {n}")))
+    };
+    Ok(ProcessCpu {
+        comm: comm.to_string(),
+        flags: field(9)?,
+        utime: field(14)?,
+        stime: field(15)?,
+        cutime: field(16)?,
+        cstime: field(17)?,
     })
 }
 

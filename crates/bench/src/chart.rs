@@ -1,0 +1,308 @@
+//! Line charts for benchmark results (plotters): one line per series with
+//! markers and 95 % interval bars, optional log-2 axes, written as SVG and
+//! PNG. PNG text is drawn from DejaVu Sans embedded in the binary
+//! (plotters' `ab_glyph` route), so charts need no system font library.
+
+use crate::error::BenchError;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+static FONT: Once = Once::new();
+const DEJAVU: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
+
+fn register_font() {
+    FONT.call_once(|| {
+        // The bytes are a valid TrueType font (tested); nothing to do if not.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, DEJAVU);
+    });
+}
+
+/// One measured value with its 95 % interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SeriesPoint {
+    pub x: f64,
+    pub y: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+/// One line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<SeriesPoint>,
+}
+
+/// A chart of several series over a shared x axis.
+#[derive(Debug, Clone)]
+pub struct LineChart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub log2_x: bool,
+    pub log2_y: bool,
+    /// Labels of x ticks (the value of a tick in, its label out).
+    pub x_tick: fn(f64) -> String,
+    pub series: Vec<Series>,
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
+fn chart_err(path: &Path, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Output {
+        what: "chart",
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl LineChart {
+    /// Writes `STEM.svg` and `STEM.png` (1000 × 640).
+    pub fn write(&self, stem: &Path) -> Result<(PathBuf, PathBuf), BenchError> {
+        let svg = stem.with_extension("svg");
+        let png = stem.with_extension("png");
+        self.write_svg(&svg)?;
+        self.write_png(&png)?;
+        Ok((svg, png))
+    }
+
+    pub fn write_svg(&self, path: &Path) -> Result<(), BenchError> {
+        // Text is measured with the font even in SVG.
+        register_font();
+        let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
+        self.draw(&root).map_err(|e| chart_err(path, e))?;
+        root.present().map_err(|e| chart_err(path, e))
+    }
+
+    pub fn write_png(&self, path: &Path) -> Result<(), BenchError> {
+        register_font();
+        let root = BitMapBackend::new(path, (1000, 640)).into_drawing_area();
+        self.draw(&root).map_err(|e| chart_err(path, e))?;
+        root.present().map_err(|e| chart_err(path, e))
+    }
+
+    /// The axes' ranges: the data with some room, positive for log axes.
+    fn ranges(&self) -> ((f64, f64), (f64, f64)) {
+        let pts = || self.series.iter().flat_map(|s| s.points.iter());
+        let fold = |f: &dyn Fn(&SeriesPoint) -> f64| {
+            pts()
+                .map(f)
+                .filter(|v| v.is_finite())
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+                    (a.min(v), b.max(v))
+                })
+        };
+        let (mut x0, mut x1) = fold(&|p| p.x);
+        let (mut y0, _) = fold(&|p| {
+            if self.log2_y {
+                p.lo.max(p.y * 0.5)
+            } else {
+                p.lo
+            }
+        });
+        let (_, mut y1) = fold(&|p| p.hi);
+        if !x0.is_finite() {
+            (x0, x1) = (1.0, 2.0);
+        }
+        if !y0.is_finite() {
+            (y0, y1) = (1.0, 2.0);
+        }
+        let x = if self.log2_x {
+            (x0.max(f64::MIN_POSITIVE) / 1.3, x1 * 1.3)
+        } else {
+            let pad = ((x1 - x0) * 0.05).max(1e-9);
+            (x0 - pad, x1 + pad)
+        };
+        let y = if self.log2_y {
+            (y0.max(1e-9) / 1.5, y1.max(y0 * 2.0) * 1.5)
+        } else {
+            (0.0_f64.min(y0), y1.max(y0 + 1e-9) * 1.08)
+        };
+        (x, y)
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        root.fill(&WHITE)?;
+        let ((x0, x1), (y0, y1)) = self.ranges();
+        let mut b = ChartBuilder::on(root);
+        b.caption(&self.title, ("sans-serif", 24))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(72);
+        // Four axis combinations, one drawing routine.
+        macro_rules! finish {
+            ($x:expr, $y:expr) => {{
+                let mut c = b.build_cartesian_2d($x, $y)?;
+                let x_tick = self.x_tick;
+                c.configure_mesh()
+                    .x_desc(&self.x_label)
+                    .y_desc(&self.y_label)
+                    .x_label_formatter(&|v| x_tick(*v))
+                    .y_label_formatter(&|v| fmt_num(*v))
+                    .label_style(("sans-serif", 15))
+                    .axis_desc_style(("sans-serif", 17))
+                    .draw()?;
+                for (i, s) in self.series.iter().enumerate() {
+                    let color = COLORS[i % COLORS.len()];
+                    let style = ShapeStyle::from(&color).stroke_width(2);
+                    let pts: Vec<(f64, f64)> = s
+                        .points
+                        .iter()
+                        .filter(|p| p.y.is_finite() && p.y > 0.0)
+                        .map(|p| (p.x, p.y))
+                        .collect();
+                    c.draw_series(LineSeries::new(pts.clone(), style))?
+                        .label(&s.name)
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                        });
+                    c.draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 4, color.filled())),
+                    )?;
+                    // 95 % intervals.
+                    c.draw_series(
+                        s.points
+                            .iter()
+                            .filter(|p| p.lo.is_finite() && p.hi.is_finite() && p.lo > 0.0)
+                            .map(|p| {
+                                PathElement::new(
+                                    vec![(p.x, p.lo), (p.x, p.hi)],
+                                    color.stroke_width(1),
+                                )
+                            }),
+                    )?;
+                }
+                // Rising lines leave the lower right free, falling ones the upper.
+                let rising = self.series.iter().all(|s| {
+                    s.points
+                        .first()
+                        .zip(s.points.last())
+                        .is_none_or(|(a, b)| b.y >= a.y)
+                });
+                c.configure_series_labels()
+                    .position(if rising {
+                        SeriesLabelPosition::LowerRight
+                    } else {
+                        SeriesLabelPosition::UpperRight
+                    })
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .label_font(("sans-serif", 15))
+                    .draw()?;
+            }};
+        }
+        match (self.log2_x, self.log2_y) {
+            (true, true) => finish!(
+                (x0..x1).log_scale().base(2.0),
+                (y0..y1).log_scale().base(2.0)
+            ),
+            (true, false) => finish!((x0..x1).log_scale().base(2.0), y0..y1),
+            (false, true) => finish!(x0..x1, (y0..y1).log_scale().base(2.0)),
+            (false, false) => finish!(x0..x1, y0..y1),
+        }
+        Ok(())
+    }
+}
+
+/// Axis numbers: whole numbers as they are (`12`, `1024`), fractions with
+/// two decimals (`2.50`), very large or small ones in exponent form (`2.5e5`).
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if !(0.01..100_000.0).contains(&a) {
+        format!("{v:.1e}")
+    } else if a >= 10.0 || (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// x tick labels for byte sizes on a log-2 axis: `512`, `4ki`, `1Mi`
+/// (giacobbi's labels) at powers of two, nothing between.
+pub fn bytes_tick(v: f64) -> String {
+    let r = v.round();
+    if r >= 1.0 && (v - r).abs() < 1e-6 * r && (r as u64).is_power_of_two() {
+        crate::units::short_iec(r as u64)
+    } else {
+        String::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chart() -> LineChart {
+        let s = |name: &str, k: f64| Series {
+            name: name.into(),
+            points: (9..=20)
+                .map(|e| {
+                    let x = (1u64 << e) as f64;
+                    let y = k * (x / 4096.0).min(16.0);
+                    SeriesPoint {
+                        x,
+                        y,
+                        lo: y * 0.95,
+                        hi: y * 1.05,
+                    }
+                })
+                .collect(),
+        };
+        LineChart {
+            title: "direct-read: speed vs block size".into(),
+            x_label: "block size (B)".into(),
+            y_label: "speed (MiB/s)".into(),
+            log2_x: true,
+            log2_y: true,
+            x_tick: bytes_tick,
+            series: vec![s("host", 10.0), s("vm file raw", 4.0)],
+        }
+    }
+
+    #[test]
+    fn writes_svg_and_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svg, png) = chart().write(&dir.path().join("io-direct-read")).unwrap();
+        let svg_text = std::fs::read_to_string(&svg).unwrap();
+        assert!(svg_text.starts_with("<svg"), "{}", &svg_text[..40]);
+        assert!(svg_text.contains("vm file raw") && svg_text.contains("4ki"));
+        let png_bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&png_bytes[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(png_bytes.len() > 10_000, "{} bytes", png_bytes.len());
+        // Linear axes and an empty chart render too.
+        let mut c = chart();
+        c.log2_x = false;
+        c.log2_y = false;
+        c.write_png(&dir.path().join("lin.png")).unwrap();
+        c.series.clear();
+        c.write_svg(&dir.path().join("empty.svg")).unwrap();
+    }
+
+    #[test]
+    fn ticks_and_numbers() {
+        assert_eq!(bytes_tick(4096.0), "4ki");
+        assert_eq!(bytes_tick(1048576.0), "1Mi");
+        assert_eq!(bytes_tick(3000.0), "");
+        assert_eq!(fmt_num(1024.0), "1024");
+        assert_eq!(fmt_num(2.5), "2.50");
+        assert_eq!(fmt_num(0.0), "0");
+        assert_eq!(fmt_num(250000.0), "2.5e5");
+    }
+}

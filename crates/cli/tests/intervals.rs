@@ -1,0 +1,43 @@
+//! `stat -o` and `account -o` keep their intervals in a session file that
+//! `report` summarizes, on the live host.
+
+mod common;
+
+use common::{report_json, run_ok, vmscope};
+
+#[test]
+fn stat_and_account_keep_their_intervals_for_report() {
+    let dir = tempfile::tempdir().unwrap();
+    for (cmd, kind) in [("stat", "stat"), ("account", "account")] {
+        let db = dir.path().join(format!("{kind}.db"));
+        let out = run_ok(
+            vmscope()
+                .args([cmd, "-i", "200ms", "-n", "3", "--format", "csv", "-o"])
+                .arg(&db),
+        );
+        assert!(!out.stdout.is_empty(), "{cmd} printed nothing");
+        let v = report_json(&db, &[]);
+        assert_eq!(v["meta"]["source"], kind);
+        let iv = &v["intervals"][0];
+        assert_eq!(iv["kind"], kind);
+        assert_eq!(iv["intervals"], 3, "{iv}");
+        let secs = iv["seconds"].as_f64().unwrap();
+        assert!((0.5..2.0).contains(&secs), "{secs} s for 3 x 200 ms");
+        let text = String::from_utf8(run_ok(vmscope().arg("report").arg(&db)).stdout).unwrap();
+        assert!(text.contains(&format!("# {kind:<9} 3 intervals")), "{text}");
+        if kind == "stat" {
+            // Every CPU's busy share, a percentage.
+            let busy: Vec<f64> = iv["rates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["metric"] == "busy")
+                .map(|r| r["per_second"].as_f64().unwrap())
+                .collect();
+            assert!(!busy.is_empty());
+            assert!(busy.iter().all(|b| (0.0..=1.0).contains(b)), "{busy:?}");
+        } else {
+            assert!(text.contains("# host      measured "), "{text}");
+        }
+    }
+}

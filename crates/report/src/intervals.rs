@@ -1,0 +1,250 @@
+//! Intervals kept by `stat -o` and `account -o`, summarized for a report:
+//! per CPU and domain (vm-stat) and per VM (accounting), each value as a
+//! rate over the time the intervals cover.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use vmscope_store::IntervalRow;
+
+/// One kind of intervals of a session, summarized.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IntervalSummary {
+    /// `stat` or `account`.
+    pub kind: String,
+    pub intervals: usize,
+    /// Seconds the intervals cover.
+    pub seconds: f64,
+    /// Rate of each (cpu, domain, vcpu, metric) over `seconds`, in the
+    /// stored unit per second.
+    pub rates: Vec<IntervalRate>,
+}
+
+/// One value per second over the covered time.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IntervalRate {
+    pub cpu: Option<u32>,
+    pub domain: Option<String>,
+    pub vcpu: Option<String>,
+    pub metric: String,
+    pub per_second: f64,
+    pub unit: String,
+}
+
+type Key = (Option<u32>, Option<String>, Option<String>, String, String);
+
+/// Summaries of every kind of intervals in `rows`.
+pub fn summarize(rows: &[IntervalRow]) -> Vec<IntervalSummary> {
+    let mut by_kind: BTreeMap<&str, Vec<&IntervalRow>> = BTreeMap::new();
+    for r in rows {
+        by_kind.entry(r.kind.as_str()).or_default().push(r);
+    }
+    by_kind
+        .into_iter()
+        .map(|(kind, rows)| {
+            let mut spans: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+            let mut sums: BTreeMap<Key, f64> = BTreeMap::new();
+            for r in &rows {
+                spans.insert((r.t_start.to_bits(), r.t_end.to_bits()), ());
+                *sums
+                    .entry((
+                        r.cpu,
+                        r.domain.clone(),
+                        r.vcpu.clone(),
+                        r.metric.clone(),
+                        r.unit.clone(),
+                    ))
+                    .or_default() += r.value;
+            }
+            let seconds: f64 = spans
+                .keys()
+                .map(|(a, b)| f64::from_bits(*b) - f64::from_bits(*a))
+                .sum();
+            let rates = sums
+                .into_iter()
+                .map(|((cpu, domain, vcpu, metric, unit), sum)| IntervalRate {
+                    cpu,
+                    domain,
+                    vcpu,
+                    metric,
+                    per_second: if seconds > 0.0 { sum / seconds } else { 0.0 },
+                    unit,
+                })
+                .collect();
+            IntervalSummary {
+                kind: kind.to_string(),
+                intervals: spans.len(),
+                seconds,
+                rates,
+            }
+        })
+        .collect()
+}
+
+/// The summaries as text tables, under the report's header.
+pub fn write_text(summaries: &[IntervalSummary], out: &mut dyn Write) -> std::io::Result<()> {
+    for s in summaries {
+        writeln!(
+            out,
+            "# {:<9} {} intervals, {:.2} s; rates over that time",
+            s.kind, s.intervals, s.seconds
+        )?;
+        match s.kind.as_str() {
+            "stat" => stat_table(s, out)?,
+            "account" => account_table(s, out)?,
+            _ => {
+                for r in &s.rates {
+                    writeln!(
+                        out,
+                        "{:?} {:?} {}: {:.6} {}/s",
+                        r.domain, r.vcpu, r.metric, r.per_second, r.unit
+                    )?;
+                }
+            }
+        }
+        writeln!(out, "#")?;
+    }
+    Ok(())
+}
+
+/// Per host CPU: busy % and each domain's %.
+fn stat_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut domains: Vec<String> = s
+        .rates
+        .iter()
+        .filter(|r| r.metric == "time")
+        .filter_map(|r| r.domain.clone())
+        .collect();
+    domains.sort();
+    domains.dedup();
+    let mut cpus: Vec<u32> = s.rates.iter().filter_map(|r| r.cpu).collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    write!(out, "{:>4}  {:>7}", "CPU", "busy %")?;
+    for d in &domains {
+        write!(out, "  {:>12}", format!("{d} %"))?;
+    }
+    writeln!(out)?;
+    for cpu in cpus {
+        let pct = |metric: &str, domain: Option<&str>| -> f64 {
+            100.0
+                * s.rates
+                    .iter()
+                    .filter(|r| {
+                        r.cpu == Some(cpu) && r.metric == metric && r.domain.as_deref() == domain
+                    })
+                    .map(|r| r.per_second)
+                    // An empty sum is -0.0; shown as 0.0.
+                    .sum::<f64>()
+                + 0.0
+        };
+        write!(out, "{cpu:>4}  {:>7.1}", pct("busy", None))?;
+        for d in &domains {
+            write!(out, "  {:>12.1}", pct("time", Some(d)))?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Per VM: the accounting columns as seconds (or operations) per second.
+fn account_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
+    const COLS: [(&str, &str); 7] = [
+        ("vcpu_run", "run s/s"),
+        ("vcpu_runnable", "steal s/s"),
+        ("vcpu_blocked", "halted s/s"),
+        ("direct_io", "direct I/O s/s"),
+        ("shared_io", "shared I/O s/s"),
+        ("io_ops", "I/O ops/s"),
+        ("total", "charged s/s"),
+    ];
+    let mut vms: Vec<String> = s
+        .rates
+        .iter()
+        .filter(|r| r.vcpu.is_none())
+        .filter_map(|r| r.domain.clone())
+        .collect();
+    vms.sort();
+    vms.dedup();
+    write!(out, "{:<12}", "domain")?;
+    for (_, h) in COLS {
+        write!(out, "  {h:>14}")?;
+    }
+    writeln!(out)?;
+    let get = |domain: Option<&str>, metric: &str| -> f64 {
+        s.rates
+            .iter()
+            .find(|r| r.vcpu.is_none() && r.domain.as_deref() == domain && r.metric == metric)
+            .map_or(0.0, |r| r.per_second)
+    };
+    for vm in &vms {
+        write!(out, "{vm:<12}")?;
+        for (m, _) in COLS {
+            write!(out, "  {:>14.6}", get(Some(vm), m))?;
+        }
+        writeln!(out)?;
+    }
+    writeln!(
+        out,
+        "# host      measured {:.6} s/s, unattributed {:.6} s/s, residual {:+.6} s/s, shared I/O T {:.6} s/s",
+        get(None, "measured_host"),
+        get(None, "unattributed"),
+        get(None, "residual"),
+        get(None, "shared_io_t"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(
+        t: f64,
+        cpu: Option<u32>,
+        domain: Option<&str>,
+        vcpu: Option<&str>,
+        metric: &str,
+        value: f64,
+    ) -> IntervalRow {
+        IntervalRow {
+            kind: if cpu.is_some() { "stat" } else { "account" }.into(),
+            t_start: t,
+            t_end: t + 0.5,
+            cpu,
+            domain: domain.map(str::to_string),
+            vcpu: vcpu.map(str::to_string),
+            metric: metric.into(),
+            value,
+            unit: "s".into(),
+        }
+    }
+
+    #[test]
+    fn rates_over_the_covered_time() {
+        let rows = vec![
+            row(0.0, Some(0), None, None, "busy", 0.4),
+            row(0.5, Some(0), None, None, "busy", 0.2),
+            row(0.0, Some(0), Some("web"), Some("0"), "time", 0.3),
+            row(0.5, Some(0), Some("web"), Some("0"), "time", 0.1),
+            row(0.0, None, Some("web"), None, "vcpu_run", 0.25),
+            row(0.5, None, Some("web"), None, "vcpu_run", 0.25),
+            row(0.0, None, None, None, "measured_host", 0.9),
+        ];
+        let s = summarize(&rows);
+        assert_eq!(s.len(), 2);
+        let stat = s.iter().find(|x| x.kind == "stat").unwrap();
+        assert_eq!((stat.intervals, stat.seconds), (2, 1.0));
+        let busy = stat.rates.iter().find(|r| r.metric == "busy").unwrap();
+        assert!((busy.per_second - 0.6).abs() < 1e-9);
+        let mut text = Vec::new();
+        write_text(&s, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("# stat      2 intervals, 1.00 s"), "{text}");
+        assert!(text.contains("   0     60.0          40.0"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("web ") && l.contains(" 0.500000 ")),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,87 @@
+//! The server against slow, silent and odd clients on a real socket.
+
+use super::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+fn start() -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let server = Server::bind(&ServeOptions {
+        listen: "127.0.0.1:0".into(),
+        per_cpu: true,
+        shared_io: vec![],
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let h = std::thread::spawn(move || server.run(&s2));
+    (addr, stop, h)
+}
+
+/// One request; the answer's status line and body. `limit` bounds every
+/// read: a server that does not answer fails the test instead of hanging it.
+fn get(addr: &str, method: &str, path: &str, limit: Duration) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)
+        .unwrap_or_else(|e| panic!("{method} {path}: no complete answer within {limit:?}: {e}"));
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+#[test]
+fn metrics_answer_while_slow_and_silent_clients_hold_connections() {
+    let (addr, stop, h) = start();
+    // Three connections that never send a byte, and one that sends its
+    // request a byte at a time.
+    let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let slow_addr = addr.clone();
+    let dripping = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&slow_addr).unwrap();
+        for b in b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" {
+            if s.write_all(&[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    for _ in 0..3 {
+        let (status, body) = get(&addr, "GET", "/metrics", Duration::from_secs(2));
+        assert!(status.contains("200"), "{status}");
+        assert!(body.contains("# EOF"), "{body}");
+        assert!(body.contains("vmscope_cpu_busy_seconds_total"), "{body}");
+    }
+    let (status, _) = get(&addr, "GET", "/nope", Duration::from_secs(2));
+    assert!(status.contains("404"), "{status}");
+    let (status, _) = get(&addr, "POST", "/metrics", Duration::from_secs(2));
+    assert!(status.contains("405"), "{status}");
+    drop(idle);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let _ = dripping.join();
+}
+
+#[test]
+fn a_used_port_is_named() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let e = Server::bind(&ServeOptions {
+        listen: addr.clone(),
+        per_cpu: false,
+        shared_io: vec![],
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains(&addr) && e.contains("in use"), "{e}");
+}

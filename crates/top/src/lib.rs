@@ -1,0 +1,424 @@
+//! `vmscope top`: the host and every VM at a glance, refreshed every
+//! interval: per domain its CPU, its vCPUs' run / steal / halted shares,
+//! the I/O CPU it is charged and the samples it lost; under each one its
+//! top functions from a rolling profile (a VM's own guest functions when its
+//! agent profiles it).
+//!
+//! This crate owns what a frame holds ([`Frame`]), how it is drawn in a
+//! terminal (ratatui) and what the keys do ([`View`]), and how it is written
+//! for scripts ([`write_text`], [`write_json`]: one document per interval,
+//! like `top -b`). Where the numbers come from is the caller's
+//! ([`FrameSource`]); [`live::LiveTop`] measures this host.
+
+mod draw;
+pub mod live;
+
+pub use draw::{draw, MIN_HEIGHT, MIN_WIDTH};
+
+use serde::Serialize;
+use std::collections::HashSet;
+use std::io::Write;
+
+/// Why `top` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    /// The terminal could not be used.
+    #[error("terminal: {0}")]
+    Terminal(#[from] std::io::Error),
+    /// The numbers could not be measured.
+    #[error("{0}")]
+    Source(String),
+}
+
+/// One interval of the whole host.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Frame {
+    /// Seconds since `top` started.
+    pub time_s: f64,
+    pub interval_s: f64,
+    pub hostname: String,
+    pub cpus: u32,
+    /// Busy share of the host's capacity, percent.
+    pub host_busy_pct: f64,
+    /// The host first, then each VM.
+    pub domains: Vec<DomainView>,
+    /// What happened in the interval (VMs that started or exited, ...).
+    pub notes: Vec<String>,
+}
+
+/// One domain in one interval.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DomainView {
+    /// `host` or the VM's name.
+    pub name: String,
+    /// `host`, `active`, `passive` or `unmonitored`.
+    pub role: String,
+    /// CPU the domain used, percent of one host CPU (like top): for a VM its
+    /// vCPUs, its own threads and its share of shared I/O; for the host
+    /// everything else.
+    pub cpu_pct: f64,
+    pub vcpus: u32,
+    /// Each vCPU state, percent of the interval, averaged over the vCPUs.
+    pub run_pct: f64,
+    pub steal_pct: f64,
+    pub halted_pct: f64,
+    /// Host CPU for the VM's I/O (its own threads and its charge for shared
+    /// work), percent of one host CPU.
+    pub io_cpu_pct: f64,
+    /// I/O operations per second (tap packets, disk requests).
+    pub io_ops_per_s: f64,
+    /// Samples lost in the interval (rings, or the VM's agent).
+    pub lost: u64,
+    /// Why a VM is not profiled actively, when it is not.
+    pub reason: Option<String>,
+    /// Top functions of the rolling profile, biggest first.
+    pub functions: Vec<FunctionView>,
+}
+
+/// One function of a domain's rolling profile.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionView {
+    pub context: String,
+    pub process: String,
+    pub symbol: String,
+    /// Samples in the window.
+    pub samples: u64,
+    /// Share of the domain's samples in the window, percent.
+    pub pct: f64,
+}
+
+/// Where frames come from.
+pub trait FrameSource {
+    /// The next frame, after waiting for the interval.
+    fn next_frame(&mut self) -> Result<Frame, TopError>;
+}
+
+/// What the domain table is sorted by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SortKey {
+    Cpu,
+    Steal,
+    Io,
+    Name,
+}
+
+impl SortKey {
+    fn next(self) -> SortKey {
+        match self {
+            SortKey::Cpu => SortKey::Steal,
+            SortKey::Steal => SortKey::Io,
+            SortKey::Io => SortKey::Name,
+            SortKey::Name => SortKey::Cpu,
+        }
+    }
+
+    /// The header label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SortKey::Cpu => "CPU",
+            SortKey::Steal => "steal",
+            SortKey::Io => "I/O",
+            SortKey::Name => "name",
+        }
+    }
+}
+
+/// Contexts the function lists can be filtered to, in key order.
+pub const CONTEXTS: [&str; 8] = [
+    "guest-user",
+    "guest-kernel",
+    "guest",
+    "vmm-user",
+    "vmm-kernel",
+    "host-user",
+    "host-kernel",
+    "idle",
+];
+
+/// What a key did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Quit,
+}
+
+/// How the user is looking at the frames: sort, filters, expanded
+/// domains, selection, pause.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub sort: SortKey,
+    /// Only this VM (and the host), when set.
+    pub only: Option<String>,
+    /// Only functions of this context, when set.
+    pub context: Option<String>,
+    /// Domains whose functions are shown.
+    pub expanded: HashSet<String>,
+    /// Index of the selected domain in the shown order.
+    pub selected: usize,
+    pub paused: bool,
+    /// Functions shown per expanded domain.
+    pub functions: usize,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        View {
+            sort: SortKey::Cpu,
+            only: None,
+            context: None,
+            expanded: HashSet::new(),
+            selected: 0,
+            paused: false,
+            functions: 5,
+        }
+    }
+}
+
+impl View {
+    /// The domains in the order and selection shown: the host first, then
+    /// the VMs by the sort key.
+    pub fn order<'a>(&self, frame: &'a Frame) -> Vec<&'a DomainView> {
+        let mut vms: Vec<&DomainView> = frame
+            .domains
+            .iter()
+            .filter(|d| d.role != "host")
+            .filter(|d| self.only.as_ref().is_none_or(|o| &d.name == o))
+            .collect();
+        let desc = |a: f64, b: f64| b.partial_cmp(&a).unwrap_or(std::cmp::Ordering::Equal);
+        vms.sort_by(|a, b| {
+            match self.sort {
+                SortKey::Cpu => desc(a.cpu_pct, b.cpu_pct),
+                SortKey::Steal => desc(a.steal_pct, b.steal_pct),
+                SortKey::Io => desc(a.io_cpu_pct, b.io_cpu_pct),
+                SortKey::Name => a.name.cmp(&b.name),
+            }
+            .then_with(|| a.name.cmp(&b.name))
+        });
+        frame
+            .domains
+            .iter()
+            .filter(|d| d.role == "host")
+            .chain(vms)
+            .collect()
+    }
+
+    /// The functions of `d` shown under it (context filter applied).
+    pub fn functions_of<'a>(&self, d: &'a DomainView) -> Vec<&'a FunctionView> {
+        d.functions
+            .iter()
+            .filter(|f| self.context.as_ref().is_none_or(|c| &f.context == c))
+            .take(self.functions)
+            .collect()
+    }
+
+    /// Apply one key: `q` quits; `s` sorts by the next key; `f` cycles
+    /// the VM filter; `c` cycles the context filter; `e` or Enter expands
+    /// or collapses the selected domain, `a` expands or collapses all;
+    /// Up/Down (`k`/`j`) move the selection; `p` or space pauses.
+    pub fn key(&mut self, key: char, frame: &Frame) -> Action {
+        let order: Vec<String> = self.order(frame).iter().map(|d| d.name.clone()).collect();
+        match key {
+            'q' => return Action::Quit,
+            's' => self.sort = self.sort.next(),
+            'f' => {
+                let vms: Vec<&str> = frame
+                    .domains
+                    .iter()
+                    .filter(|d| d.role != "host")
+                    .map(|d| d.name.as_str())
+                    .collect();
+                self.only = match &self.only {
+                    None => vms.first().map(|s| (*s).to_string()),
+                    Some(cur) => vms
+                        .iter()
+                        .position(|v| v == cur)
+                        .and_then(|i| vms.get(i + 1))
+                        .map(|s| (*s).to_string()),
+                };
+                self.selected = 0;
+            }
+            'c' => {
+                self.context = match &self.context {
+                    None => Some(CONTEXTS[0].to_string()),
+                    Some(cur) => CONTEXTS
+                        .iter()
+                        .position(|c| c == cur)
+                        .and_then(|i| CONTEXTS.get(i + 1))
+                        .map(|s| (*s).to_string()),
+                };
+            }
+            'e' | '\n' => {
+                if let Some(name) = order.get(self.selected) {
+                    if !self.expanded.remove(name) {
+                        self.expanded.insert(name.clone());
+                    }
+                }
+            }
+            'a' => {
+                if self.expanded.len() >= order.len() {
+                    self.expanded.clear();
+                } else {
+                    self.expanded = order.iter().cloned().collect();
+                }
+            }
+            'j' => self.selected = (self.selected + 1).min(order.len().saturating_sub(1)),
+            'k' => self.selected = self.selected.saturating_sub(1),
+            'p' | ' ' => self.paused = !self.paused,
+            _ => {}
+        }
+        Action::Continue
+    }
+}
+
+/// The column headings of [`domain_line`].
+pub fn domain_header() -> String {
+    format!(
+        "{:<16} {:<11} {:>7} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}",
+        "DOMAIN",
+        "ROLE",
+        "CPU%",
+        "VCPUS",
+        "RUN%",
+        "STEAL%",
+        "HALT%",
+        "I/O CPU%",
+        "I/O OPS/s",
+        "LOST"
+    )
+}
+
+/// One domain as a table line (the host has no vCPU or I/O columns).
+pub fn domain_line(d: &DomainView) -> String {
+    let vm = d.role != "host";
+    let pct = |v: f64| {
+        if vm {
+            format!("{v:.1}")
+        } else {
+            "-".into()
+        }
+    };
+    format!(
+        "{:<16} {:<11} {:>7.1} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}",
+        d.name,
+        d.role,
+        d.cpu_pct,
+        if vm { d.vcpus.to_string() } else { "-".into() },
+        pct(d.run_pct),
+        pct(d.steal_pct),
+        pct(d.halted_pct),
+        pct(d.io_cpu_pct),
+        if vm {
+            format!("{:.0}", d.io_ops_per_s)
+        } else {
+            "-".into()
+        },
+        d.lost
+    )
+}
+
+/// One function under its domain.
+pub fn function_line(f: &FunctionView) -> String {
+    format!(
+        "    {:>5.1} %  {:<12} {:<16} {}",
+        f.pct, f.context, f.process, f.symbol
+    )
+}
+
+/// A frame as text, every domain with its functions (the batch layout).
+pub fn write_text(frame: &Frame, view: &View, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "vmscope top - {} - {:.1} s, {} CPUs, host busy {:.1} %, interval {:.2} s",
+        frame.hostname, frame.time_s, frame.cpus, frame.host_busy_pct, frame.interval_s
+    )?;
+    writeln!(out, "{}", domain_header())?;
+    for d in view.order(frame) {
+        writeln!(out, "{}", domain_line(d))?;
+        if let Some(r) = &d.reason {
+            writeln!(out, "    ({r})")?;
+        }
+        for f in view.functions_of(d) {
+            writeln!(out, "{}", function_line(f))?;
+        }
+    }
+    for n in &frame.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    writeln!(out)
+}
+
+/// A frame as one JSON document on one line.
+pub fn write_json(frame: &Frame, out: &mut dyn Write) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, frame)?;
+    writeln!(out)
+}
+
+/// Run the interactive view until `q` (or Ctrl-C): frames come from
+/// `source` on a thread of their own (it waits for each interval), keys are
+/// read meanwhile, so the view answers within ~100 ms.
+pub fn run_interactive(mut source: Box<dyn FrameSource + Send>) -> Result<(), TopError> {
+    use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use std::sync::mpsc::{channel, TryRecvError};
+    let (tx, rx) = channel::<Result<Frame, TopError>>();
+    std::thread::Builder::new()
+        .name("top-frames".into())
+        .spawn(move || loop {
+            let f = source.next_frame();
+            let failed = f.is_err();
+            if tx.send(f).is_err() || failed {
+                return;
+            }
+        })?;
+    // The first frame before the screen is taken, so an error prints plainly.
+    let mut frame = rx
+        .recv()
+        .map_err(|_| TopError::Source("no first frame".into()))??;
+    let mut view = View::default();
+    view.expanded
+        .extend(frame.domains.iter().map(|d| d.name.clone()));
+    let mut terminal = ratatui::init();
+    let result = (|| -> Result<(), TopError> {
+        loop {
+            terminal.draw(|f| draw(f, &frame, &view))?;
+            if event::poll(std::time::Duration::from_millis(100))? {
+                if let Event::Key(k) = event::read()? {
+                    if k.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    let c = match k.code {
+                        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => 'q',
+                        KeyCode::Char(c) => c,
+                        KeyCode::Enter => '\n',
+                        KeyCode::Down => 'j',
+                        KeyCode::Up => 'k',
+                        KeyCode::Esc => 'q',
+                        _ => continue,
+                    };
+                    if view.key(c, &frame) == Action::Quit {
+                        return Ok(());
+                    }
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(f) => {
+                        let f = f?;
+                        if !view.paused {
+                            frame = f;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        return Err(TopError::Source("the measurements stopped".into()))
+                    }
+                }
+            }
+        }
+    })();
+    ratatui::restore();
+    result
+}
+
+#[cfg(test)]
+mod tests;
