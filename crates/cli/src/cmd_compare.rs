@@ -38,6 +38,10 @@ pub struct CompareArgs {
     /// Also write the normalized counts as an SVG bar chart (menon2005 Fig 4).
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// Replace the --svg FILE whatever regular file it is (never a device,
+    /// directory or one of the sessions).
+    #[arg(long, requires = "svg")]
+    pub force: bool,
     /// Class rules (TOML) for `--by class`.
     #[arg(long, value_name = "FILE")]
     pub classes: Option<PathBuf>,
@@ -91,8 +95,13 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     };
     let c = compare(&sessions, &opts)?;
     if let Some(p) = &args.svg {
-        std::fs::write(p, svg(&c))
-            .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", p.display()))?;
+        // Checked and written atomically; never over one of the sessions.
+        let inputs: Vec<&std::path::Path> = args.files.iter().map(PathBuf::as_path).collect();
+        vmscope_store::output::write_artifact(
+            p,
+            &vmscope_store::output::OutputOptions::new(args.force, &inputs),
+            svg(&c).as_bytes(),
+        )?;
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

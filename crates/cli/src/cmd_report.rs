@@ -1,6 +1,5 @@
 //! `vmscope report`: print a stored session.
 
-use anyhow::Context as _;
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,6 +7,7 @@ use std::process::ExitCode;
 use vmscope_report::{
     build, parse_fields, render, Classes, ReportError, ReportFormat, ReportOptions,
 };
+use vmscope_store::output::OutputOptions;
 use vmscope_store::{Field, Session};
 
 #[derive(Args, Debug)]
@@ -24,11 +24,12 @@ pub struct ReportArgs {
     /// Only this event (default: every event of the session, side by side).
     #[arg(short = 'e', long)]
     pub event: Option<String>,
-    /// Print at most N rows.
-    #[arg(short = 'n', long)]
+    /// Print at most N rows (N > 0; omit it for every row).
+    #[arg(short = 'n', long, value_parser = crate::args::rows, allow_negative_numbers = true)]
     pub limit: Option<usize>,
-    /// Drop rows below this percentage.
-    #[arg(long, default_value_t = 0.0)]
+    /// Drop rows below this percentage (0 to 100).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::percent,
+          allow_negative_numbers = true)]
     pub min_percent: f64,
     /// table, json, csv, collapsed (stacks for flame graph tools), flamegraph
     /// (SVG), pprof (gzipped profile.proto) or html (one self-contained page);
@@ -38,6 +39,10 @@ pub struct ReportArgs {
     /// Write to this file instead of standard output.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Replace -o FILE whatever regular file it is (never a device,
+    /// directory or the session read).
+    #[arg(long, requires = "output")]
+    pub force: bool,
     /// Print full image and source paths instead of file names.
     #[arg(long)]
     pub full_paths: bool,
@@ -84,14 +89,25 @@ pub struct ReportArgs {
     pub no_inline: bool,
 }
 
-/// Where output goes: a file (`-o`) or standard output.
-fn sink(output: Option<&PathBuf>) -> anyhow::Result<Box<dyn Write>> {
-    Ok(match output {
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("{}: cannot write", p.display()))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-    })
+/// Write `bytes` to `-o FILE` through the store's atomic artifact writer
+/// (the target checked, a temporary file renamed over it on success, so an
+/// error leaves no half-written file), else to standard output.
+fn emit(args: &ReportArgs, bytes: &[u8]) -> anyhow::Result<()> {
+    match &args.output {
+        Some(p) => {
+            vmscope_store::output::write_artifact(
+                p,
+                &OutputOptions::new(args.force, &[args.file.as_path()]),
+                bytes,
+            )?;
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(bytes)?;
+            out.flush()?;
+        }
+    }
+    Ok(())
 }
 
 fn spinner(what: &str) -> indicatif::ProgressBar {
@@ -108,9 +124,6 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         Some(s) => parse_fields(s)?,
         None => Vec::new(),
     };
-    if !(args.min_percent >= 0.0 && args.min_percent <= 100.0) {
-        anyhow::bail!("--min-percent must be between 0 and 100");
-    }
     if args.depth == 0 {
         anyhow::bail!("--depth must be at least 1");
     }
@@ -128,6 +141,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             );
         }
         filter.push((Field::Context, c.clone()));
+    }
+    let session = Session::open(&args.file)?;
+    if let Some(note) = vmscope_store::output::partial_note(&args.file) {
+        eprintln!("vmscope: note: {note}");
     }
     let view = match args.view.as_str() {
         "merged" => vmscope_store::View::Merged,
@@ -151,20 +168,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         })
         .into());
     }
-    let session = Session::open(&args.file)?;
+    // One check for every format (the pprof, flame graph and HTML writers
+    // included): the domains the view has, named.
     if let Some(d) = &args.domain {
-        let known: Vec<String> = session
-            .domains()?
-            .into_iter()
-            .map(|d| d.domain.name)
-            .collect();
-        if !known.contains(d) {
-            anyhow::bail!(
-                "--domain {d}: no such domain in {}; it has: {}",
-                args.file.display(),
-                known.join(", ")
-            );
-        }
+        vmscope_report::check_domain(&session, view, d)?;
     }
     let slice =
         vmscope_report::slice::resolve(&session, args.time.as_deref(), args.cpu.as_deref())?;
@@ -183,7 +190,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
 
     if let Some(domain) = &args.side_by_side {
         let v = vmscope_report::build_side_by_side(&session, domain, &opts)?;
-        let mut out = sink(args.output.as_ref())?;
+        let mut out = Vec::new();
         match format {
             ReportFormat::Json => {
                 serde_json::to_writer_pretty(&mut out, &v)?;
@@ -191,7 +198,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             }
             _ => vmscope_report::render_side_by_side(&v, &mut out)?,
         }
-        out.flush()?;
+        emit(&args, &out)?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(sym) = args.callers.as_ref().or(args.callees.as_ref()) {
@@ -214,9 +221,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
             g.omitted = g.paths.len().saturating_sub(n);
             g.paths.truncate(n);
         }
-        let mut out = sink(args.output.as_ref())?;
+        let mut out = Vec::new();
         vmscope_report::render_call_graph(&g, format, &mut out)?;
-        out.flush()?;
+        emit(&args, &out)?;
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -241,9 +248,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let mut out = sink(args.output.as_ref())?;
-    out.write_all(&buf)?;
-    out.flush()?;
+    emit(&args, &buf)?;
     if let (Some(p), true) = (&args.output, needs_file) {
         eprintln!("vmscope: wrote {} ({} bytes)", p.display(), buf.len());
     }

@@ -27,19 +27,23 @@ pub struct TopArgs {
     #[arg(short = 'b', long)]
     batch: bool,
     /// Intervals to print in batch mode (default: until interrupted).
-    #[arg(short = 'n', long)]
+    #[arg(short = 'n', long, value_parser = crate::args::intervals,
+          allow_negative_numbers = true)]
     count: Option<u64>,
     /// Batch output: text or one JSON document per line.
     #[arg(long, value_enum, default_value = "text")]
     format: TopFormat,
     /// Sampling frequency of the host and of active VMs' agents, Hz.
-    #[arg(short = 'F', long, default_value_t = 99)]
+    #[arg(short = 'F', long, default_value_t = 99, value_parser = crate::args::hertz,
+          allow_negative_numbers = true)]
     freq: u64,
     /// Intervals the function lists cover.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::window,
+          allow_negative_numbers = true)]
     window: usize,
     /// Functions listed per domain.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::rows,
+          allow_negative_numbers = true)]
     functions: usize,
     /// Role of a VM, NAME=active|passive|unmonitored (repeatable). Default:
     /// active where its agent answers.
@@ -59,7 +63,7 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
         frequency: a.freq,
         window: a.window,
         functions: a.functions,
-        roles: crate::cmd_record::vm_roles(&a.vm_roles)?,
+        roles: crate::args::vm_roles(&a.vm_roles)?,
     })
     .context("starting top")?;
     if !a.batch {

@@ -1,7 +1,9 @@
 //! The `vmscope` binary. Thin: each subcommand module turns its clap
 //! arguments into a library options struct and calls one library function.
-//! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
+//! Errors are printed as one line `vmscope: error: ...` and exit with code 2
+//! (128 + the signal's number for a command a signal interrupted).
 
+mod args;
 mod cmd_account;
 mod cmd_bench;
 mod cmd_compare;
@@ -15,6 +17,7 @@ mod cmd_serve;
 mod cmd_stat;
 mod cmd_top;
 mod cmd_vms;
+mod signals;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -94,8 +97,8 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("vmscope: error: {e:#}");
-            ExitCode::from(2)
+            eprintln!("vmscope: error: {}", error_line(&e));
+            ExitCode::from(exit_code(&e))
         }
     }
 }
@@ -124,6 +127,38 @@ fn agent_broker(args: Vec<std::ffi::OsString>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes on one line, each text once: errors that embed
+/// their source in their own message (thiserror's `{source}`) would
+/// otherwise print the OS error twice ("Read-only file system (os error 30):
+/// Read-only file system (os error 30)").
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// 2 for every error, 128 + the signal for an interrupted command.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    for c in e.chain() {
+        let signal = match (c.downcast_ref(), c.downcast_ref::<signals::Interrupted>()) {
+            (Some(vmscope_lab::LabError::Interrupted { signal, .. }), _) => *signal,
+            (_, Some(i)) => i.signal,
+            _ => continue,
+        };
+        return u8::try_from(128 + signal).unwrap_or(130);
+    }
+    2
 }
 
 /// `vmscope ... | head` must exit quietly.

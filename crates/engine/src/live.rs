@@ -6,7 +6,7 @@
 //! the agents' bookkeeping (busy time per VM and event, lost samples, lost
 //! agents), so every consumer scales guest rows the same way.
 
-use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
+use crate::guest::{arm_all, GuestDelta, GuestEvent, GuestPollers, GuestProfiler};
 use crate::plan::{arm_reason, SessionPlan, VmPlan};
 use crate::{Converter, ConverterStats, EngineError};
 use std::collections::HashMap;
@@ -60,6 +60,48 @@ pub struct AgentTotals {
     pub busy: HashMap<(Arc<str>, u32), (u64, u64)>,
     /// Samples each VM's agent lost.
     pub lost: HashMap<Arc<str>, u64>,
+}
+
+impl AgentTotals {
+    /// Count one agent delta of VM `domain` here and add its rows to
+    /// `rows`: what `record` stores and what the live view shows come from
+    /// this one place.
+    /// Rows are booked in `second` (since the session's start): the second
+    /// they arrive in, polled every 500 ms.
+    pub(crate) fn absorb(
+        &mut self,
+        domain: &Arc<str>,
+        delta: GuestDelta,
+        second: u32,
+        rows: &mut Profile,
+    ) {
+        *self.lost.entry(domain.clone()).or_default() += delta.lost;
+        for r in delta.rows {
+            // The guest's idle task is not host CPU: kept in the agent's
+            // rows, left out of the scale.
+            if r.process != "swapper" {
+                let b = self.busy.entry((domain.clone(), r.event)).or_default();
+                b.0 += r.period;
+                b.1 += r.samples;
+            }
+            rows.add(
+                AggKey {
+                    event: r.event,
+                    domain: domain.clone(),
+                    context: r.context,
+                    process: r.process.into(),
+                    image: r.image.into(),
+                    symbol: r.symbol.into(),
+                    stack: r.stack.into(),
+                    srcline: "".into(),
+                    second,
+                    cpu: r.cpu.unwrap_or(vmscope_model::UNKNOWN_SLICE),
+                },
+                r.samples,
+                r.period,
+            );
+        }
+    }
 }
 
 /// A running live session.
@@ -264,38 +306,9 @@ impl LiveSession {
     fn take_guest(&mut self, ev: GuestEvent) {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                *self.totals.lost.entry(domain.clone()).or_default() += delta.lost;
-                // Booked in the second they arrive in, as `record` does.
                 let second = u32::try_from(self.t0.elapsed().as_secs()).unwrap_or(u32::MAX - 1);
-                for r in delta.rows {
-                    // The guest's idle task is not host CPU: kept in the
-                    // agent's rows, left out of the scale.
-                    if r.process != "swapper" {
-                        let b = self
-                            .totals
-                            .busy
-                            .entry((domain.clone(), r.event))
-                            .or_default();
-                        b.0 += r.period;
-                        b.1 += r.samples;
-                    }
-                    self.agent_delta.add(
-                        AggKey {
-                            event: r.event,
-                            domain: domain.clone(),
-                            context: r.context,
-                            process: r.process.into(),
-                            image: r.image.into(),
-                            symbol: r.symbol.into(),
-                            stack: r.stack.into(),
-                            srcline: "".into(),
-                            second,
-                            cpu: r.cpu.unwrap_or(vmscope_model::UNKNOWN_SLICE),
-                        },
-                        r.samples,
-                        r.period,
-                    );
-                }
+                self.totals
+                    .absorb(&domain, delta, second, &mut self.agent_delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 self.lost_at.insert(domain.to_string(), at);

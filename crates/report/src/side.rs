@@ -123,6 +123,7 @@ pub fn build_side_by_side(
     domain: &str,
     opts: &ReportOptions,
 ) -> Result<SideBySide, ReportError> {
+    crate::check_domain(session, opts.view, domain)?;
     let events = session.events()?;
     let ev = crate::event_index(session, opts.event.as_deref())?;
     let total = session
