@@ -93,19 +93,16 @@ pub struct ReportArgs {
 /// (the target checked, a temporary file renamed over it on success, so an
 /// error leaves no half-written file), else to standard output.
 fn emit(args: &ReportArgs, bytes: &[u8]) -> anyhow::Result<()> {
-    match &args.output {
-        Some(p) => {
-            vmscope_store::output::write_artifact(
-                p,
-                &OutputOptions::new(args.force, &[args.file.as_path()]),
-                bytes,
-            )?;
-        }
-        None => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(bytes)?;
-            out.flush()?;
-        }
+    if let Some(p) = &args.output {
+        vmscope_store::output::write_artifact(
+            p,
+            &OutputOptions::new(args.force, &[args.file.as_path()]),
+            bytes,
+        )?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        out.flush()?;
     }
     Ok(())
 }

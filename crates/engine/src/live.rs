@@ -295,6 +295,18 @@ impl LiveSession {
         self.t0.elapsed()
     }
 
+    /// Build-ids (hex) of the files symbols came from so far, by path.
+    pub fn build_ids(&mut self) -> Vec<(String, String)> {
+        self.conv.symbolizer_mut().build_ids()
+    }
+
+    /// The VMs' domains as armed (role after the barrier) and their details.
+    pub fn domains(&self) -> Vec<(Domain, String)> {
+        let mut v: Vec<(Domain, String)> = self.vm_detail.values().cloned().collect();
+        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        v
+    }
+
     /// Symbolizer warnings so far, sorted and deduplicated.
     pub fn warnings(&mut self) -> Vec<String> {
         let mut w = self.conv.symbolizer_mut().warnings();
