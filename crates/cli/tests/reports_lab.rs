@@ -10,7 +10,10 @@
 //! - the HTML page of the session loads in headless Chromium without
 //!   console messages (VMSCOPE_SCREENSHOT=FILE keeps its screenshot: the
 //!   one in docs/ comes from here);
-//! - `--time` and `--cpu` slice it, and the slices add up.
+//! - `--time` and `--cpu` slice it, and the slices add up;
+//! - `vmscope serve --profile` answers `/debug/pprof/profile?seconds=5`
+//!   with the guest's functions under the VM's label (`go tool pprof` reads
+//!   the URL; the answer also decoded here), `/metrics` meanwhile.
 //!
 //! Skips with a printed reason without root, QEMU or the static agent.
 
@@ -117,7 +120,7 @@ fn reports_of_an_active_vm() {
         "--",
         "sh",
         "-c",
-        "/usr/bin/vmscope-agent demo -d 40 </dev/null >/dev/null 2>&1 &",
+        "/usr/bin/vmscope-agent demo -d 70 </dev/null >/dev/null 2>&1 &",
     ]);
     let db = tmp.path().join("lab.db");
     let rec = vmscope()
@@ -132,6 +135,9 @@ fn reports_of_an_active_vm() {
         "record: {}",
         String::from_utf8_lossy(&rec.stderr)
     );
+
+    // 0. The live endpoint: `serve --profile` while the guest works.
+    live_pprof_endpoint(&tmp.path().join("live.pb.gz"));
 
     // 1. Joined stacks: host → VM → vCPU → guest process → guest functions.
     let collapsed = String::from_utf8(report(&db, &["--format", "collapsed"]).stdout).unwrap();
@@ -333,4 +339,189 @@ fn reports_of_an_active_vm() {
     let tm = m["events"][0]["event_count"].as_u64().unwrap();
     let diff = (tm as f64 - ta as f64).abs() / ta as f64;
     assert!(diff < 0.01, "merged slice {tm} vs host slice {ta}");
+}
+
+/// Kills `vmscope serve` (SIGTERM, then SIGKILL) when dropped.
+struct Serve(std::process::Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        for _ in 0..50 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A GET over HTTP/1.0: status line and body.
+fn http_get(addr: &str, path: &str, limit: std::time::Duration) -> (String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)
+        .unwrap_or_else(|e| panic!("GET {path}: no answer within {limit:?}: {e}"));
+    let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let status = String::from_utf8_lossy(&out[..at])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    (status, out[at + 4..].to_vec())
+}
+
+fn live_pprof_endpoint(keep: &Path) {
+    use prost::Message;
+    use std::io::{BufRead, Read};
+    use std::time::{Duration, Instant};
+    let mut child = vmscope()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--profile",
+            "--profile-window",
+            "20",
+            "--vm",
+        ])
+        .arg(format!("{VM}=active"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let serve = Serve(child);
+    // "vmscope serve: http://ADDR/debug/pprof/profile?seconds=N" once the
+    // agents are armed and the rings run.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("serve: {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("serve --profile did not start");
+        if let Some(rest) = line.strip_prefix("vmscope serve: http://") {
+            if let Some(a) = rest.strip_suffix("/debug/pprof/profile?seconds=N") {
+                break a.to_string();
+            }
+        }
+    };
+    let (status, body) = http_get(
+        &addr,
+        "/debug/pprof/profile?seconds=x",
+        Duration::from_secs(2),
+    );
+    assert!(status.contains("400"), "{status}");
+    assert!(String::from_utf8_lossy(&body).contains("seconds=x"));
+    // The raw answer, taken while /metrics is scraped.
+    let a2 = addr.clone();
+    let taker = std::thread::spawn(move || {
+        http_get(
+            &a2,
+            "/debug/pprof/profile?seconds=5",
+            Duration::from_secs(20),
+        )
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    let (status, _) = http_get(&addr, "/metrics", Duration::from_secs(2));
+    assert!(
+        status.contains("200") && t.elapsed() < Duration::from_secs(2),
+        "{status}"
+    );
+    let (status, gz) = taker.join().unwrap();
+    assert!(status.contains("200"), "{status}");
+    std::fs::write(keep, &gz).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(gz.as_slice())
+        .read_to_end(&mut raw)
+        .unwrap();
+    let p = vmscope_report::pprof::Profile::decode(raw.as_slice()).unwrap();
+    let st = |i: i64| p.string_table[i as usize].as_str();
+    let fname: std::collections::HashMap<u64, &str> =
+        p.function.iter().map(|f| (f.id, st(f.name))).collect();
+    let leaf = |s: &vmscope_report::pprof::Sample| -> Vec<&str> {
+        let l = s.location_id.first().copied().unwrap_or(0);
+        p.location
+            .iter()
+            .filter(|x| x.id == l)
+            .flat_map(|x| {
+                x.line
+                    .iter()
+                    .map(|ln| fname.get(&ln.function_id).copied().unwrap_or(""))
+            })
+            .collect()
+    };
+    let label = |s: &vmscope_report::pprof::Sample, key: &str| -> Option<String> {
+        s.label.iter().find(|l| st(l.key) == key).map(|l| {
+            if l.str != 0 {
+                st(l.str).to_string()
+            } else {
+                l.num.to_string()
+            }
+        })
+    };
+    let guest: Vec<&vmscope_report::pprof::Sample> = p
+        .sample
+        .iter()
+        .filter(|s| leaf(s).contains(&"vmscope_demo_alpha"))
+        .collect();
+    assert!(
+        !guest.is_empty(),
+        "no sample of vmscope_demo_alpha in {} samples",
+        p.sample.len()
+    );
+    for s in &guest {
+        assert_eq!(label(s, "vm").as_deref(), Some(VM));
+        assert_eq!(label(s, "context").as_deref(), Some("guest-user"));
+        assert_eq!(label(s, "process").as_deref(), Some("vmscope-agent"));
+        assert_eq!(label(s, "vcpu").as_deref(), Some("0"));
+    }
+    assert!(p
+        .sample
+        .iter()
+        .any(|s| label(s, "vm").as_deref() == Some("host")));
+    // go tool pprof reads the URL itself, and -tagfocus keeps the VM.
+    if let Some(go) = go() {
+        let out = Command::new(&go)
+            .args([
+                "tool",
+                "pprof",
+                "-top",
+                "-nodefraction=0",
+                "-symbolize=none",
+                "-noinlines",
+            ])
+            .arg(format!("-tagfocus=vm={VM}"))
+            .arg(format!("http://{addr}/debug/pprof/profile?seconds=5"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("vmscope_demo_alpha"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "go tool pprof -top -tagfocus vm={VM} of the endpoint:\n{}",
+            text.lines().take(12).collect::<Vec<_>>().join("\n")
+        );
+    } else {
+        vmscope_testkit::skip("Go is not installed: go tool pprof on the endpoint unchecked");
+    }
+    drop(serve);
 }
