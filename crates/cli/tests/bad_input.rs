@@ -1353,6 +1353,13 @@ fn table() -> Vec<Row> {
             2,
             &["--shared-io 999999999: no such process"],
         ),
+        row(
+            "sv11",
+            "serve --profile --profile-window 0",
+            2,
+            &["must be a positive whole number of seconds"],
+        ),
+        row("sv12", "serve --profile-frequency 99", 2, &["--profile"]),
         // demo, vms
         row("d01", "demo -d 0", 2, &[positive_secs]),
         row(
