@@ -191,13 +191,18 @@ impl Rolling {
             let agent_now = session.agent_totals().busy.clone();
             let host_guest = host_now
                 .iter()
-                .map(|(k, v)| (k.clone(), v - prev_host.get(k).copied().unwrap_or(0)))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(prev_host.get(k).copied().unwrap_or(0)),
+                    )
+                })
                 .collect();
             let agent_busy = agent_now
                 .iter()
                 .map(|(k, (p, n))| {
                     let (pp, pn) = prev_agent.get(k).copied().unwrap_or((0, 0));
-                    (k.clone(), (p - pp, n - pn))
+                    (k.clone(), (p.saturating_sub(pp), n.saturating_sub(pn)))
                 })
                 .collect();
             let slice = Slice {
