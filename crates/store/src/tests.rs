@@ -302,6 +302,12 @@ fn slices_select_seconds_and_cpus_and_rescale_agents() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(1000),
+    }])
+    .unwrap();
     let k = |domain: &str, ctx: Context, sym: &str, second: u32, cpu: u32| AggKey {
         event: 0,
         domain: domain.into(),
