@@ -768,6 +768,33 @@ fn table() -> Vec<Row> {
         )
         .unchanged(&["blocked.db.partial"])
         .absent(&["blocked.db"]),
+        // record --overhead-budget: a share of the CPU, above 0 and below 100 %
+        row(
+            "b01",
+            "record -a -d 1 --overhead-budget 0 -o b01.db",
+            2,
+            &["--overhead-budget", "above 0 % and below 100 %"],
+        )
+        .absent(&["b01.db"]),
+        row(
+            "b02",
+            "record -a -d 1 --overhead-budget 100 -o b02.db",
+            2,
+            &["above 0 % and below 100 %"],
+        )
+        .absent(&["b02.db"]),
+        row(
+            "b03",
+            "record -a -d 1 --overhead-budget -1 -o b03.db",
+            2,
+            &["above 0 % and below 100 %"],
+        ),
+        row(
+            "b04",
+            "record -a -d 1 --overhead-budget lots -o b04.db",
+            2,
+            &["must be a percentage"],
+        ),
         // top: the numbers it takes
         row(
             "t01",

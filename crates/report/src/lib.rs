@@ -458,7 +458,15 @@ pub fn build(
         }
         .into(),
         scales,
-        intervals: intervals::summarize(&session.intervals(None)?),
+        // The profilers' own cost steps are shown in the header
+        // (`profiler_*` metadata), not as interval tables.
+        intervals: intervals::summarize(
+            &session
+                .intervals(None)?
+                .into_iter()
+                .filter(|r| r.kind != "profiler")
+                .collect::<Vec<_>>(),
+        ),
         file: session.path().display().to_string(),
         meta,
         domains,

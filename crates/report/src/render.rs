@@ -204,6 +204,13 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             v.push(format!("# agent     {vm}: {why}"));
         }
     }
+    // What profiling cost each domain (its own CPU and interrupts over the
+    // CPU it observed, the rate used, the budget).
+    for (k, line) in &r.meta {
+        if let Some(domain) = k.strip_prefix("profiler_") {
+            v.push(format!("# cost      {domain}: {line}"));
+        }
+    }
     if let Some(t) = slice_text(r) {
         v.push(format!(
             "# slice     {t} (whole seconds; agents' rows scaled to the guest time the host measured in the slice)"
