@@ -6,7 +6,9 @@
 //! [`Converter`] with an empty thread map, and keeps the rows aggregated
 //! until the host polls. Seen from inside the guest everything is "host"
 //! code; rows are renamed to the guest's contexts: user code is
-//! `guest-user`, kernel code and the idle task are `guest-kernel`.
+//! `guest-user`, kernel code and the idle task are `guest-kernel`. Rows
+//! are kept per guest CPU (`cpu`, the vCPU index), so the host can put a
+//! guest's stacks on their vCPU.
 //!
 //! The host drives the session: `profile_poll` takes what accumulated,
 //! `profile_stop` disables sampling and takes the rest (over several
@@ -128,6 +130,8 @@ struct RowKey {
     image: String,
     symbol: String,
     stack: String,
+    /// Guest CPU the samples ran on (the vCPU index).
+    cpu: u32,
 }
 
 /// Rows and counters accumulated since the last answer.
@@ -187,6 +191,7 @@ impl Pending {
                 image: clean(&k.image, MAX_IMAGE),
                 symbol: clean(&k.symbol, MAX_SYMBOL),
                 stack: clean_stack(&k.stack, MAX_STACK),
+                cpu: k.cpu,
             };
             let full = self.rows.len() >= MAX_PENDING_ROWS;
             match self.rows.get_mut(&key) {
@@ -224,6 +229,7 @@ impl Pending {
                 image: k.image,
                 symbol: k.symbol,
                 stack: k.stack,
+                cpu: (k.cpu != vmscope_model::UNKNOWN_SLICE).then_some(k.cpu),
                 samples,
                 period,
             });
@@ -496,6 +502,9 @@ mod tests {
             image: A::from("/bin/x"),
             symbol: A::from(sym),
             stack: A::from(stack),
+            srcline: A::from(""),
+            second: 0,
+            cpu: 0,
         }
     }
 
@@ -519,9 +528,31 @@ mod tests {
         assert_eq!(get("guest-user").samples, 3);
         let k = get("guest-kernel");
         assert_eq!((k.samples, k.period, k.symbol.as_str()), (3, 30, "k"));
+        assert!(rows.iter().all(|r| r.cpu == Some(0)));
         for r in &rows {
             r.validate().unwrap();
         }
+    }
+
+    #[test]
+    fn rows_are_split_by_guest_cpu() {
+        let mut p = Pending::default();
+        let mut d = Profile::new();
+        let mut on = |cpu: u32, n: u64| {
+            let mut k = key(Context::HostUser, "u", "");
+            k.cpu = cpu;
+            d.add(k, n, n * 10);
+        };
+        on(0, 2);
+        on(1, 5);
+        on(vmscope_model::UNKNOWN_SLICE, 1);
+        p.absorb(d);
+        let Response::ProfileData { mut rows, .. } = p.cut(true, None) else {
+            panic!()
+        };
+        rows.sort_by_key(|r| r.cpu);
+        let got: Vec<(Option<u32>, u64)> = rows.iter().map(|r| (r.cpu, r.samples)).collect();
+        assert_eq!(got, vec![(None, 1), (Some(0), 2), (Some(1), 5)]);
     }
 
     #[test]

@@ -113,6 +113,7 @@ fn scripted_agent(path: &Path, seen: Arc<Seen>, die: Arc<AtomicBool>) {
                                 stack: String::new(),
                                 samples: 1,
                                 period: 1000,
+                                cpu: Some(0),
                             }],
                             samples: 1,
                             lost: 0,

@@ -91,6 +91,7 @@ fn convert(delta: ProfileDelta) -> GuestDelta {
                 image: r.image,
                 symbol: r.symbol,
                 stack: r.stack,
+                cpu: r.cpu,
                 samples: r.samples,
                 period: r.period,
             })
@@ -246,6 +247,7 @@ mod tests {
                                     image: "/bin/app".into(),
                                     symbol: "work".into(),
                                     stack: String::new(),
+                                    cpu: Some(0),
                                     samples: 1,
                                     period: 1_000_000,
                                 }],

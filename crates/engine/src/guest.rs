@@ -23,6 +23,8 @@ pub struct GuestRow {
     pub image: String,
     pub symbol: String,
     pub stack: String,
+    /// Guest CPU (vCPU index), where the agent says.
+    pub cpu: Option<u32>,
     pub samples: u64,
     pub period: u64,
 }
@@ -241,6 +243,7 @@ mod tests {
                     image: "i".into(),
                     symbol: "s".into(),
                     stack: String::new(),
+                    cpu: None,
                     samples: 1,
                     period: 10,
                 }],

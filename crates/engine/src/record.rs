@@ -521,6 +521,8 @@ impl Run<'_, '_> {
             conv.push(r);
         }
         conv.set_origin(vmscope_linux::clock_monotonic_ns());
+        // The same origin for agents' rows: the second they arrive in.
+        let t_origin = Instant::now();
 
         // What profiling costs, from here (the interrupt level until
         // sampling starts is the host's own).
@@ -604,7 +606,10 @@ impl Run<'_, '_> {
         let t_enable = Instant::now();
         let mut pollers = (!active.is_empty())
             .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
-        let mut agents = AgentBook::default();
+        let mut agents = AgentBook {
+            t0: Some(t_origin),
+            ..AgentBook::default()
+        };
         if let Some(c) = self.child.as_mut() {
             c.release();
         }
@@ -702,6 +707,7 @@ impl Run<'_, '_> {
         all_warnings.sort();
         all_warnings.dedup();
         writer.set_meta("warnings", &all_warnings.join("\n"))?;
+        writer.set_build_ids(&conv.symbolizer_mut().build_ids())?;
         writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
         writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
         let stats = conv.stats().clone();
@@ -735,6 +741,8 @@ struct AgentBook {
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
     lost_at: HashMap<String, f64>,
+    /// Time origin of the session's seconds (the converter's).
+    t0: Option<Instant>,
 }
 
 impl AgentBook {
@@ -747,7 +755,12 @@ impl AgentBook {
     ) -> Result<(), EngineError> {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                self.totals.absorb(&domain, delta, &mut self.delta);
+                // Rows sampled since the previous poll (500 ms): booked in
+                // the second they arrive in.
+                let second = self.t0.map_or(0, |t| {
+                    u32::try_from(t.elapsed().as_secs()).unwrap_or(u32::MAX - 1)
+                });
+                self.totals.absorb(&domain, delta, second, &mut self.delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));

@@ -66,6 +66,9 @@ pub const MAX_PROCESS_NAME: usize = 256;
 pub const MAX_IMAGE: usize = MAX_STRING;
 /// Longest symbol in a profile row, in bytes.
 pub const MAX_SYMBOL: usize = MAX_STRING;
+/// Highest guest CPU number a profile row may carry, plus one (QEMU's
+/// largest vCPU count is 4096).
+pub const MAX_ROW_CPU: u32 = 16_384;
 /// Longest collapsed call stack in a profile row, in bytes.
 pub const MAX_STACK: usize = 64 * 1024;
 /// Largest slice of kallsyms text in one `kallsyms` message, in bytes.
@@ -135,6 +138,11 @@ pub struct ProfileRow {
     /// Collapsed call stack, root first, frames joined by `;`; empty without call chains.
     #[serde(default)]
     pub stack: String,
+    /// Guest CPU the samples ran on (the vCPU index). Added after protocol
+    /// 2 shipped: absent from older agents, and then the rows are not split
+    /// by CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
     /// Samples.
     pub samples: u64,
     /// Sum of the samples' periods (ns for clock events).
@@ -161,6 +169,9 @@ impl ProfileRow {
         check_str("row image", &self.image, MAX_IMAGE)?;
         check_str("row symbol", &self.symbol, MAX_SYMBOL)?;
         check_str("row stack", &self.stack, MAX_STACK)?;
+        if let Some(c) = self.cpu.filter(|c| *c >= MAX_ROW_CPU) {
+            return Err(format!("row cpu {c} outside 0..{MAX_ROW_CPU}"));
+        }
         Ok(())
     }
 }

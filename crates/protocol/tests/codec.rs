@@ -104,6 +104,7 @@ fn all_responses() -> Vec<Response> {
                 image: "/usr/bin/vmscope-agent".into(),
                 symbol: "vmscope_demo_alpha".into(),
                 stack: "main;worker;vmscope_demo_alpha".into(),
+                cpu: Some(1),
                 samples: 10,
                 period: 10_000_000,
             }],

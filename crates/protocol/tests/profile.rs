@@ -19,6 +19,7 @@ fn row(symbol: &str) -> ProfileRow {
         image: "/usr/bin/vmscope-agent".into(),
         symbol: symbol.into(),
         stack: String::new(),
+        cpu: Some(0),
         samples: 1,
         period: 1_000_000,
     }
@@ -404,4 +405,23 @@ fn client_kallsyms_reassembles_slices_and_checks_offsets() {
             Request::GetKallsyms { offset: 6 }
         ]
     );
+}
+
+#[test]
+fn row_cpu_is_optional_and_bounded() {
+    // An agent from before the field: the row decodes without a CPU.
+    let old: ProfileRow = serde_json::from_str(
+        r#"{"event":0,"context":"guest-user","process":"p","image":"/bin/p","symbol":"f","samples":1,"period":10}"#,
+    )
+    .unwrap();
+    assert_eq!(old.cpu, None);
+    old.validate().unwrap();
+    // Absent on the wire when not known; present when known.
+    let mut r = row("f");
+    r.cpu = None;
+    assert!(!serde_json::to_string(&r).unwrap().contains("\"cpu\""));
+    r.cpu = Some(3);
+    assert!(serde_json::to_string(&r).unwrap().contains("\"cpu\":3"));
+    r.cpu = Some(vmscope_protocol::MAX_ROW_CPU);
+    assert!(r.validate().unwrap_err().contains("row cpu"));
 }
