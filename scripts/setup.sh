@@ -24,7 +24,13 @@ PKGS=(
   tmux                # vmscope top is tested in a real terminal
   dpkg-dev lintian    # the .deb: dpkg-shlibdeps for its dependencies, lintian checks it
   man-db curl libcap2-bin  # package test: man -w, /metrics, capsh
+  chromium            # headless browser that loads `report --format html` in the tests
 )
+# `go tool pprof` reads `report --format pprof` in the tests: Debian's Go
+# where no Go is installed already.
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+  PKGS+=(golang-go)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

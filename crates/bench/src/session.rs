@@ -5,12 +5,34 @@
 use crate::row::Row;
 use crate::BenchError;
 use std::path::Path;
-use vmscope_store::{BenchSampleRow, SessionWriter};
+use vmscope_store::output::{OutputOptions, SessionOutput};
+use vmscope_store::BenchSampleRow;
 
-/// Creates (or replaces) the session at `path` and stores `rows`, with
-/// `meta` key/values (command, experiment) in its metadata.
-pub fn store_rows(path: &Path, rows: &[Row], meta: &[(&str, String)]) -> Result<(), BenchError> {
-    let w = SessionWriter::create(path)?;
+/// Check and lock the session output `path` before a benchmark starts (as
+/// `record -o` does: never a device, FIFO, directory or a file that is not
+/// a session unless `force`; one writer at a time), so a refused output
+/// fails before hours of measuring rather than after.
+pub fn prepare_output(
+    path: &Path,
+    force: bool,
+    command_line: &str,
+) -> Result<SessionOutput, BenchError> {
+    Ok(SessionOutput::prepare(
+        path,
+        &OutputOptions::new(force, &[]),
+        command_line,
+    )?)
+}
+
+/// Writes `rows` into the prepared session (as `FILE.partial`, renamed over
+/// `FILE` when complete), with `meta` key/values (command, experiment) in
+/// its metadata.
+pub fn store_rows(
+    mut output: SessionOutput,
+    rows: &[Row],
+    meta: &[(&str, String)],
+) -> Result<(), BenchError> {
+    let w = output.create_writer()?;
     for (k, v) in meta {
         w.set_meta(k, v)?;
     }
@@ -30,6 +52,6 @@ pub fn store_rows(path: &Path, rows: &[Row], meta: &[(&str, String)]) -> Result<
         })
         .collect();
     w.add_bench_samples(&out)?;
-    w.finish(true)?;
+    output.commit(w, true)?;
     Ok(())
 }

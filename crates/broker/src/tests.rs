@@ -113,12 +113,14 @@ fn scripted_agent(path: &Path, seen: Arc<Seen>, die: Arc<AtomicBool>) {
                                 stack: String::new(),
                                 samples: 1,
                                 period: 1000,
+                                cpu: Some(0),
                             }],
                             samples: 1,
                             lost: 0,
                             t_ns: 2,
                             more: false,
                             last,
+                            cost: None,
                         }
                     }
                     Request::CloseStream {} => {

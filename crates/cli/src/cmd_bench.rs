@@ -118,6 +118,10 @@ struct IoArgs {
     /// Also store every row in this session file (bench_samples table).
     #[arg(long, short = 'o', value_name = "FILE")]
     session: Option<PathBuf>,
+    /// Let -o replace a regular file that is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long, requires = "session")]
+    force: bool,
     /// Check giacobbi2011's findings on this machine (one yes/no line each); alone, a
     /// short run on the built-in storage-quad lab.
     #[arg(long)]
@@ -180,6 +184,10 @@ fn io(a: IoArgs) -> Result<ExitCode> {
         lab.cache_dir = d;
     }
     lab.hello_timeout = Duration::from_secs(a.hello_timeout);
+    // Ctrl-C, SIGTERM or SIGHUP stop the benchmark between samples (or the
+    // lab's start-up); a lab this run brought up is torn down on the way
+    // out, and the exit code is 128 + the signal.
+    lab.cancel = vmscope_lab::Cancel::from_flag(crate::signals::install());
     lab.verbose = !a.quiet;
     let opts = IoOptions {
         targets: a
@@ -219,6 +227,7 @@ fn io(a: IoArgs) -> Result<ExitCode> {
         },
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
+        force: a.force,
         check_paper: a.check_paper,
         force_destroy: a.force_destroy_data,
         account: !a.no_account,

@@ -47,6 +47,14 @@ pub struct RecordArgs {
     /// device, FIFO or directory).
     #[arg(long)]
     pub force: bool,
+    /// Keep profiling's cost within PCT % of the CPU each profiler observes
+    /// (the host recorder: the host's CPUs; each active VM's agent: the
+    /// guest's), lowering its sampling rate when it costs more (never below
+    /// 10 Hz, never above -F). The cost and rates used are in the report
+    /// header either way.
+    #[arg(long, value_name = "PCT", value_parser = vmscope_model::budget::parse_budget_pct,
+          allow_negative_numbers = true)]
+    pub overhead_budget: Option<f64>,
     /// Look up binaries under this directory instead of / (like perf --symfs).
     #[arg(long)]
     pub symfs: Option<PathBuf>,
@@ -171,6 +179,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         flush_interval: Duration::from_millis(500),
         meta: vec![(crate::VERSION_META_KEY.into(), crate::VERSION.into())],
         barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
+        overhead_budget: args.overhead_budget,
     };
     let rates: Vec<String> = events
         .iter()

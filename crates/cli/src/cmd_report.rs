@@ -4,12 +4,15 @@ use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vmscope_report::{build, parse_fields, render, ReportFormat, ReportOptions};
+use vmscope_report::{
+    build, parse_fields, render, Classes, ReportError, ReportFormat, ReportOptions,
+};
+use vmscope_store::output::OutputOptions;
 use vmscope_store::{Field, Session};
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,context     per-VM split\n  vmscope report --format collapsed | flamegraph.pl > cpu.svg\n\n% is the share of the event count (sum of sample periods), as perf reports it."
+    after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol,\nsrcline (source file:line where the binary has DWARF), cpu, class (function classes: net/core,\nbridge, netfilter, mm, block, sched, kvm, virtio, vhost, QEMU's devices and TCG, else the kernel\nsubsystem, module or binary; add rules with --classes FILE).\n\nColumns: samples as taken, the event count in its unit (CPU s for cpu-clock) and % of it, as perf\nreports it. In the merged view an active VM's guest rows are its agent's samples scaled to the guest\ntime the host measured: the event count adds up to the header's total, samples do not.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,class       function classes per domain\n  vmscope report --side-by-side web --by class   santos2006's class table of VM web\n  vmscope report --callers tcp_sendmsg   who calls it (needs record -g)\n  vmscope report --format flamegraph -o cpu.svg  the whole machine; --domain web for one VM\n  vmscope report --format pprof -o cpu.pb.gz     for go tool pprof, Parca, Pyroscope\n  vmscope report --format html -o report.html    one self-contained page\n  vmscope report --time 10s-20s --cpu 0,1        a slice of the session\n\nCollapsed stacks and flame graphs count the event (ns of CPU for cpu-clock); each stack starts at\nits domain, a VM's at its vCPU and guest process: host -> VM -> vCPU -> process -> functions."
 )]
 pub struct ReportArgs {
     /// Session file.
@@ -28,10 +31,19 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 0.0, value_parser = crate::args::percent,
           allow_negative_numbers = true)]
     pub min_percent: f64,
-    /// table, json, csv, or collapsed (stacks for flame graphs).
+    /// table, json, csv, collapsed (stacks for flame graph tools), flamegraph
+    /// (SVG), pprof (gzipped profile.proto) or html (one self-contained page);
+    /// flamegraph, pprof and html need -o.
     #[arg(short = 'f', long, default_value = "table")]
     pub format: String,
-    /// Print full image paths instead of file names.
+    /// Write to this file instead of standard output.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Replace -o FILE whatever regular file it is (never a device,
+    /// directory or the session read).
+    #[arg(long, requires = "output")]
+    pub force: bool,
+    /// Print full image and source paths instead of file names.
     #[arg(long)]
     pub full_paths: bool,
     /// Only this domain (host or a VM name).
@@ -47,9 +59,60 @@ pub struct ReportArgs {
     pub view: String,
     /// santos2006's view of one domain: its kernel and the VMM working in its
     /// context, side by side (samples, % of all samples, other, TOTAL);
-    /// groups by --by (default symbol; `--by image` gives module classes).
+    /// groups by --by (default symbol; `--by class` gives the class table).
     #[arg(long, value_name = "DOMAIN")]
     pub side_by_side: Option<String>,
+    /// Class rules (TOML) used before the built-in ones for `--by class`.
+    #[arg(long, value_name = "FILE")]
+    pub classes: Option<PathBuf>,
+    /// Call paths that lead to this function (nearest caller first); needs a
+    /// session recorded with -g.
+    #[arg(long, value_name = "SYMBOL", conflicts_with = "callees")]
+    pub callers: Option<String>,
+    /// Call paths below this function (direct callee first); needs -g.
+    #[arg(long, value_name = "SYMBOL")]
+    pub callees: Option<String>,
+    /// Frames shown per path of --callers / --callees.
+    #[arg(long, default_value_t = 6)]
+    pub depth: usize,
+    /// Only these seconds since the session's start: START-END (10s-20s,
+    /// 10-20, 30s-, -5s); whole seconds.
+    #[arg(long, value_name = "START-END")]
+    pub time: Option<String>,
+    /// Only samples that ran on these host CPUs (0,1 or 0-3). Agents' rows
+    /// are scaled to the guest time the host measured on them.
+    #[arg(long, value_name = "CPUS")]
+    pub cpu: Option<String>,
+    /// Leave functions inlined into their callers (from DWARF) out of call
+    /// stacks, as perf's --no-inline.
+    #[arg(long)]
+    pub no_inline: bool,
+}
+
+/// Write `bytes` to `-o FILE` through the store's atomic artifact writer
+/// (the target checked, a temporary file renamed over it on success, so an
+/// error leaves no half-written file), else to standard output.
+fn emit(args: &ReportArgs, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(p) = &args.output {
+        vmscope_store::output::write_artifact(
+            p,
+            &OutputOptions::new(args.force, &[args.file.as_path()]),
+            bytes,
+        )?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn spinner(what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
@@ -58,6 +121,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         Some(s) => parse_fields(s)?,
         None => Vec::new(),
     };
+    if args.depth == 0 {
+        anyhow::bail!("--depth must be at least 1");
+    }
     let mut filter = Vec::new();
     if let Some(d) = &args.domain {
         filter.push((Field::Domain, d.clone()));
@@ -83,27 +149,29 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         "agent" => vmscope_store::View::Agent,
         v => anyhow::bail!("unknown view '{v}'; views: merged, host, agent"),
     };
-    if let Some(domain) = &args.side_by_side {
-        let v = vmscope_report::build_side_by_side(
-            &session,
-            domain,
-            args.event.as_deref(),
-            &by,
-            args.limit.unwrap_or(10),
-            view,
-        )?;
-        let stdout = std::io::stdout();
-        let mut out = std::io::BufWriter::new(stdout.lock());
-        match format {
-            ReportFormat::Json => {
-                serde_json::to_writer_pretty(&mut out, &v)?;
-                writeln!(out)?;
-            }
-            _ => vmscope_report::render_side_by_side(&v, &mut out)?,
-        }
-        out.flush()?;
-        return Ok(ExitCode::SUCCESS);
+    let classes = match &args.classes {
+        Some(p) => Classes::from_file(p)?,
+        None => Classes::builtin(),
+    };
+    let needs_file = matches!(
+        format,
+        ReportFormat::Flamegraph | ReportFormat::Pprof | ReportFormat::Html
+    );
+    if needs_file && args.output.is_none() {
+        return Err(ReportError::NeedsOutput(match format {
+            ReportFormat::Flamegraph => "flamegraph",
+            ReportFormat::Pprof => "pprof",
+            _ => "html",
+        })
+        .into());
     }
+    // One check for every format (the pprof, flame graph and HTML writers
+    // included): the domains the view has, named.
+    if let Some(d) = &args.domain {
+        vmscope_report::check_domain(&session, view, d)?;
+    }
+    let slice =
+        vmscope_report::slice::resolve(&session, args.time.as_deref(), args.cpu.as_deref())?;
     let opts = ReportOptions {
         by,
         event: args.event.clone(),
@@ -112,11 +180,74 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         full_paths: args.full_paths,
         filter,
         view,
+        slice,
+        classes,
+        inline: !args.no_inline,
     };
-    let report = build(&session, &opts, format == ReportFormat::Collapsed)?;
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    render(&report, format, &mut out)?;
-    out.flush()?;
+
+    if let Some(domain) = &args.side_by_side {
+        let v = vmscope_report::build_side_by_side(&session, domain, &opts)?;
+        let mut out = Vec::new();
+        match format {
+            ReportFormat::Json => {
+                serde_json::to_writer_pretty(&mut out, &v)?;
+                writeln!(out)?;
+            }
+            _ => vmscope_report::render_side_by_side(&v, &mut out)?,
+        }
+        emit(&args, &out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(sym) = args.callers.as_ref().or(args.callees.as_ref()) {
+        let ev = vmscope_report::event_index(&session, opts.event.as_deref())?;
+        let rows = vmscope_report::filtered_rows(&session, &opts, ev)?;
+        let total = session
+            .totals_in(opts.view, &opts.slice)?
+            .get(&ev)
+            .map_or(0, |t| t.1);
+        let event = session.events()?[ev as usize].name.clone();
+        let mut g = vmscope_report::stacks::call_graph(
+            &rows,
+            sym,
+            args.callers.is_some(),
+            &event,
+            total,
+            args.depth,
+        )?;
+        if let Some(n) = opts.limit {
+            g.omitted = g.paths.len().saturating_sub(n);
+            g.paths.truncate(n);
+        }
+        let mut out = Vec::new();
+        vmscope_report::render_call_graph(&g, format, &mut out)?;
+        emit(&args, &out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    // Built in memory first: an error leaves no half-written file behind.
+    let pb = needs_file.then(|| spinner(&format!("writing the {} report", args.format)));
+    let mut buf: Vec<u8> = Vec::new();
+    match format {
+        ReportFormat::Pprof => {
+            let p = vmscope_report::pprof::build(&session, &opts)?;
+            vmscope_report::pprof::write(&p, &mut buf)?;
+        }
+        ReportFormat::Html => vmscope_report::html::write(&session, &opts, &mut buf)?,
+        ReportFormat::Flamegraph => {
+            let report = build(&session, &opts, true)?;
+            vmscope_report::flame::write(&report, &mut buf)?;
+        }
+        _ => {
+            let report = build(&session, &opts, format == ReportFormat::Collapsed)?;
+            render(&report, format, &mut buf)?;
+        }
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    emit(&args, &buf)?;
+    if let (Some(p), true) = (&args.output, needs_file) {
+        eprintln!("vmscope: wrote {} ({} bytes)", p.display(), buf.len());
+    }
     Ok(ExitCode::SUCCESS)
 }

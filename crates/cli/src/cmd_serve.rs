@@ -1,5 +1,5 @@
-//! `vmscope serve`: Prometheus metrics of every VM on this host
-//! (`vmscope_serve`).
+//! `vmscope serve`: Prometheus metrics of every VM on this host, and with
+//! `--profile` a rolling pprof endpoint (`vmscope_serve`).
 
 use anyhow::Result;
 use clap::Args;
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 #[derive(Args)]
 #[command(
-    after_help = "Endpoints:\n  /metrics   OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n\nExample:\n  vmscope serve --listen 127.0.0.1:9464 --per-cpu\n  curl -s http://127.0.0.1:9464/metrics | grep vmscope_vcpu_run"
+    after_help = "Endpoints:\n  /metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\nExamples:\n  vmscope serve --listen 127.0.0.1:9464 --per-cpu\n  curl -s http://127.0.0.1:9464/metrics | grep vmscope_vcpu_run\n  vmscope serve --profile\n  go tool pprof -top -tagfocus vm=web 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'"
 )]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
@@ -20,16 +20,56 @@ pub struct ServeArgs {
     #[arg(long = "shared-io", value_name = "PID", value_parser = crate::args::pid,
           allow_negative_numbers = true)]
     shared_io: Vec<u32>,
+    /// Keep a rolling recording of the host and its active VMs (cpu-clock)
+    /// and answer /debug/pprof/profile?seconds=N with a pprof of it.
+    #[arg(long)]
+    profile: bool,
+    /// Sampling frequency of the rolling recording (host and agents), Hz.
+    #[arg(long, default_value_t = 99, value_parser = crate::args::hertz,
+          allow_negative_numbers = true, requires = "profile")]
+    profile_frequency: u64,
+    /// Seconds the rolling recording keeps: the largest seconds=N served.
+    #[arg(long, default_value_t = 60, value_parser = crate::args::whole_seconds,
+          allow_negative_numbers = true, requires = "profile")]
+    profile_window: u64,
+    /// Leave call stacks out of the rolling recording (less overhead; each
+    /// sample is then its function alone).
+    #[arg(long, requires = "profile")]
+    profile_no_stacks: bool,
+    /// Role of a VM in the rolling recording, NAME=active|passive|unmonitored
+    /// (repeatable). Default: active where its agent answers.
+    #[arg(long = "vm", value_name = "NAME=ROLE", requires = "profile")]
+    vm_roles: Vec<String>,
 }
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
     crate::args::check_pids("--shared-io", &a.shared_io)?;
+    let profile = if a.profile {
+        Some(vmscope_serve::profile::ProfileOptions {
+            frequency: a.profile_frequency,
+            callchain: !a.profile_no_stacks,
+            window: u32::try_from(a.profile_window).map_err(|_| {
+                anyhow::anyhow!("--profile-window {}: too many seconds", a.profile_window)
+            })?,
+            roles: crate::args::vm_roles(&a.vm_roles)?,
+        })
+    } else {
+        None
+    };
+    let profiling = profile.is_some();
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
         listen: a.listen,
         per_cpu: a.per_cpu,
         shared_io: a.shared_io,
+        profile,
     })?;
     eprintln!("vmscope serve: http://{}/metrics", server.local_addr());
+    if profiling {
+        eprintln!(
+            "vmscope serve: http://{}/debug/pprof/profile?seconds=N",
+            server.local_addr()
+        );
+    }
     // Ctrl-C, SIGTERM (systemctl stop) and SIGHUP end it with exit code 0
     // after the request in hand.
     crate::signals::install();

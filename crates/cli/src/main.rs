@@ -6,6 +6,7 @@
 mod args;
 mod cmd_account;
 mod cmd_bench;
+mod cmd_compare;
 mod cmd_demo;
 mod cmd_generate;
 mod cmd_import;
@@ -43,6 +44,8 @@ enum Command {
     Record(cmd_record::RecordArgs),
     /// Print where the CPU went, from a session file.
     Report(cmd_report::ReportArgs),
+    /// Compare sessions of several configurations against a base (event ratios, deltas).
+    Compare(cmd_compare::CompareArgs),
     /// Turn a perf.data file into a session.
     Import(cmd_import::ImportArgs),
     /// Run the built-in demo workload (three functions at 50/30/20 % of its CPU).
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(a) => cmd_record::run(a),
         Command::Report(a) => cmd_report::run(a),
+        Command::Compare(a) => cmd_compare::run(a),
         Command::Import(a) => cmd_import::run(a),
         Command::Demo(a) => cmd_demo::run(a),
         Command::Lab(a) => cmd_lab::run(a),
@@ -147,7 +151,15 @@ fn error_line(e: &anyhow::Error) -> String {
 /// 2 for every error, 128 + the signal for an interrupted command.
 fn exit_code(e: &anyhow::Error) -> u8 {
     for c in e.chain() {
-        let signal = match (c.downcast_ref(), c.downcast_ref::<signals::Interrupted>()) {
+        // A lab error inside a benchmark's error is transparent: look
+        // through it.
+        let lab = c.downcast_ref::<vmscope_lab::LabError>().or_else(|| {
+            match c.downcast_ref::<vmscope_bench::BenchError>() {
+                Some(vmscope_bench::BenchError::Lab(l)) => Some(l),
+                _ => None,
+            }
+        });
+        let signal = match (lab, c.downcast_ref::<signals::Interrupted>()) {
             (Some(vmscope_lab::LabError::Interrupted { signal, .. }), _) => *signal,
             (_, Some(i)) => i.signal,
             _ => continue,

@@ -225,6 +225,161 @@ fn bad_report_arguments() {
     fails_clearly(&out, &["unknown format 'xml'"]);
 }
 
+mod sessions;
+
+fn report(db: &Path, args: &[&str]) -> Output {
+    vmscope().arg("report").arg(db).args(args).output().unwrap()
+}
+
+#[test]
+fn flame_graph_and_callers_without_call_stacks_say_what_record_g_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flat.db");
+    sessions::flat_session(&db, "cpu-clock");
+    let svg = dir.path().join("f.svg");
+    let out = report(
+        &db,
+        &["--format", "flamegraph", "-o", svg.to_str().unwrap()],
+    );
+    fails_clearly(
+        &out,
+        &["needs call stacks", "record -g", "each sample's stack"],
+    );
+    assert!(!svg.exists(), "no file may be left behind");
+    let out = report(&db, &["--callers", "alpha"]);
+    fails_clearly(&out, &["--callers needs call stacks", "-g"]);
+    // File formats need -o.
+    for f in ["flamegraph", "pprof", "html"] {
+        let out = report(&db, &["--format", f]);
+        fails_clearly(&out, &[f, "give -o FILE"]);
+    }
+    let g = dir.path().join("g.db");
+    sessions::coordinated_session(&g, 0);
+    let out = report(&g, &["--callers", "no_such_function"]);
+    fails_clearly(&out, &["'no_such_function'", "--by symbol"]);
+}
+
+#[test]
+fn compare_of_sessions_with_different_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.db");
+    let b = dir.path().join("b.db");
+    sessions::flat_session(&a, "cpu-clock");
+    sessions::flat_session(&b, "instructions");
+    let out = vmscope().arg("compare").arg(&a).arg(&b).output().unwrap();
+    fails_clearly(
+        &out,
+        &[
+            "no event in common",
+            "has cpu-clock",
+            "has instructions",
+            "same -e events",
+        ],
+    );
+    // Some events in common: those are compared, the rest named.
+    let c = dir.path().join("c.db");
+    sessions::coordinated_session(&c, 0);
+    let out = vmscope().arg("compare").arg(&c).arg(&a).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("# not compared: page-faults: recorded in") && text.contains("cpu-clock"),
+        "{text}"
+    );
+    let out = vmscope()
+        .arg("compare")
+        .arg(&c)
+        .arg(&a)
+        .args(["--throughput", "1,2,3"])
+        .output()
+        .unwrap();
+    fails_clearly(&out, &["--throughput has 3 values for 2 sessions"]);
+    let out = vmscope().arg("compare").arg(&c).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "one session is not a comparison"
+    );
+}
+
+#[test]
+fn class_rules_with_errors_name_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    sessions::flat_session(&db, "cpu-clock");
+    let rules = dir.path().join("classes.toml");
+    for (text, want) in [
+        (
+            "[[rule]]\nclass = \"x\"\nsymbol = \"^(unclosed\"\n",
+            &[
+                "classes.toml:3:10:",
+                "'symbol' is not a valid regular expression",
+            ][..],
+        ),
+        (
+            "[[rule]]\nclass = \"x\"\nsymbl = \"a\"\n",
+            &["classes.toml:3:1:", "symbl"][..],
+        ),
+        (
+            "[[rule]]\nclass = \"x\"\nsymbol = \"a\"\ncontext = [\"kernal\"]\n",
+            &["classes.toml:4:12:", "unknown context 'kernal'"][..],
+        ),
+        (
+            "[[rule]]\nclass = \"x\nsymbol = \"a\"\n",
+            &["classes.toml:2:"][..],
+        ),
+    ] {
+        std::fs::write(&rules, text).unwrap();
+        let out = report(
+            &db,
+            &["--by", "class", "--classes", rules.to_str().unwrap()],
+        );
+        fails_clearly(&out, want);
+    }
+    let out = report(&db, &["--by", "class", "--classes", "/nonexistent/c.toml"]);
+    fails_clearly(&out, &["/nonexistent/c.toml", "cannot read"]);
+}
+
+#[test]
+fn time_and_cpu_slices_outside_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    sessions::flat_session(&db, "cpu-clock");
+    let out = report(&db, &["--time", "100s-200s"]);
+    fails_clearly(
+        &out,
+        &["--time 100s-200s", "after the session ends", "0 s to 3.0 s"],
+    );
+    let out = report(&db, &["--time", "20s-10s"]);
+    fails_clearly(&out, &["not after the start"]);
+    let out = report(&db, &["--time", "soon"]);
+    fails_clearly(&out, &["--time soon", "START-END"]);
+    let out = report(&db, &["--cpu", "7"]);
+    fails_clearly(&out, &["--cpu 7", "CPU 7 is not in this session", "0-1"]);
+    let out = report(&db, &["--cpu", "x"]);
+    fails_clearly(&out, &["--cpu x", "not a CPU number"]);
+    // A session from before time and CPU were kept says so.
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute("DELETE FROM meta WHERE key = 'created_schema'", [])
+        .unwrap();
+    drop(c);
+    let out = report(&db, &["--time", "0-1"]);
+    fails_clearly(
+        &out,
+        &[
+            "--time cannot slice this session",
+            "schema 2",
+            "record or import it again",
+        ],
+    );
+    let out = report(&db, &["--cpu", "0"]);
+    fails_clearly(&out, &["--cpu cannot slice this session"]);
+}
+
 // ---------------------------------------------------------------------------
 // Issue 11: the fault table. Every row of the bad-input sweep
 // (../shared/reliability/bad-input-sweep.md) that was UNCLEAR, DATA LOSS,
@@ -613,6 +768,48 @@ fn table() -> Vec<Row> {
         )
         .unchanged(&["blocked.db.partial"])
         .absent(&["blocked.db"]),
+        // record --overhead-budget: a share of the CPU, above 0 and below 100 %
+        row(
+            "b01",
+            "record -a -d 1 --overhead-budget 0 -o b01.db",
+            2,
+            &["--overhead-budget", "above 0 % and below 100 %"],
+        )
+        .absent(&["b01.db"]),
+        row(
+            "b02",
+            "record -a -d 1 --overhead-budget 100 -o b02.db",
+            2,
+            &["above 0 % and below 100 %"],
+        )
+        .absent(&["b02.db"]),
+        row(
+            "b03",
+            "record -a -d 1 --overhead-budget -1 -o b03.db",
+            2,
+            &["above 0 % and below 100 %"],
+        ),
+        row(
+            "b04",
+            "record -a -d 1 --overhead-budget lots -o b04.db",
+            2,
+            &["must be a percentage"],
+        ),
+        // bench io -o: checked before anything runs
+        row(
+            "bo1",
+            "bench io --target host:/var/tmp/x.img --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"]),
+        row(
+            "bo2",
+            "bench io --target host:/var/tmp/x.img --quiet -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .unchanged(&["/dev/null"]),
         // top: the numbers it takes
         row(
             "t01",
@@ -925,6 +1122,40 @@ fn table() -> Vec<Row> {
             2,
             &["no domain 'nosuch'", "it has: host"],
         ),
+        // report -o and compare --svg: through the atomic artifact writer
+        row(
+            "b30",
+            "report good.db --format pprof -o good.db",
+            2,
+            &["good.db is also this command's input"],
+        )
+        .unchanged(&["good.db"]),
+        row(
+            "b31",
+            "report good.db --format html -o perf1.data",
+            2,
+            &["perf1.data is a perf.data file", "--force"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "b32",
+            "report good.db --format flamegraph -o /dev/null",
+            2,
+            &["vmscope writes only regular files"],
+        ),
+        row(
+            "b33",
+            "report good.db --format collapsed -o notes2.txt --force",
+            0,
+            &[],
+        ),
+        row(
+            "b34",
+            "compare good.db good.db --svg good.db",
+            2,
+            &["good.db is also this command's input"],
+        )
+        .unchanged(&["good.db"]),
         row("b23", "report good.db --context guest-kernel", 0, &[]).stdout(&[
             "no row has context 'guest-kernel'",
             "contexts with samples: host-kernel",
@@ -1164,6 +1395,13 @@ fn table() -> Vec<Row> {
             2,
             &["--shared-io 999999999: no such process"],
         ),
+        row(
+            "sv11",
+            "serve --profile --profile-window 0",
+            2,
+            &["must be a positive whole number of seconds"],
+        ),
+        row("sv12", "serve --profile-frequency 99", 2, &["--profile"]),
         // demo, vms
         row("d01", "demo -d 0", 2, &[positive_secs]),
         row(

@@ -859,3 +859,46 @@ optional = true
     assert!(h["failed"].is_null(), "{h}");
     assert_eq!(h["n"], 5, "the host's points went on: {h}");
 }
+
+/// SIGTERM in the middle of a sweep stops it between samples: exit code
+/// 128 + 15, one line saying it was interrupted, no session written (the
+/// same stop tears down a lab the run brought up: the lab is dropped on
+/// the way out).
+#[test]
+fn sigterm_stops_a_sweep_between_samples() {
+    let _one = serial();
+    if !is_root() {
+        vmscope_testkit::skip("bench io drops caches before every sample: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = file_of(dir.path(), "host.img", 8 << 20, b"");
+    let target = format!("host:{}", img.display());
+    let db = dir.path().join("io.db");
+    // Many small samples: a sweep that would run for minutes.
+    let child = bench(&[
+        "--target",
+        &target,
+        "--bs",
+        "512..1M",
+        "--size",
+        "8M",
+        "--repeat",
+        "20",
+        "-o",
+        db.to_str().unwrap(),
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 15), "stderr: {err}");
+    assert!(err.contains("interrupted by SIGTERM"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!db.exists(), "a session was written by an interrupted run");
+}

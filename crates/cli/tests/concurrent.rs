@@ -291,6 +291,53 @@ fn every_tool_on_one_vm_at_once() {
     assert_eq!(syms.first(), Some(&"vmscope_demo_alpha"), "{syms:?}");
     top_in_tmux();
 
+    // The merged profile at a low guest rate: 100 Hz for 10 s, under a
+    // budget the agent meets (50 %). The shares stay near the truth (within
+    // 2 points, or 3 standard errors of a binomial share when the sample
+    // count makes 2 points less than that), and the header says what
+    // profiling cost the VM and at which rate.
+    let db5 = tmp.path().join("r5.db");
+    let r5 = Command::new(VMSCOPE)
+        .args([
+            "record",
+            "-a",
+            "-F",
+            "100",
+            "-d",
+            "10",
+            "--overhead-budget",
+            "50",
+            "-o",
+        ])
+        .arg(&db5)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let e5 = finish(r5, "recording at 100 Hz");
+    let counts = demo(&db5, "conc0");
+    let n: u64 = counts.iter().sum();
+    assert!(n > 0, "no demo samples at 100 Hz\n{e5}");
+    for (i, truth) in [50.0, 30.0, 20.0].into_iter().enumerate() {
+        let share = 100.0 * counts[i] as f64 / n as f64;
+        let p = truth / 100.0;
+        let tol = (3.0 * 100.0 * (p * (1.0 - p) / n as f64).sqrt()).max(2.0);
+        eprintln!("100 Hz: share {share:.1} % (truth {truth} %, {n} samples, tolerance {tol:.1})");
+        assert!(
+            (share - truth).abs() <= tol,
+            "100 Hz: share {share:.1} vs {truth} (n {n}, tolerance {tol:.1}): {counts:?}"
+        );
+    }
+    let meta = &common::report_json(&db5, &[])["meta"];
+    let cost = meta["profiler_conc0"].as_str().unwrap_or_default();
+    assert!(
+        cost.contains("100 Hz") && cost.contains("budget 50 %"),
+        "{meta}"
+    );
+    let host = meta["profiler_host"].as_str().unwrap_or_default();
+    assert!(host.contains("100 Hz"), "{meta}");
+
     let cp = cp.wait_with_output().unwrap();
     assert!(
         cp.status.success(),

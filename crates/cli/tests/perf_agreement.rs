@@ -164,17 +164,49 @@ fn call_stacks_reach_the_demo_functions() {
             .arg(bin())
             .args(["demo", "-d", "1"]),
     );
-    let out = run_ok(
-        vmscope()
-            .arg("report")
-            .arg(&db)
-            .args(["--format", "collapsed"]),
-    );
+    // The frames the unwinder walked, as perf shows them with --no-inline.
+    let out =
+        run_ok(
+            vmscope()
+                .arg("report")
+                .arg(&db)
+                .args(["--format", "collapsed", "--no-inline"]),
+        );
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
         .find(|l| l.contains("vmscope_demo_alpha"))
         .unwrap_or_else(|| panic!("no stack through vmscope_demo_alpha:\n{text}"));
+    // With inline frames (vmscope carries DWARF line tables), the functions
+    // inlined into the demo function sit above it, marked `_[i]`; the real
+    // frames are the same.
+    let with_inline = run_ok(
+        vmscope()
+            .arg("report")
+            .arg(&db)
+            .args(["--format", "collapsed"]),
+    );
+    let inl = String::from_utf8_lossy(&with_inline.stdout);
+    assert!(
+        inl.lines()
+            .any(|l| l.contains(";vmscope_demo_alpha;") && l.contains("_[i]")),
+        "no inlined frame above vmscope_demo_alpha:\n{inl}"
+    );
+    let real = |l: &str| -> String {
+        let (frames, n) = l.rsplit_once(' ').unwrap();
+        let kept: Vec<&str> = frames.split(';').filter(|f| !f.ends_with("_[i]")).collect();
+        format!("{} {n}", kept.join(";"))
+    };
+    let mut a: Vec<String> = inl.lines().map(real).collect();
+    let mut b: Vec<String> = text.lines().map(str::to_string).collect();
+    a.sort();
+    b.sort();
+    let total = |v: &[String]| -> u64 {
+        v.iter()
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(total(&a), total(&b), "inline frames changed the counts");
     // Root first, leaf last, with callers above the demo function. (A leaf
     // function without its own frame hides its direct caller from any
     // frame-pointer unwinder, perf's included, so either caller may show.)

@@ -32,6 +32,7 @@ struct BatchKey {
     mode: CpuMode,
     ip: u64,
     second: u64,
+    cpu: u32,
     chain: Vec<(CpuMode, u64)>,
 }
 
@@ -180,6 +181,7 @@ impl Converter {
                         mode: s.mode,
                         ip: s.ip,
                         second: s.time.saturating_sub(origin) / 1_000_000_000,
+                        cpu: s.cpu,
                         chain: s.callchain.clone(),
                     };
                     let period = s.period.max(1);
@@ -243,6 +245,9 @@ impl Converter {
                 image: label.clone(),
                 symbol: label,
                 stack: "".into(),
+                srcline: "".into(),
+                second,
+                cpu: s.cpu,
             };
             self.delta.add(key, n, period);
             return;
@@ -262,6 +267,11 @@ impl Converter {
                 };
                 let f = self.procs.normalize(s.pid, addr, mode);
                 let r = self.resolve(&attr.domain, &f);
+                // Functions inlined at this address go above it (leaf first
+                // here, reversed below).
+                if let Some(inl) = &r.inlined {
+                    self.frame_text.extend(inl.iter().rev().cloned());
+                }
                 self.frame_text.push(r.symbol);
             }
             let mut text = String::with_capacity(self.frame_text.len() * 24);
@@ -297,6 +307,9 @@ impl Converter {
             image: resolved.image,
             symbol: resolved.symbol,
             stack,
+            srcline: resolved.srcline,
+            second,
+            cpu: s.cpu,
         };
         self.delta.add(key, n, period);
     }

@@ -202,6 +202,7 @@ fn import_into(
             detail: String::new(),
         })?;
     }
+    writer.set_build_ids(&conv.symbolizer_mut().build_ids())?;
     Ok(ImportSummary {
         output: PathBuf::new(),
         samples: stats.samples,

@@ -9,6 +9,8 @@
 pub mod agent;
 mod convert;
 #[cfg(feature = "host")]
+mod cost;
+#[cfg(feature = "host")]
 pub mod guest;
 #[cfg(feature = "host")]
 pub mod import;

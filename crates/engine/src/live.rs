@@ -66,7 +66,15 @@ impl AgentTotals {
     /// Count one agent delta of VM `domain` here and add its rows to
     /// `rows`: what `record` stores and what the live view shows come from
     /// this one place.
-    pub(crate) fn absorb(&mut self, domain: &Arc<str>, delta: GuestDelta, rows: &mut Profile) {
+    /// Rows are booked in `second` (since the session's start): the second
+    /// they arrive in, polled every 500 ms.
+    pub(crate) fn absorb(
+        &mut self,
+        domain: &Arc<str>,
+        delta: GuestDelta,
+        second: u32,
+        rows: &mut Profile,
+    ) {
         *self.lost.entry(domain.clone()).or_default() += delta.lost;
         for r in delta.rows {
             // The guest's idle task is not host CPU: kept in the agent's
@@ -85,6 +93,9 @@ impl AgentTotals {
                     image: r.image.into(),
                     symbol: r.symbol.into(),
                     stack: r.stack.into(),
+                    srcline: "".into(),
+                    second,
+                    cpu: r.cpu.unwrap_or(vmscope_model::UNKNOWN_SLICE),
                 },
                 r.samples,
                 r.period,
@@ -284,6 +295,18 @@ impl LiveSession {
         self.t0.elapsed()
     }
 
+    /// Build-ids (hex) of the files symbols came from so far, by path.
+    pub fn build_ids(&mut self) -> Vec<(String, String)> {
+        self.conv.symbolizer_mut().build_ids()
+    }
+
+    /// The VMs' domains as armed (role after the barrier) and their details.
+    pub fn domains(&self) -> Vec<(Domain, String)> {
+        let mut v: Vec<(Domain, String)> = self.vm_detail.values().cloned().collect();
+        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        v
+    }
+
     /// Symbolizer warnings so far, sorted and deduplicated.
     pub fn warnings(&mut self) -> Vec<String> {
         let mut w = self.conv.symbolizer_mut().warnings();
@@ -295,7 +318,9 @@ impl LiveSession {
     fn take_guest(&mut self, ev: GuestEvent) {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                self.totals.absorb(&domain, delta, &mut self.agent_delta);
+                let second = u32::try_from(self.t0.elapsed().as_secs()).unwrap_or(u32::MAX - 1);
+                self.totals
+                    .absorb(&domain, delta, second, &mut self.agent_delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 self.lost_at.insert(domain.to_string(), at);

@@ -49,6 +49,10 @@ pub struct RecordOptions {
     pub meta: Vec<(String, String)>,
     /// How long the readiness barrier waits for each agent.
     pub barrier_timeout: Duration,
+    /// Keep each profiler's cost (the host recorder's and every active
+    /// agent's) within this fraction of the CPU it observes, by lowering
+    /// its rate (`--overhead-budget`); `None`: the rates asked for.
+    pub overhead_budget: Option<f64>,
 }
 
 /// What a recording produced.
@@ -393,6 +397,7 @@ pub fn record(
             plan: opts.plan,
             symbolizer: opts.symbolizer,
             barrier_timeout: opts.barrier_timeout,
+            overhead_budget: opts.overhead_budget,
             flush_interval: opts.flush_interval,
             duration: opts.duration,
             command: opts.command.as_deref(),
@@ -432,6 +437,7 @@ struct RunOptions<'a> {
     plan: SessionPlan,
     symbolizer: SymbolizerOptions,
     barrier_timeout: Duration,
+    overhead_budget: Option<f64>,
     flush_interval: Duration,
     duration: Option<Duration>,
     command: Option<&'a [String]>,
@@ -515,7 +521,24 @@ impl Run<'_, '_> {
             conv.push(r);
         }
         conv.set_origin(vmscope_linux::clock_monotonic_ns());
+        // The same origin for agents' rows: the second they arrive in.
+        let t_origin = Instant::now();
 
+        // What profiling costs, from here (the interrupt level until
+        // sampling starts is the host's own).
+        let requested_hz = opts
+            .events
+            .iter()
+            .find_map(|e| match e.rate {
+                vmscope_model::SampleRate::Frequency(f) => Some(f),
+                vmscope_model::SampleRate::Period(_) => None,
+            })
+            .unwrap_or(0);
+        let mut cost = crate::cost::CostBook::new(rec, requested_hz, opts.overhead_budget);
+        let mut guests = opts.plan.guests;
+        for g in &mut guests {
+            g.set_overhead_budget(opts.overhead_budget);
+        }
         // The readiness barrier: every active agent armed before the host starts.
         let mut notes = Vec::new();
         let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
@@ -525,12 +548,7 @@ impl Run<'_, '_> {
             .iter()
             .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
             .collect();
-        for a in arm_all(
-            opts.plan.guests,
-            opts.events,
-            opts.callchain,
-            opts.barrier_timeout,
-        ) {
+        for a in arm_all(guests, opts.events, opts.callchain, opts.barrier_timeout) {
             let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
                 (
                     Domain {
@@ -582,12 +600,16 @@ impl Run<'_, '_> {
                 "stopped by a signal before sampling started; nothing was recorded".into(),
             ));
         }
+        cost.sampling_starts();
         rec.enable()?;
         self.sampling = true;
         let t_enable = Instant::now();
         let mut pollers = (!active.is_empty())
             .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
-        let mut agents = AgentBook::default();
+        let mut agents = AgentBook {
+            t0: Some(t_origin),
+            ..AgentBook::default()
+        };
         if let Some(c) = self.child.as_mut() {
             c.release();
         }
@@ -608,10 +630,13 @@ impl Run<'_, '_> {
             conv.push_batch(buf.drain(..));
             if let Some(p) = &pollers {
                 for ev in p.events.try_iter() {
+                    guest_cost(&mut cost, &ev, t0);
                     agents.take(ev, writer, &vm_detail, &mut notes)?;
                 }
             }
             if last_flush.elapsed() >= opts.flush_interval {
+                cost.host_step(rec, t0.elapsed().as_secs_f64())?;
+                cost.flush(writer)?;
                 writer.flush(&conv.take_delta())?;
                 agents.flush(writer, &conv)?;
                 mark_ended_vms(writer, &vm_detail, &mut agents, t0)?;
@@ -669,16 +694,20 @@ impl Run<'_, '_> {
             }
         }
         writer.flush(&conv.take_delta())?;
+        cost.host_step(rec, duration.as_secs_f64())?;
         if let Some(p) = pollers.take() {
             for ev in p.stop().try_iter() {
+                guest_cost(&mut cost, &ev, t0);
                 agents.take(ev, writer, &vm_detail, &mut notes)?;
             }
         }
         agents.flush(writer, &conv)?;
+        notes.extend(cost.finish(writer)?);
         let mut all_warnings = conv.symbolizer_mut().warnings();
         all_warnings.sort();
         all_warnings.dedup();
         writer.set_meta("warnings", &all_warnings.join("\n"))?;
+        writer.set_build_ids(&conv.symbolizer_mut().build_ids())?;
         writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
         writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
         let stats = conv.stats().clone();
@@ -693,6 +722,15 @@ impl Run<'_, '_> {
     }
 }
 
+/// Note what an agent's delta says its profiling cost.
+fn guest_cost(cost: &mut crate::cost::CostBook, ev: &GuestEvent, t0: Instant) {
+    if let GuestEvent::Delta { domain, delta } = ev {
+        if let Some(step) = delta.cost {
+            cost.guest_step(domain, step, t0.elapsed().as_secs_f64());
+        }
+    }
+}
+
 /// What the agents sent, waiting for the next flush, and their totals.
 #[derive(Default)]
 struct AgentBook {
@@ -703,6 +741,8 @@ struct AgentBook {
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
     lost_at: HashMap<String, f64>,
+    /// Time origin of the session's seconds (the converter's).
+    t0: Option<Instant>,
 }
 
 impl AgentBook {
@@ -715,7 +755,12 @@ impl AgentBook {
     ) -> Result<(), EngineError> {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                self.totals.absorb(&domain, delta, &mut self.delta);
+                // Rows sampled since the previous poll (500 ms): booked in
+                // the second they arrive in.
+                let second = self.t0.map_or(0, |t| {
+                    u32::try_from(t.elapsed().as_secs()).unwrap_or(u32::MAX - 1)
+                });
+                self.totals.absorb(&domain, delta, second, &mut self.delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));

@@ -9,6 +9,7 @@
 //! symbolizers, stores and printers consume the types here and nothing else.
 
 pub mod attribution;
+pub mod budget;
 pub mod event;
 pub mod process;
 pub mod profile;
@@ -17,7 +18,7 @@ pub mod record;
 pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
 pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent, DEFAULT_FREQUENCY};
 pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
-pub use profile::{AggKey, BinKey, Counts, Profile, ProfileRow};
+pub use profile::{AggKey, BinKey, Counts, Profile, ProfileRow, INLINED_SUFFIX, UNKNOWN_SLICE};
 pub use record::{split_callchain, CpuMode, Record, SampleRecord};
 
 use serde::{Deserialize, Serialize};
@@ -27,8 +28,34 @@ pub const HOST_DOMAIN: &str = "host";
 
 /// Image name used for host kernel samples, as perf names it.
 pub const KERNEL_IMAGE: &str = "[kernel.kallsyms]";
-/// Image name for guest kernel samples seen from the host (passive VMs).
-pub const GUEST_KERNEL_IMAGE: &str = "[guest.kernel]";
+/// Image name of a guest's kernel, as perf kvm names it, whoever resolved
+/// it (the host for passive VMs, the agent for active ones): never the
+/// host's `[kernel.kallsyms]`.
+pub const GUEST_KERNEL_IMAGE: &str = "[guest.kernel.kallsyms]";
+/// Image name of a guest's kernel in sessions of schema 2 and older
+/// (passive VMs); migrated to [`GUEST_KERNEL_IMAGE`].
+pub const OLD_GUEST_KERNEL_IMAGE: &str = "[guest.kernel]";
+
+/// The image name a guest kernel row gets on the host: the agent's
+/// `[kernel.kallsyms]` becomes [`GUEST_KERNEL_IMAGE`] and a guest module
+/// `[virtio_net]` becomes `[guest.virtio_net]`, so no format can mix a
+/// guest's kernel with the host's. Other images (files in the guest,
+/// `[anon]`, `[unknown]`, `[vdso]`) are kept.
+pub fn guest_image(image: &str, context: Context) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    if image == KERNEL_IMAGE || image == OLD_GUEST_KERNEL_IMAGE {
+        return Cow::Borrowed(GUEST_KERNEL_IMAGE);
+    }
+    if context == Context::GuestKernel
+        && image.starts_with('[')
+        && image.ends_with(']')
+        && !image.starts_with("[guest.")
+        && ![ANON_IMAGE, UNKNOWN_IMAGE, "[vdso]", "[vsyscall]"].contains(&image)
+    {
+        return Cow::Owned(format!("[guest.{}", &image[1..]));
+    }
+    Cow::Borrowed(image)
+}
 /// Image name for anonymous executable memory (JIT, TCG translated code).
 pub const ANON_IMAGE: &str = "[anon]";
 /// Image name for addresses no mapping covers.
@@ -152,5 +179,34 @@ impl Domain {
             role: Role::Initiator,
             pid: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_kernel_images_are_named_apart_from_the_hosts() {
+        let g = |i: &str, c: Context| guest_image(i, c).into_owned();
+        assert_eq!(
+            g("[kernel.kallsyms]", Context::GuestKernel),
+            "[guest.kernel.kallsyms]"
+        );
+        assert_eq!(
+            g("[guest.kernel]", Context::GuestKernel),
+            "[guest.kernel.kallsyms]"
+        );
+        assert_eq!(
+            g("[virtio_net]", Context::GuestKernel),
+            "[guest.virtio_net]"
+        );
+        assert_eq!(
+            g("[guest.virtio_net]", Context::GuestKernel),
+            "[guest.virtio_net]"
+        );
+        assert_eq!(g("[unknown]", Context::GuestKernel), "[unknown]");
+        assert_eq!(g("/usr/sbin/httpd", Context::GuestUser), "/usr/sbin/httpd");
+        assert_eq!(g("[vdso]", Context::GuestUser), "[vdso]");
     }
 }

@@ -20,9 +20,26 @@ pub struct AggKey {
     pub image: Arc<str>,
     pub symbol: Arc<str>,
     /// Call stack, root first, frames joined by `;` (collapsed format);
-    /// empty without `-g`.
+    /// empty without `-g`. Frames of functions inlined into their caller
+    /// end in [`INLINED_SUFFIX`] (where the binary has DWARF).
     pub stack: Arc<str>,
+    /// Source file and line of the sampled address (`/path/file.c:123`)
+    /// where the image has DWARF line tables; empty otherwise.
+    pub srcline: Arc<str>,
+    /// Time slice: whole seconds since the session's start
+    /// ([`UNKNOWN_SLICE`] in sessions older than schema 3).
+    pub second: u32,
+    /// CPU the samples ran on ([`UNKNOWN_SLICE`] when the source did not
+    /// say). In an agent's rows: the guest CPU, which is the vCPU index.
+    pub cpu: u32,
 }
+
+/// `second` or `cpu` of an [`AggKey`] that the source did not record.
+pub const UNKNOWN_SLICE: u32 = u32::MAX;
+
+/// Suffix of a stack frame that is a function inlined into the frame below
+/// it (perf's notation).
+pub const INLINED_SUFFIX: &str = " (inlined)";
 
 /// Counts for one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +143,9 @@ mod tests {
             image: "/bin/p".into(),
             symbol: sym.into(),
             stack: "".into(),
+            srcline: "".into(),
+            second: 0,
+            cpu: 0,
         }
     }
 

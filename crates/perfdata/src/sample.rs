@@ -24,7 +24,8 @@ const READ_ID: u64 = 1 << 2;
 const READ_GROUP: u64 = 1 << 3;
 const READ_LOST: u64 = 1 << 4;
 
-/// The kept fields of one sample; absent fields are zero / `None`.
+/// The kept fields of one sample; absent fields are zero / `None`
+/// (an absent CPU is [`vmscope_model::UNKNOWN_SLICE`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Sample<'a> {
     pub ip: u64,
@@ -100,6 +101,8 @@ pub(crate) fn parse(b: &[u8], e: Endian, sample_type: u64, read_format: u64) -> 
     if has(SAMPLE_CPU) {
         s.cpu = c.u32()?;
         c.u32()?;
+    } else {
+        s.cpu = vmscope_model::UNKNOWN_SLICE;
     }
     if has(SAMPLE_PERIOD) {
         s.period = Some(c.u64()?);

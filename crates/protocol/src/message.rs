@@ -66,6 +66,9 @@ pub const MAX_PROCESS_NAME: usize = 256;
 pub const MAX_IMAGE: usize = MAX_STRING;
 /// Longest symbol in a profile row, in bytes.
 pub const MAX_SYMBOL: usize = MAX_STRING;
+/// Highest guest CPU number a profile row may carry, plus one (QEMU's
+/// largest vCPU count is 4096).
+pub const MAX_ROW_CPU: u32 = 16_384;
 /// Longest collapsed call stack in a profile row, in bytes.
 pub const MAX_STACK: usize = 64 * 1024;
 /// Largest slice of kallsyms text in one `kallsyms` message, in bytes.
@@ -135,6 +138,11 @@ pub struct ProfileRow {
     /// Collapsed call stack, root first, frames joined by `;`; empty without call chains.
     #[serde(default)]
     pub stack: String,
+    /// Guest CPU the samples ran on (the vCPU index). Added after protocol
+    /// 2 shipped: absent from older agents, and then the rows are not split
+    /// by CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
     /// Samples.
     pub samples: u64,
     /// Sum of the samples' periods (ns for clock events).
@@ -161,8 +169,21 @@ impl ProfileRow {
         check_str("row image", &self.image, MAX_IMAGE)?;
         check_str("row symbol", &self.symbol, MAX_SYMBOL)?;
         check_str("row stack", &self.stack, MAX_STACK)?;
+        if let Some(c) = self.cpu.filter(|c| *c >= MAX_ROW_CPU) {
+            return Err(format!("row cpu {c} outside 0..{MAX_ROW_CPU}"));
+        }
         Ok(())
     }
+}
+
+/// What a profiler cost over one delta: its own CPU plus the interrupt time
+/// its samples added, against the CPU it observed (wall time × CPUs), and
+/// the rate in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfilerCost {
+    pub cost_ns: u64,
+    pub capacity_ns: u64,
+    pub rate_hz: u64,
 }
 
 /// A message with its envelope fields.
@@ -238,6 +259,12 @@ pub enum Request {
         /// Record call stacks.
         #[serde(default)]
         callchain: bool,
+        /// Keep the agent's own cost (its CPU and its sampling interrupts)
+        /// within this share of the guest's CPU, in parts per million (1 %
+        /// is 10000), by lowering the rate (protocol 3; older agents ignore
+        /// it and never send `cost`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_ppm: Option<u32>,
     },
     /// What the session sampled since the previous poll; answered `profile_data`.
     ProfilePoll {},
@@ -345,6 +372,9 @@ pub enum Response {
         /// The session is over and everything has been sent.
         #[serde(default)]
         last: bool,
+        /// What profiling cost the guest over the delta (protocol 3).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<ProfilerCost>,
     },
     /// Answer to [`Request::GetKallsyms`].
     Kallsyms {
@@ -497,13 +527,21 @@ impl Message for Request {
             | Request::ProfileStop {}
             | Request::CloseStream {} => Ok(()),
             Request::ProfileStart {
-                events, frequency, ..
+                events,
+                frequency,
+                budget_ppm,
+                ..
             } => {
                 check_events(events)?;
                 if *frequency == 0 || *frequency > MAX_PROFILE_FREQUENCY {
                     return Err(format!(
                         "frequency {frequency} outside 1..={MAX_PROFILE_FREQUENCY}"
                     ));
+                }
+                if let Some(b) = budget_ppm {
+                    if *b == 0 || *b >= 1_000_000 {
+                        return Err(format!("budget_ppm {b} outside 1..1000000"));
+                    }
                 }
                 Ok(())
             }

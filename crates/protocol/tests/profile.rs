@@ -19,6 +19,7 @@ fn row(symbol: &str) -> ProfileRow {
         image: "/usr/bin/vmscope-agent".into(),
         symbol: symbol.into(),
         stack: String::new(),
+        cpu: Some(0),
         samples: 1,
         period: 1_000_000,
     }
@@ -33,6 +34,7 @@ fn data(rows: Vec<ProfileRow>) -> Response {
         t_ns: 1,
         more: false,
         last: false,
+        cost: None,
     }
 }
 
@@ -81,6 +83,7 @@ fn profile_start_fields_have_defaults() {
             events: vec!["cpu-clock".into()],
             frequency: DEFAULT_PROFILE_FREQUENCY,
             callchain: false,
+            budget_ppm: None,
         }
     );
     d.push(&frame_json(r#"{"v":2,"id":2,"type":"profile_poll"}"#));
@@ -110,6 +113,7 @@ fn profile_start_limits() {
             events: events.clone(),
             frequency,
             callchain: false,
+            budget_ppm: None,
         };
         assert!(encode_request(1, &req).is_err(), "{events:?} {frequency}");
         let body = serde_json::json!({
@@ -305,6 +309,7 @@ fn client_profile_session_collects_every_part() {
         t_ns: seq * 100,
         more,
         last,
+        cost: None,
     };
     let script = vec![
         Response::ProfileReady {
@@ -342,7 +347,8 @@ fn client_profile_session_collects_every_part() {
             Request::ProfileStart {
                 events: vec!["cpu-clock".into()],
                 frequency: 1000,
-                callchain: false
+                callchain: false,
+                budget_ppm: None,
             },
             Request::ProfilePoll {},
             Request::ProfileStop {},
@@ -399,4 +405,23 @@ fn client_kallsyms_reassembles_slices_and_checks_offsets() {
             Request::GetKallsyms { offset: 6 }
         ]
     );
+}
+
+#[test]
+fn row_cpu_is_optional_and_bounded() {
+    // An agent from before the field: the row decodes without a CPU.
+    let old: ProfileRow = serde_json::from_str(
+        r#"{"event":0,"context":"guest-user","process":"p","image":"/bin/p","symbol":"f","samples":1,"period":10}"#,
+    )
+    .unwrap();
+    assert_eq!(old.cpu, None);
+    old.validate().unwrap();
+    // Absent on the wire when not known; present when known.
+    let mut r = row("f");
+    r.cpu = None;
+    assert!(!serde_json::to_string(&r).unwrap().contains("\"cpu\""));
+    r.cpu = Some(3);
+    assert!(serde_json::to_string(&r).unwrap().contains("\"cpu\":3"));
+    r.cpu = Some(vmscope_protocol::MAX_ROW_CPU);
+    assert!(r.validate().unwrap_err().contains("row cpu"));
 }

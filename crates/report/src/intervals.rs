@@ -134,7 +134,9 @@ fn stat_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
                         r.cpu == Some(cpu) && r.metric == metric && r.domain.as_deref() == domain
                     })
                     .map(|r| r.per_second)
+                    // An empty sum is -0.0; shown as 0.0.
                     .sum::<f64>()
+                + 0.0
         };
         write!(out, "{cpu:>4}  {:>7.1}", pct("busy", None))?;
         for d in &domains {

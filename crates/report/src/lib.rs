@@ -4,29 +4,58 @@
 //! plain table of grouped counts per event with a header; printers
 //! ([`render`]) write it as an opreport-style table, JSON, CSV or collapsed
 //! stacks. Building never formats and printers never query: new formats only
-//! add a printer.
+//! add a printer. The other modules own the other outputs: [`classes`]
+//! (function classes), [`stacks`] (joined call stacks, callers and
+//! callees), [`flame`] (flame graph SVG), [`pprof`] (profile.proto),
+//! [`html`] (the self-contained page), [`compare`] (sessions against a
+//! base), [`slice`] (`--time` and `--cpu`), [`intervals`] (what `stat -o`
+//! and `account -o` kept).
 
+pub mod classes;
+pub mod compare;
+pub mod flame;
+pub mod html;
 pub mod intervals;
+pub mod pprof;
 mod render;
 mod side;
+pub mod slice;
+pub mod stacks;
+mod svgchart;
 
-pub use render::render;
-pub use side::{build_side_by_side, render_side_by_side, Half, SideBySide};
+pub use classes::{ClassError, Classes};
+pub use render::{render, render_call_graph};
+pub use side::{build_side_by_side, render_side_by_side, Half, SideBySide, SideRow};
+pub use stacks::{CallGraph, StackLine};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
-use vmscope_store::{Field, Session, StoreError, View};
+use vmscope_store::{Field, Session, Slice, StoreError, View};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("unknown field '{0}' in --by; fields: domain, context, process, image, symbol")]
+    #[error("unknown field '{0}' in --by; fields: domain, context, process, image, symbol, srcline, cpu, class")]
     UnknownField(String),
     #[error("event '{wanted}' is not in this session; it has: {have}")]
     UnknownEvent { wanted: String, have: String },
-    #[error("unknown format '{0}'; formats: table, json, csv, collapsed")]
+    #[error("unknown format '{0}'; formats: table, json, csv, collapsed, flamegraph, pprof, html")]
     UnknownFormat(String),
+    #[error("{0}")]
+    Classes(#[from] ClassError),
+    #[error("{what} needs call stacks, and this session has none: record with -g (`vmscope record -g …`, or `perf record -g` before `vmscope import`) to get each sample's stack")]
+    NoStacks { what: String },
+    #[error("no call stack in this session holds the function '{0}' (names as `vmscope report --by symbol` prints them)")]
+    NoSuchSymbol(String),
+    #[error("{0}")]
+    Slice(String),
+    #[error("{0}")]
+    Compare(String),
+    #[error("writing the flame graph: {0}")]
+    Flame(String),
+    #[error("the {0} format writes a file: give -o FILE")]
+    NeedsOutput(&'static str),
     #[error("no domain '{wanted}' in this session; it has: {have}")]
     UnknownDomain { wanted: String, have: String },
     #[error("writing the report: {0}")]
@@ -45,6 +74,19 @@ pub enum ReportFormat {
     Csv,
     /// `frame;frame;frame count` lines for flame graph tools.
     Collapsed,
+    /// An interactive flame graph SVG (inferno).
+    Flamegraph,
+    /// pprof's profile.proto, gzipped.
+    Pprof,
+    /// One self-contained HTML page.
+    Html,
+}
+
+impl ReportFormat {
+    /// Formats written to a file (`-o`), not to a terminal.
+    pub fn is_binary_file(self) -> bool {
+        matches!(self, ReportFormat::Pprof)
+    }
 }
 
 impl std::str::FromStr for ReportFormat {
@@ -55,17 +97,43 @@ impl std::str::FromStr for ReportFormat {
             "json" => Ok(ReportFormat::Json),
             "csv" => Ok(ReportFormat::Csv),
             "collapsed" => Ok(ReportFormat::Collapsed),
+            "flamegraph" | "flame" | "svg" => Ok(ReportFormat::Flamegraph),
+            "pprof" => Ok(ReportFormat::Pprof),
+            "html" => Ok(ReportFormat::Html),
             _ => Err(ReportError::UnknownFormat(s.into())),
         }
+    }
+}
+
+/// A grouping key of `--by`: a stored field, or the function class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupKey {
+    Field(Field),
+    /// The function class ([`classes`]).
+    Class,
+}
+
+impl GroupKey {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupKey::Field(f) => f.name(),
+            GroupKey::Class => "class",
+        }
+    }
+}
+
+impl From<Field> for GroupKey {
+    fn from(f: Field) -> GroupKey {
+        GroupKey::Field(f)
     }
 }
 
 /// What to report.
 #[derive(Debug, Clone)]
 pub struct ReportOptions {
-    /// Grouping fields; empty = default (`image,symbol`, with `domain` first
+    /// Grouping keys; empty = default (`image,symbol`, with `domain` first
     /// when the session has VMs).
-    pub by: Vec<Field>,
+    pub by: Vec<GroupKey>,
     /// Only this event (by name); all events side by side otherwise.
     pub event: Option<String>,
     pub limit: Option<usize>,
@@ -77,6 +145,13 @@ pub struct ReportOptions {
     pub filter: Vec<(Field, String)>,
     /// Merged (default), host-only or agent-only measurements.
     pub view: View,
+    /// Only these seconds and CPUs ([`slice`]).
+    pub slice: Slice,
+    /// Class rules for `--by class`.
+    pub classes: Classes,
+    /// Keep inlined functions as stack frames (DWARF); false drops them,
+    /// as perf's `--no-inline`.
+    pub inline: bool,
 }
 
 impl Default for ReportOptions {
@@ -89,16 +164,39 @@ impl Default for ReportOptions {
             full_paths: false,
             filter: Vec::new(),
             view: View::Merged,
+            slice: Slice::default(),
+            classes: Classes::builtin(),
+            inline: true,
         }
     }
 }
 
-/// Parse `domain,context,image,symbol`.
-pub fn parse_fields(s: &str) -> Result<Vec<Field>, ReportError> {
+/// Parse `domain,context,image,symbol,class`.
+pub fn parse_fields(s: &str) -> Result<Vec<GroupKey>, ReportError> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())
-        .map(|p| Field::parse(p).ok_or_else(|| ReportError::UnknownField(p.trim().into())))
+        .map(|p| match p.trim() {
+            "class" | "classes" => Ok(GroupKey::Class),
+            _ => Field::parse(p)
+                .map(GroupKey::Field)
+                .ok_or_else(|| ReportError::UnknownField(p.trim().into())),
+        })
         .collect()
+}
+
+/// Unit of an event's count: `ns` for clock events (shown as CPU
+/// seconds), `events` for the rest.
+pub fn event_unit(name: &str) -> &'static str {
+    if is_clock(name) {
+        "ns"
+    } else {
+        "events"
+    }
+}
+
+/// cpu-clock and task-clock count nanoseconds of CPU.
+pub fn is_clock(name: &str) -> bool {
+    name == "cpu-clock" || name == "task-clock"
 }
 
 /// One event's column group.
@@ -111,6 +209,8 @@ pub struct EventColumn {
     pub samples: u64,
     /// Sum of periods: event count (ns for clock events).
     pub event_count: u64,
+    /// Unit of `event_count`: `ns` (clock events) or `events`.
+    pub unit: String,
     pub lost: u64,
 }
 
@@ -118,16 +218,14 @@ pub struct EventColumn {
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub values: Vec<String>,
+    /// Samples as taken: in the merged view an active VM's guest rows hold
+    /// its agent's samples, so only `event_count` adds up across samplers.
     pub samples: Vec<u64>,
+    /// Sum of periods per event (ns for clock events): what adds up to
+    /// the header's total.
+    pub event_count: Vec<u64>,
     /// Share of the event count (sum of periods), in percent, as perf shows.
     pub percent: Vec<f64>,
-}
-
-/// A collapsed-stack line.
-#[derive(Debug, Clone, Serialize)]
-pub struct StackLine {
-    pub frames: String,
-    pub samples: u64,
 }
 
 /// A built report.
@@ -146,6 +244,10 @@ pub struct Report {
     pub view: String,
     /// Active VMs: what the agent measured and the scale applied.
     pub scales: Vec<ScaleSummary>,
+    /// `--time` / `--cpu`, as applied.
+    pub slice: Option<slice::SliceSummary>,
+    /// Where user class rules came from (with `--by class`).
+    pub class_rules: Option<String>,
     /// Intervals kept by `stat -o` / `account -o`, summarized.
     pub intervals: Vec<intervals::IntervalSummary>,
     /// Why there are no rows when a filter matched nothing, with the values
@@ -209,7 +311,7 @@ pub fn build(
     let meta = session.meta()?;
     let events = session.events()?;
     let lost = session.lost()?;
-    let totals = session.totals(opts.view)?;
+    let totals = session.totals_in(opts.view, &opts.slice)?;
     let domains: Vec<DomainSummary> = session
         .domains()?
         .into_iter()
@@ -252,43 +354,41 @@ pub fn build(
                 frequency: e.frequency,
                 samples,
                 event_count,
+                unit: event_unit(&e.name).into(),
                 lost: lost.get(&i).copied().unwrap_or(0),
             }
         })
         .collect();
 
-    let fields: Vec<Field> = if opts.by.is_empty() {
-        let mut f = vec![Field::Image, Field::Symbol];
+    let fields: Vec<GroupKey> = if opts.by.is_empty() {
+        let mut f = vec![Field::Image.into(), Field::Symbol.into()];
         if domains.iter().any(|d| d.name != vmscope_model::HOST_DOMAIN) {
-            f.insert(0, Field::Domain);
+            f.insert(0, Field::Domain.into());
         }
         f
     } else {
         opts.by.clone()
     };
+    let grouper = Grouper::new(&fields);
 
     // Merge the per-event groupings into rows keyed by their values.
     let mut index: HashMap<Vec<String>, usize> = HashMap::new();
     let mut rows: Vec<Row> = Vec::new();
     for (ci, col) in columns.iter().enumerate() {
-        for g in session.grouped(opts.view, col.index, &fields, &opts.filter)? {
-            let values: Vec<String> = g
-                .values
-                .iter()
-                .zip(&fields)
-                .map(|(v, f)| display_value(*f, v, opts.full_paths))
-                .collect();
+        for (values, samples, period) in grouper.query(session, opts, col.index)? {
             let ri = *index.entry(values.clone()).or_insert_with(|| {
                 rows.push(Row {
                     values,
                     samples: vec![0; columns.len()],
+                    event_count: vec![0; columns.len()],
                     percent: vec![0.0; columns.len()],
                 });
                 rows.len() - 1
             });
-            rows[ri].samples[ci] += g.samples;
+            rows[ri].samples[ci] += samples;
+            rows[ri].event_count[ci] += period;
             if col.event_count > 0 {
-                rows[ri].percent[ci] += 100.0 * g.period as f64 / col.event_count as f64;
+                rows[ri].percent[ci] += 100.0 * period as f64 / col.event_count as f64;
             }
         }
     }
@@ -331,27 +431,7 @@ pub fn build(
     let mut stacks = Vec::new();
     if want_stacks {
         let ev = columns.first().map(|c| c.index).unwrap_or(0);
-        let mut agg: BTreeMap<String, u64> = BTreeMap::new();
-        for r in session.rows(opts.view, Some(ev))? {
-            if !opts
-                .filter
-                .iter()
-                .all(|(f, v)| field_of(&r.key, *f) == v.as_str())
-            {
-                continue;
-            }
-            let frames = if r.key.stack.is_empty() {
-                r.key.symbol.to_string()
-            } else {
-                r.key.stack.to_string()
-            };
-            let line = format!("{};{};{}", r.key.domain, r.key.process, frames);
-            *agg.entry(line).or_default() += r.samples;
-        }
-        stacks = agg
-            .into_iter()
-            .map(|(frames, samples)| StackLine { frames, samples })
-            .collect();
+        stacks = stacks::collapse(&filtered_rows(session, opts, ev)?);
     }
 
     let scales = session
@@ -378,7 +458,15 @@ pub fn build(
         }
         .into(),
         scales,
-        intervals: intervals::summarize(&session.intervals(None)?),
+        // The profilers' own cost steps are shown in the header
+        // (`profiler_*` metadata), not as interval tables.
+        intervals: intervals::summarize(
+            &session
+                .intervals(None)?
+                .into_iter()
+                .filter(|r| r.kind != "profiler")
+                .collect::<Vec<_>>(),
+        ),
         file: session.path().display().to_string(),
         meta,
         domains,
@@ -387,8 +475,157 @@ pub fn build(
         rows,
         omitted_rows,
         stacks,
+        slice: slice::summary(&opts.slice),
+        class_rules: fields
+            .contains(&GroupKey::Class)
+            .then(|| {
+                opts.classes
+                    .source
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+            })
+            .flatten(),
         note,
     })
+}
+
+/// The session's rows of one event in the options' view, slice and
+/// filters (stacks as text).
+pub fn filtered_rows(
+    session: &Session,
+    opts: &ReportOptions,
+    event: u32,
+) -> Result<Vec<vmscope_model::ProfileRow>, ReportError> {
+    let mut rows = session.rows_in(opts.view, &opts.slice, Some(event))?;
+    rows.retain(|r| {
+        opts.filter
+            .iter()
+            .all(|(f, v)| field_of(&r.key, *f) == v.as_str())
+    });
+    if !opts.inline {
+        for r in &mut rows {
+            if r.key.stack.contains(vmscope_model::INLINED_SUFFIX) {
+                let kept: Vec<&str> = r
+                    .key
+                    .stack
+                    .split(';')
+                    .filter(|f| !f.ends_with(vmscope_model::INLINED_SUFFIX))
+                    .collect();
+                r.key.stack = kept.join(";").into();
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Index of an event by name (case-insensitive), or the error listing them.
+pub fn event_index(session: &Session, name: Option<&str>) -> Result<u32, ReportError> {
+    let events = session.events()?;
+    match name {
+        None => Ok(0),
+        Some(want) => events
+            .iter()
+            .position(|e| e.name.eq_ignore_ascii_case(want))
+            .map(|i| i as u32)
+            .ok_or_else(|| ReportError::UnknownEvent {
+                wanted: want.into(),
+                have: events
+                    .iter()
+                    .map(|e| e.name.clone())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+    }
+}
+
+/// Runs the grouped query for `--by` keys: stored fields go to SQL as they
+/// are; a class is computed from context, image, symbol and source line,
+/// queried in their place and added up here.
+pub(crate) struct Grouper {
+    keys: Vec<GroupKey>,
+    /// Fields asked from the store.
+    query: Vec<Field>,
+    /// For each key: its column in `query`, or None for the class.
+    pos: Vec<Option<usize>>,
+    /// Columns of context, image, symbol and srcline (class only).
+    class_cols: Option<[usize; 4]>,
+}
+
+impl Grouper {
+    pub(crate) fn new(keys: &[GroupKey]) -> Grouper {
+        let mut query: Vec<Field> = Vec::new();
+        let col = |f: Field, q: &mut Vec<Field>| {
+            if let Some(i) = q.iter().position(|x| *x == f) {
+                i
+            } else {
+                q.push(f);
+                q.len() - 1
+            }
+        };
+        let pos: Vec<Option<usize>> = keys
+            .iter()
+            .map(|k| match k {
+                GroupKey::Field(f) => Some(col(*f, &mut query)),
+                GroupKey::Class => None,
+            })
+            .collect();
+        let class_cols = keys.contains(&GroupKey::Class).then(|| {
+            [
+                col(Field::Context, &mut query),
+                col(Field::Image, &mut query),
+                col(Field::Symbol, &mut query),
+                col(Field::Srcline, &mut query),
+            ]
+        });
+        Grouper {
+            keys: keys.to_vec(),
+            query,
+            pos,
+            class_cols,
+        }
+    }
+
+    /// (display values, samples, period) per group, largest first.
+    pub(crate) fn query(
+        &self,
+        session: &Session,
+        opts: &ReportOptions,
+        event: u32,
+    ) -> Result<Vec<(Vec<String>, u64, u64)>, ReportError> {
+        let groups =
+            session.grouped_in(opts.view, &opts.slice, event, &self.query, &opts.filter)?;
+        let mut out: Vec<(Vec<String>, u64, u64)> = Vec::with_capacity(groups.len());
+        let mut index: HashMap<Vec<String>, usize> = HashMap::new();
+        for g in groups {
+            let values: Vec<String> = self
+                .keys
+                .iter()
+                .zip(&self.pos)
+                .map(|(k, p)| {
+                    if let (GroupKey::Field(f), Some(i)) = (k, p) {
+                        display_value(*f, &g.values[*i], opts.full_paths)
+                    } else {
+                        let [c, i, s, l] = self.class_cols.unwrap_or_default();
+                        opts.classes
+                            .classify(&g.values[c], &g.values[i], &g.values[s], &g.values[l])
+                            .into_owned()
+                    }
+                })
+                .collect();
+            if self.class_cols.is_none() {
+                out.push((values, g.samples, g.period));
+                continue;
+            }
+            if let Some(&i) = index.get(&values) {
+                out[i].1 += g.samples;
+                out[i].2 += g.period;
+            } else {
+                index.insert(values.clone(), out.len());
+                out.push((values, g.samples, g.period));
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn field_of(k: &vmscope_model::AggKey, f: Field) -> &str {
@@ -398,6 +635,9 @@ fn field_of(k: &vmscope_model::AggKey, f: Field) -> &str {
         Field::Process => &k.process,
         Field::Image => &k.image,
         Field::Symbol => &k.symbol,
+        Field::Srcline => &k.srcline,
+        // Filters on the CPU are slices (`--cpu`), not text.
+        Field::Cpu => "",
     }
 }
 
@@ -406,6 +646,9 @@ pub(crate) fn display_value(f: Field, v: &str, full_paths: bool) -> String {
         Field::Image if !full_paths && v.starts_with('/') => {
             v.rsplit('/').next().unwrap_or(v).to_string()
         }
+        Field::Srcline if v.is_empty() => "[unknown]".into(),
+        Field::Srcline if !full_paths => v.rsplit('/').next().unwrap_or(v).to_string(),
+        Field::Cpu if v.starts_with('-') => "?".into(),
         _ => v.to_string(),
     }
 }

@@ -1,6 +1,6 @@
 //! Printers: one function per format, all reading a built [`Report`].
 
-use crate::{Report, ReportError, ReportFormat};
+use crate::{is_clock, CallGraph, Report, ReportError, ReportFormat};
 use std::io::Write;
 
 /// Write `report` in `format`.
@@ -18,11 +18,42 @@ pub fn render(
         ReportFormat::Csv => csv_out(report, out)?,
         ReportFormat::Collapsed => {
             for s in &report.stacks {
-                writeln!(out, "{} {}", s.frames.replace(' ', "_"), s.samples)?;
+                let frames: Vec<String> = s
+                    .frames
+                    .split(';')
+                    .map(crate::stacks::collapsed_frame)
+                    .collect();
+                writeln!(out, "{} {}", frames.join(";"), s.event_count)?;
             }
+        }
+        ReportFormat::Flamegraph | ReportFormat::Pprof | ReportFormat::Html => {
+            return Err(ReportError::NeedsOutput(match format {
+                ReportFormat::Flamegraph => "flamegraph",
+                ReportFormat::Pprof => "pprof",
+                _ => "html",
+            }))
         }
     }
     Ok(())
+}
+
+/// Column title of an event count: `CPU s` for clock events, else `count`.
+pub(crate) fn count_title(event: &str) -> &'static str {
+    if is_clock(event) {
+        "CPU s"
+    } else {
+        "count"
+    }
+}
+
+/// An event count as its column shows it: seconds with 3 decimals for
+/// clock events (ns), else the count.
+pub(crate) fn count_text(event: &str, count: u64) -> String {
+    if is_clock(event) {
+        format!("{:.3}", count as f64 / 1e9)
+    } else {
+        count.to_string()
+    }
 }
 
 fn human_count(n: u64) -> String {
@@ -43,6 +74,26 @@ fn event_count_text(name: &str, count: u64) -> String {
     } else {
         format!("event count {}", human_count(count))
     }
+}
+
+/// `--time` and `--cpu` in words (`10 s to 20 s, CPUs 0,1`).
+pub(crate) fn slice_text(r: &Report) -> Option<String> {
+    let sl = r.slice.as_ref()?;
+    let mut parts = Vec::new();
+    if let Some((a, b)) = sl.seconds {
+        if b == u32::MAX {
+            parts.push(format!("from {a} s to the end"));
+        } else {
+            parts.push(format!("{a} s to {} s", u64::from(b) + 1));
+        }
+    }
+    if let Some(c) = &sl.cpus {
+        parts.push(format!(
+            "CPUs {}",
+            c.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        ));
+    }
+    Some(parts.join(", "))
 }
 
 /// Header lines (`# ...`), shared by table output.
@@ -153,6 +204,24 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             v.push(format!("# agent     {vm}: {why}"));
         }
     }
+    // What profiling cost each domain (its own CPU and interrupts over the
+    // CPU it observed, the rate used, the budget).
+    for (k, line) in &r.meta {
+        if let Some(domain) = k.strip_prefix("profiler_") {
+            v.push(format!("# cost      {domain}: {line}"));
+        }
+    }
+    if let Some(t) = slice_text(r) {
+        v.push(format!(
+            "# slice     {t} (whole seconds; agents' rows scaled to the guest time the host measured in the slice)"
+        ));
+    }
+    if let Some(c) = &r.class_rules {
+        v.push(format!("# classes   {c}, then the built-in rules"));
+    }
+    if r.view == "merged" && !r.scales.is_empty() {
+        v.push("# note      samples of active VMs' guest rows are their agents' own; the event count (CPU s) adds up across samplers".into());
+    }
     if r.view != "merged" {
         v.push(format!(
             "# view      {} measurements only (unscaled)",
@@ -179,26 +248,27 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
     // Column texts.
     let mut header: Vec<String> = Vec::new();
     for e in &r.events {
-        if multi {
-            header.push(e.name.clone());
-            header.push("%".into());
+        header.push(if multi {
+            e.name.clone()
         } else {
-            header.push("samples".into());
-            header.push("%".into());
-        }
+            "samples".into()
+        });
+        header.push(count_title(&e.name).into());
+        header.push("%".into());
     }
     header.extend(r.fields.iter().cloned());
     let mut cells: Vec<Vec<String>> = Vec::with_capacity(r.rows.len());
     for row in &r.rows {
         let mut c = Vec::with_capacity(header.len());
-        for (s, p) in row.samples.iter().zip(&row.percent) {
-            c.push(s.to_string());
-            c.push(format!("{p:.2}%"));
+        for (i, e) in r.events.iter().enumerate() {
+            c.push(row.samples[i].to_string());
+            c.push(count_text(&e.name, row.event_count[i]));
+            c.push(format!("{:.2}%", row.percent[i]));
         }
         c.extend(row.values.iter().cloned());
         cells.push(c);
     }
-    let ncount = r.events.len() * 2;
+    let ncount = r.events.len() * 3;
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for c in &cells {
         for (i, v) in c.iter().enumerate() {
@@ -247,17 +317,115 @@ fn csv_out(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
     let mut header: Vec<String> = r.fields.clone();
     for e in &r.events {
         header.push(format!("{} samples", e.name));
+        header.push(if is_clock(&e.name) {
+            format!("{} CPU s", e.name)
+        } else {
+            format!("{} count", e.name)
+        });
         header.push(format!("{} percent", e.name));
     }
     w.write_record(&header)?;
     for row in &r.rows {
         let mut rec = row.values.clone();
-        for (s, p) in row.samples.iter().zip(&row.percent) {
-            rec.push(s.to_string());
-            rec.push(format!("{p:.4}"));
+        for (i, e) in r.events.iter().enumerate() {
+            rec.push(row.samples[i].to_string());
+            rec.push(if is_clock(&e.name) {
+                format!("{:.9}", row.event_count[i] as f64 / 1e9)
+            } else {
+                row.event_count[i].to_string()
+            });
+            rec.push(format!("{:.4}", row.percent[i]));
         }
         w.write_record(&rec)?;
     }
     w.flush()?;
+    Ok(())
+}
+
+/// Callers or callees of one function as a table, JSON or CSV.
+pub fn render_call_graph(
+    g: &CallGraph,
+    format: ReportFormat,
+    out: &mut dyn Write,
+) -> Result<(), ReportError> {
+    let arrow = if g.direction == "callers" {
+        " <- "
+    } else {
+        " -> "
+    };
+    match format {
+        ReportFormat::Json => {
+            serde_json::to_writer_pretty(&mut *out, g)?;
+            writeln!(out)?;
+        }
+        ReportFormat::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            w.write_record([
+                "path".to_string(),
+                "samples".into(),
+                if is_clock(&g.event) {
+                    "CPU s".into()
+                } else {
+                    "count".into()
+                },
+                "percent".into(),
+            ])?;
+            for p in &g.paths {
+                w.write_record([
+                    p.path.join(arrow.trim()),
+                    p.samples.to_string(),
+                    count_text(&g.event, p.event_count),
+                    format!("{:.4}", p.percent),
+                ])?;
+            }
+            w.flush()?;
+        }
+        _ => {
+            writeln!(
+                out,
+                "# {} of {} ({}): {} samples, {} {}, {:.2}% of the event's total (each sample once)",
+                g.direction,
+                g.symbol,
+                g.event,
+                g.samples,
+                count_text(&g.event, g.event_count),
+                count_title(&g.event),
+                g.percent_of_total
+            )?;
+            let title = if g.direction == "callers" {
+                "callers (nearest first)"
+            } else {
+                "callees (direct callee first)"
+            };
+            let rows: Vec<[String; 4]> = g
+                .paths
+                .iter()
+                .map(|p| {
+                    [
+                        p.samples.to_string(),
+                        count_text(&g.event, p.event_count),
+                        format!("{:.2}%", p.percent),
+                        format!("{}{arrow}{}", g.symbol, p.path.join(arrow)),
+                    ]
+                })
+                .collect();
+            let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0).max(7);
+            let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0).max(5);
+            let w2 = rows.iter().map(|r| r[2].len()).max().unwrap_or(0).max(1);
+            writeln!(
+                out,
+                "{:>w0$}  {:>w1$}  {:>w2$}  {title}",
+                "samples",
+                count_title(&g.event),
+                "%"
+            )?;
+            for r in &rows {
+                writeln!(out, "{:>w0$}  {:>w1$}  {:>w2$}  {}", r[0], r[1], r[2], r[3])?;
+            }
+            if g.omitted > 0 {
+                writeln!(out, "# {} more paths below --limit", g.omitted)?;
+            }
+        }
+    }
     Ok(())
 }

@@ -1,26 +1,40 @@
 //! santos2006's side-by-side view of one domain: its kernel on the left,
 //! the VMM working in its context on the right, samples and % of all
-//! samples of the event, with "other" and TOTAL rows.
+//! samples of the event, with "other" and TOTAL rows. With `--by class`
+//! it is the slides' class table (netback, bridge, net/core … beside the
+//! VMM's classes).
 
-use crate::{display_value, ReportError};
+use crate::{GroupKey, Grouper, ReportError, ReportOptions};
 use serde::Serialize;
 use std::io::Write;
-use vmscope_store::{Field, Session, View};
+use vmscope_store::{Field, Session};
+
+/// One line of a half: samples, event count, % of the event's total.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SideRow {
+    pub samples: u64,
+    /// Sum of periods (ns for clock events): adds up across samplers.
+    pub event_count: u64,
+    pub percent: f64,
+    pub label: String,
+}
 
 /// One half of the view.
 #[derive(Debug, Clone, Serialize)]
 pub struct Half {
     pub title: String,
     /// (samples, percent of all samples of the event, label).
-    pub rows: Vec<(u64, f64, String)>,
-    pub other: (u64, f64),
-    pub total: (u64, f64),
+    pub rows: Vec<SideRow>,
+    pub other: SideRow,
+    pub total: SideRow,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SideBySide {
     pub domain: String,
     pub event: String,
+    /// What the rows are (`symbol`, `class`, `image` …).
+    pub label: String,
     pub left: Half,
     pub right: Half,
 }
@@ -28,37 +42,32 @@ pub struct SideBySide {
 /// What both halves share.
 struct Query<'a> {
     session: &'a Session,
-    view: View,
+    opts: &'a ReportOptions,
     event: u32,
-    by: &'a [Field],
+    grouper: Grouper,
     domain: &'a str,
     total_period: u64,
     limit: usize,
 }
 
 fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportError> {
-    let (session, view, event, by, domain) = (q.session, q.view, q.event, q.by, q.domain);
     let (total_period, limit) = (q.total_period, q.limit);
     let mut merged: Vec<(String, u64, u64)> = Vec::new();
     for c in contexts {
-        let filter = vec![
-            (Field::Domain, domain.to_string()),
+        let mut opts = q.opts.clone();
+        opts.full_paths = false;
+        opts.filter = vec![
+            (Field::Domain, q.domain.to_string()),
             (Field::Context, c.to_string()),
         ];
-        for g in session.grouped(view, event, by, &filter)? {
-            let label = g
-                .values
-                .iter()
-                .zip(by)
-                .map(|(v, f)| display_value(*f, v, false))
-                .collect::<Vec<_>>()
-                .join(" ");
+        for (values, samples, period) in q.grouper.query(q.session, &opts, q.event)? {
+            let label = values.join(" ");
             match merged.iter_mut().find(|m| m.0 == label) {
                 Some(m) => {
-                    m.1 += g.samples;
-                    m.2 += g.period;
+                    m.1 += samples;
+                    m.2 += period;
                 }
-                None => merged.push((label, g.samples, g.period)),
+                None => merged.push((label, samples, period)),
             }
         }
     }
@@ -77,7 +86,12 @@ fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportE
         ts += s;
         tp += p;
         if i < limit {
-            rows.push((s, pct(p), label));
+            rows.push(SideRow {
+                samples: s,
+                event_count: p,
+                percent: pct(p),
+                label,
+            });
         } else {
             os += s;
             op += p;
@@ -86,42 +100,41 @@ fn half(q: &Query<'_>, contexts: &[&str], title: String) -> Result<Half, ReportE
     Ok(Half {
         title,
         rows,
-        other: (os, pct(op)),
-        total: (ts, pct(tp)),
+        other: SideRow {
+            samples: os,
+            event_count: op,
+            percent: pct(op),
+            label: "other".into(),
+        },
+        total: SideRow {
+            samples: ts,
+            event_count: tp,
+            percent: pct(tp),
+            label: "TOTAL".into(),
+        },
     })
 }
 
 /// Build the view for `domain` (a VM: guest kernel | VMM in its context;
-/// the host: host kernel | host user).
+/// the host: host kernel | host user), grouped by `opts.by` (default
+/// symbol), in `opts`' view and slice, `opts.limit` rows (default 10).
 pub fn build_side_by_side(
     session: &Session,
     domain: &str,
-    event: Option<&str>,
-    by: &[Field],
-    limit: usize,
-    view: View,
+    opts: &ReportOptions,
 ) -> Result<SideBySide, ReportError> {
-    crate::check_domain(session, view, domain)?;
+    crate::check_domain(session, opts.view, domain)?;
     let events = session.events()?;
-    let ev = match event {
-        Some(want) => events
-            .iter()
-            .position(|e| e.name.eq_ignore_ascii_case(want))
-            .ok_or_else(|| ReportError::UnknownEvent {
-                wanted: want.into(),
-                have: events
-                    .iter()
-                    .map(|e| e.name.clone())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })? as u32,
-        None => 0,
-    };
-    let total = session.totals(view)?.get(&ev).map(|t| t.1).unwrap_or(0);
-    let by: Vec<Field> = if by.is_empty() {
-        vec![Field::Symbol]
+    let ev = crate::event_index(session, opts.event.as_deref())?;
+    let total = session
+        .totals_in(opts.view, &opts.slice)?
+        .get(&ev)
+        .map(|t| t.1)
+        .unwrap_or(0);
+    let by: Vec<GroupKey> = if opts.by.is_empty() {
+        vec![GroupKey::Field(Field::Symbol)]
     } else {
-        by.to_vec()
+        opts.by.clone()
     };
     let host = domain == vmscope_model::HOST_DOMAIN;
     let (lc, rc): (&[&str], &[&str]) = if host {
@@ -139,19 +152,21 @@ pub fn build_side_by_side(
     };
     let q = Query {
         session,
-        view,
+        opts,
         event: ev,
-        by: &by,
+        grouper: Grouper::new(&by),
         domain,
         total_period: total,
-        limit,
+        limit: opts.limit.unwrap_or(10),
     };
+    let label = by.iter().map(|k| k.name()).collect::<Vec<_>>().join(" ");
     Ok(SideBySide {
         domain: domain.into(),
         event: events
             .get(ev as usize)
             .map(|e| e.name.clone())
             .unwrap_or_default(),
+        label,
         left: half(&q, lc, lt)?,
         right: half(&q, rc, rt)?,
     })
@@ -162,20 +177,30 @@ pub fn render_side_by_side(v: &SideBySide, out: &mut dyn Write) -> Result<(), Re
     let fmt_half = |h: &Half| -> Vec<String> {
         let mut lines = vec![
             h.title.clone(),
-            format!("{:>9}  {:>7}  {}", "samples", "%", "symbol"),
+            format!(
+                "{:>9}  {:>9}  {:>7}  {}",
+                "samples",
+                crate::render::count_title(&v.event),
+                "%",
+                v.label
+            ),
         ];
-        for (s, p, l) in &h.rows {
-            lines.push(format!("{s:>9}  {p:>7.3}  {l}"));
+        for r in h.rows.iter().chain([&h.other, &h.total]) {
+            lines.push(format!(
+                "{:>9}  {:>9}  {:>7.3}  {}",
+                r.samples,
+                crate::render::count_text(&v.event, r.event_count),
+                r.percent,
+                r.label
+            ));
         }
-        lines.push(format!("{:>9}  {:>7.3}  other", h.other.0, h.other.1));
-        lines.push(format!("{:>9}  {:>7.3}  TOTAL", h.total.0, h.total.1));
         lines
     };
     let (l, r) = (fmt_half(&v.left), fmt_half(&v.right));
     let width = l.iter().map(|s| s.chars().count()).max().unwrap_or(0) + 4;
     writeln!(
         out,
-        "# {} ({}): % of all samples of the event",
+        "# {} ({}): % of the event's total count (all domains)",
         v.domain, v.event
     )?;
     for i in 0..l.len().max(r.len()) {

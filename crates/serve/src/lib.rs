@@ -1,5 +1,7 @@
 //! vmscope's HTTP side (`vmscope serve`): `/metrics` in the Prometheus
-//! exposition format (OpenMetrics) for every VM on the host.
+//! exposition format (OpenMetrics) for every VM on the host, and with
+//! `--profile` `/debug/pprof/profile?seconds=N`, a pprof of the host and its
+//! active VMs from a rolling recording ([`profile`]).
 //!
 //! The server is tiny_http, a well-kept small HTTP/1.1 server: each client
 //! connection is read on a thread of its own, so a client that sends
@@ -8,6 +10,8 @@
 //! answer (a rolling profile waiting for its seconds) never holds up
 //! `/metrics`. The host is sampled when scraped (counters are exact at
 //! scrape time and nothing runs between scrapes), one scrape at a time.
+
+pub mod profile;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +29,9 @@ pub enum ServeError {
     /// The first sample of the host failed.
     #[error("sampling the host: {0}")]
     Sample(#[from] vmscope_stat::StatError),
+    /// The rolling recording of `--profile` could not start.
+    #[error("--profile: {0}")]
+    Profile(String),
 }
 
 /// What `serve` exports and where.
@@ -37,6 +44,8 @@ pub struct ServeOptions {
     pub per_cpu: bool,
     /// Processes whose CPU is shared I/O work for all VMs.
     pub shared_io: Vec<u32>,
+    /// Keep a rolling recording and answer `/debug/pprof/profile`.
+    pub profile: Option<profile::ProfileOptions>,
 }
 
 /// What a scrape samples.
@@ -50,6 +59,7 @@ struct Sampler {
 pub struct Server {
     http: tiny_http::Server,
     sampler: Arc<Mutex<Sampler>>,
+    rolling: Option<Arc<profile::Rolling>>,
 }
 
 impl Server {
@@ -69,6 +79,10 @@ impl Server {
         } else {
             None
         };
+        let rolling = match &opts.profile {
+            Some(p) => Some(profile::Rolling::start(p.clone())?),
+            None => None,
+        };
         Ok(Server {
             http,
             sampler: Arc::new(Mutex::new(Sampler {
@@ -76,6 +90,7 @@ impl Server {
                 vmstat,
                 totals: Totals::new(opts.per_cpu),
             })),
+            rolling,
         })
     }
 
@@ -99,12 +114,16 @@ impl Server {
                 }
             };
             let sampler = Arc::clone(&self.sampler);
+            let rolling = self.rolling.clone();
             let spawned = std::thread::Builder::new()
                 .name("serve-request".into())
-                .spawn(move || handle(req, &sampler));
+                .spawn(move || handle(req, &sampler, rolling.as_deref()));
             if let Err(e) = spawned {
                 eprintln!("vmscope serve: cannot start a request thread: {e}");
             }
+        }
+        if let Some(r) = &self.rolling {
+            r.stop();
         }
     }
 }
@@ -121,8 +140,11 @@ fn text(status: u16, body: String) -> tiny_http::Response<std::io::Cursor<Vec<u8
         .with_header(header("Content-Type", "text/plain; charset=utf-8"))
 }
 
-fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>) {
-    let path = req.url().split('?').next().unwrap_or("").to_string();
+fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>, rolling: Option<&profile::Rolling>) {
+    let (path, query) = match req.url().split_once('?') {
+        Some((p, q)) => (p.to_string(), q.to_string()),
+        None => (req.url().to_string(), String::new()),
+    };
     let resp = if *req.method() != tiny_http::Method::Get {
         text(405, "only GET is served\n".into())
     } else {
@@ -134,7 +156,35 @@ fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>) {
                 )),
                 Err(e) => text(500, format!("sampling the host failed: {e}\n")),
             },
-            "/" => text(200, "vmscope serve: /metrics\n".into()),
+            "/debug/pprof/profile" => match rolling {
+                None => text(
+                    404,
+                    format!("{path}: not served: start vmscope serve with --profile\n"),
+                ),
+                Some(r) => match r.seconds(&query) {
+                    Err(e) => text(400, format!("{e}\n")),
+                    Ok(n) => match r.profile(n) {
+                        // A known length rather than tiny_http's chunks
+                        // past 32 KiB: simpler for every scraper.
+                        Ok(body) => tiny_http::Response::from_data(body)
+                            .with_chunked_threshold(usize::MAX)
+                            .with_header(header("Content-Type", "application/octet-stream"))
+                            .with_header(header(
+                                "Content-Disposition",
+                                "attachment; filename=\"profile.pb.gz\"",
+                            )),
+                        Err(e) => text(500, format!("{e}\n")),
+                    },
+                },
+            },
+            "/" => text(
+                200,
+                if rolling.is_some() {
+                    "vmscope serve: /metrics, /debug/pprof/profile?seconds=N\n".into()
+                } else {
+                    "vmscope serve: /metrics\n".into()
+                },
+            ),
             _ => text(404, format!("{path}: not found (try /metrics)\n")),
         }
     };

@@ -9,6 +9,7 @@ fn start() -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         listen: "127.0.0.1:0".into(),
         per_cpu: true,
         shared_io: vec![],
+        profile: None,
     })
     .unwrap();
     let addr = server.local_addr();
@@ -79,6 +80,7 @@ fn a_used_port_is_named() {
         listen: addr.clone(),
         per_cpu: false,
         shared_io: vec![],
+        profile: None,
     })
     .err()
     .unwrap()

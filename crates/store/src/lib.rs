@@ -22,7 +22,9 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use vmscope_model::{AggKey, Context, Domain, Profile, ProfileRow, Role, SessionEvent};
+use vmscope_model::{
+    AggKey, Context, Domain, Profile, ProfileRow, Role, SessionEvent, UNKNOWN_SLICE,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -147,21 +149,78 @@ pub enum View {
     Agent,
 }
 
+/// A time and CPU slice of a session (`report --time`, `--cpu`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slice {
+    /// First and last whole second since the start, inclusive.
+    pub seconds: Option<(u32, u32)>,
+    /// Host CPUs. Agents' rows carry guest CPUs (vCPUs), so they are not
+    /// filtered by this: in the merged view they are scaled to the guest
+    /// time the host measured on these CPUs.
+    pub cpus: Option<Vec<u32>>,
+}
+
+impl Slice {
+    pub fn is_all(&self) -> bool {
+        self.seconds.is_none() && self.cpus.is_none()
+    }
+
+    /// SQL condition on a table aliased `alias` (numbers only: no user text).
+    fn condition(&self, alias: &str, with_cpu: bool) -> String {
+        let mut c = vec!["1".to_string()];
+        if let Some((a, b)) = self.seconds {
+            c.push(format!("{alias}.second BETWEEN {a} AND {b}"));
+        }
+        if let (true, Some(cpus)) = (with_cpu, &self.cpus) {
+            let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+            c.push(format!("{alias}.cpu IN ({})", list.join(",")));
+        }
+        c.join(" AND ")
+    }
+}
+
+/// Columns every row source has, in this order.
+const COLUMNS: &str =
+    "event, domain, context, process, image, symbol, stack, srcline, second, cpu, samples, period";
+
+const GUEST_CONTEXTS: &str = "('guest', 'guest-user', 'guest-kernel')";
+
 impl View {
-    /// The SQL row source of this view (columns as in `samples`).
-    fn source(self) -> &'static str {
+    /// The row source restricted to a slice. In the merged view the scale
+    /// of each active VM is recomputed for the slice: the guest time the
+    /// host measured in it over the agent's busy time in it.
+    fn source_in(self, slice: &Slice) -> String {
+        let host = slice.condition("s", true);
+        let agent = slice.condition("a", false);
         match self {
-            View::Host => "samples",
-            View::Agent => "agent_samples",
+            View::Host if slice.is_all() => "samples".into(),
+            View::Agent if slice.is_all() => "agent_samples".into(),
+            View::Host => format!("(SELECT {COLUMNS} FROM samples s WHERE {host})"),
+            View::Agent => format!("(SELECT {COLUMNS} FROM agent_samples a WHERE {agent})"),
             View::Merged => {
-                "(SELECT event, domain, context, process, image, symbol, stack, samples, period FROM samples s \
-                  WHERE NOT (s.context IN ('guest', 'guest-user', 'guest-kernel') AND EXISTS \
-                    (SELECT 1 FROM domain_scale d WHERE d.domain = s.domain AND d.event = s.event)) \
-                  UNION ALL \
-                  SELECT a.event, a.domain, a.context, a.process, a.image, a.symbol, a.stack, a.samples, \
-                    CAST(ROUND(a.period * d.factor) AS INTEGER) AS period \
-                  FROM agent_samples a JOIN domain_scale d ON d.domain = a.domain AND d.event = a.event \
-                  WHERE a.process != 'swapper')"
+                let factors = if slice.is_all() {
+                    "SELECT domain, event, factor FROM domain_scale".to_string()
+                } else {
+                    format!(
+                        "SELECT d.domain, d.event, \
+                           (SELECT SUM(s.period) FROM samples s WHERE s.domain = d.domain AND s.event = d.event \
+                              AND s.context IN {GUEST_CONTEXTS} AND {host}) * 1.0 / \
+                           (SELECT SUM(a.period) FROM agent_samples a WHERE a.domain = d.domain AND a.event = d.event \
+                              AND a.process != 'swapper' AND {agent}) AS factor \
+                         FROM domain_scale d"
+                    )
+                };
+                format!(
+                    "(WITH f AS ({factors}) \
+                      SELECT {COLUMNS} FROM samples s \
+                      WHERE {host} AND NOT (s.context IN {GUEST_CONTEXTS} AND EXISTS \
+                        (SELECT 1 FROM f WHERE f.domain = s.domain AND f.event = s.event AND f.factor IS NOT NULL)) \
+                      UNION ALL \
+                      SELECT a.event, a.domain, a.context, a.process, a.image, a.symbol, a.stack, a.srcline, \
+                        a.second, a.cpu, a.samples, CAST(ROUND(a.period * f.factor) AS INTEGER) AS period \
+                      FROM agent_samples a JOIN f ON f.domain = a.domain AND f.event = a.event \
+                      WHERE a.process != 'swapper' AND f.factor IS NOT NULL AND {agent})"
+                )
             }
         }
     }
@@ -175,6 +234,10 @@ pub enum Field {
     Process,
     Image,
     Symbol,
+    /// Source file and line (DWARF).
+    Srcline,
+    /// The CPU (`-1` where the source did not record it).
+    Cpu,
 }
 
 impl Field {
@@ -185,6 +248,8 @@ impl Field {
             "process" | "comm" => Some(Field::Process),
             "image" | "dso" => Some(Field::Image),
             "symbol" | "sym" => Some(Field::Symbol),
+            "srcline" => Some(Field::Srcline),
+            "cpu" => Some(Field::Cpu),
             _ => None,
         }
     }
@@ -195,6 +260,8 @@ impl Field {
             Field::Process => "process",
             Field::Image => "image",
             Field::Symbol => "symbol",
+            Field::Srcline => "srcline",
+            Field::Cpu => "cpu",
         }
     }
     /// SQL expression a report groups by. The context view splits kernel
@@ -203,9 +270,10 @@ impl Field {
         match self {
             Field::Context => {
                 "(context || CASE WHEN context IN ('host-kernel','vmm-kernel','guest-kernel') \
-                 AND image LIKE '[%]' AND image NOT IN ('[kernel.kallsyms]','[guest.kernel]') \
+                 AND image LIKE '[%]' AND image NOT IN ('[kernel.kallsyms]','[guest.kernel.kallsyms]') \
                  THEN ' (modules)' ELSE '' END)"
             }
+            Field::Cpu => "CAST(cpu AS TEXT)",
             _ => self.name(),
         }
     }
@@ -215,12 +283,36 @@ impl Field {
     }
 }
 
+/// What a session can be sliced by (`report --time`, `--cpu`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slicing {
+    /// Schema version the session was written with (2 for older files).
+    pub created_schema: i64,
+    /// Every host row has its second.
+    pub time: bool,
+    /// Every host row has its CPU.
+    pub cpu: bool,
+    /// First and last second with samples.
+    pub seconds: Option<(u32, u32)>,
+    /// CPUs with samples.
+    pub cpus: Vec<u32>,
+}
+
 /// One grouped row: values in the order of the requested fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupRow {
     pub values: Vec<String>,
     pub samples: u64,
     pub period: u64,
+}
+
+/// A second or CPU as stored: -1 for [`UNKNOWN_SLICE`].
+fn slice_column(v: u32) -> i64 {
+    if v == UNKNOWN_SLICE {
+        -1
+    } else {
+        i64::from(v)
+    }
 }
 
 fn sql_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -295,6 +387,11 @@ impl SessionWriter {
             .map_err(sql_err(path))?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql_err(path))?;
+        // Rows keyed by second and CPU make the tables several times larger
+        // than SQLite's default 2 MB page cache: past it every flush spills
+        // and re-reads pages. 64 MiB at most, taken only as the file grows.
+        conn.pragma_update(None, "cache_size", -65_536)
+            .map_err(sql_err(path))?;
         schema::create(&conn).map_err(sql_err(path))?;
         let w = SessionWriter {
             conn,
@@ -302,6 +399,8 @@ impl SessionWriter {
             stack_ids: HashMap::new(),
         };
         w.set_meta("clean_stop", "0")?;
+        // Sessions created at schema 3 or later have time and CPU per row.
+        w.set_meta("created_schema", &SCHEMA_VERSION.to_string())?;
         w.set_meta("vmscope_version", env!("CARGO_PKG_VERSION"))?;
         Ok(w)
     }
@@ -391,7 +490,9 @@ impl SessionWriter {
         self.flush_into(delta, "samples")
     }
 
-    /// Add a delta of what active VMs' agents measured in their guests.
+    /// Add a delta of what active VMs' agents measured in their guests. A
+    /// guest's `[kernel.kallsyms]` and `[module]` images are stored as
+    /// `[guest.kernel.kallsyms]` and `[guest.module]`.
     pub fn flush_agent(&mut self, delta: &Profile) -> Result<()> {
         self.flush_into(delta, "agent_samples")
     }
@@ -447,21 +548,31 @@ impl SessionWriter {
             let mut st = self
                 .conn
                 .prepare_cached(&format!(
-                    "INSERT INTO {table}(event, domain, context, process, image, symbol, stack, samples, period)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                     ON CONFLICT(event, domain, context, process, image, symbol, stack)
+                    "INSERT INTO {table}(event, domain, context, process, image, symbol, stack, srcline, second, cpu, samples, period)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     ON CONFLICT(event, domain, context, process, image, symbol, stack, srcline, second, cpu)
                      DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period"
                 ))
                 .map_err(sql_err(&path))?;
             for ((k, c), stack) in delta.rows.iter().zip(stacks) {
+                // Agents name their guest's kernel and modules as any Linux
+                // does; stored apart from the host's (docs/architecture.md §4).
+                let image = if table == "agent_samples" {
+                    vmscope_model::guest_image(&k.image, k.context)
+                } else {
+                    std::borrow::Cow::Borrowed(&*k.image)
+                };
                 st.execute(params![
                     k.event,
                     &*k.domain,
                     k.context.as_str(),
                     &*k.process,
-                    &*k.image,
+                    &*image,
                     &*k.symbol,
                     stack,
+                    &*k.srcline,
+                    slice_column(k.second),
+                    slice_column(k.cpu),
                     c.samples as i64,
                     c.period as i64
                 ])
@@ -494,6 +605,24 @@ impl SessionWriter {
                     .map_err(sql_err(&path))?;
             }
         }
+        Ok(())
+    }
+
+    /// Record the build-ids (hex) of files the session's symbols came from.
+    pub fn set_build_ids(&self, ids: &[(String, String)]) -> Result<()> {
+        let tx = self
+            .conn
+            .unchecked_transaction()
+            .map_err(sql_err(&self.path))?;
+        for (path, id) in ids {
+            tx.execute(
+                "INSERT INTO images(path, build_id) VALUES (?1, ?2)
+                 ON CONFLICT(path) DO UPDATE SET build_id = excluded.build_id",
+                params![path, id],
+            )
+            .map_err(sql_err(&self.path))?;
+        }
+        tx.commit().map_err(sql_err(&self.path))?;
         Ok(())
     }
 
@@ -813,9 +942,57 @@ impl Session {
 
     /// (samples, period) totals per event index.
     pub fn totals(&self, view: View) -> Result<BTreeMap<u32, (u64, u64)>> {
+        self.totals_in(view, &Slice::default())
+    }
+
+    /// What this session can be sliced by.
+    pub fn slicing(&self) -> Result<Slicing> {
+        let created: i64 = self
+            .meta()?
+            .get("created_schema")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2);
+        let q = |sql: &str| -> Result<bool> {
+            self.conn
+                .query_row(sql, [], |r| r.get::<_, bool>(0))
+                .map_err(sql_err(&self.path))
+        };
+        let time = created >= 3 && !q("SELECT EXISTS(SELECT 1 FROM samples WHERE second < 0)")?;
+        let cpu = created >= 3 && !q("SELECT EXISTS(SELECT 1 FROM samples WHERE cpu < 0)")?;
+        let (first, last): (Option<i64>, Option<i64>) = self
+            .conn
+            .query_row(
+                "SELECT MIN(second), MAX(second) FROM samples WHERE second >= 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sql_err(&self.path))?;
+        let mut st = self
+            .conn
+            .prepare("SELECT DISTINCT cpu FROM samples WHERE cpu >= 0 ORDER BY cpu")
+            .map_err(sql_err(&self.path))?;
+        let cpus = st
+            .query_map([], |r| r.get::<_, i64>(0))
+            .map_err(sql_err(&self.path))?
+            .collect::<std::result::Result<Vec<i64>, _>>()
+            .map_err(sql_err(&self.path))?
+            .into_iter()
+            .map(|c| c as u32)
+            .collect();
+        Ok(Slicing {
+            created_schema: created,
+            time,
+            cpu,
+            seconds: first.zip(last).map(|(a, b)| (a as u32, b as u32)),
+            cpus,
+        })
+    }
+
+    /// (samples, period) totals per event index within a slice.
+    pub fn totals_in(&self, view: View, slice: &Slice) -> Result<BTreeMap<u32, (u64, u64)>> {
         let sql = format!(
             "SELECT event, SUM(samples), SUM(period) FROM {} GROUP BY event",
-            view.source()
+            view.source_in(slice)
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let rows = st
@@ -839,6 +1016,18 @@ impl Session {
         fields: &[Field],
         filter: &[(Field, String)],
     ) -> Result<Vec<GroupRow>> {
+        self.grouped_in(view, &Slice::default(), event, fields, filter)
+    }
+
+    /// [`Session::grouped`] within a slice.
+    pub fn grouped_in(
+        &self,
+        view: View,
+        slice: &Slice,
+        event: u32,
+        fields: &[Field],
+        filter: &[(Field, String)],
+    ) -> Result<Vec<GroupRow>> {
         let cols: Vec<&str> = fields.iter().map(|f| f.select_expr()).collect();
         let select = if cols.is_empty() {
             String::from("''")
@@ -856,7 +1045,7 @@ impl Session {
         }
         let sql = format!(
             "SELECT {select}, SUM(samples) AS s, SUM(period) FROM {} {where_sql} {group} ORDER BY s DESC, {select}",
-            view.source()
+            view.source_in(slice)
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let mut args: Vec<rusqlite::types::Value> = vec![i64::from(event).into()];
@@ -881,11 +1070,22 @@ impl Session {
 
     /// Every stored row of one event (or all events), stacks as text.
     pub fn rows(&self, view: View, event: Option<u32>) -> Result<Vec<ProfileRow>> {
+        self.rows_in(view, &Slice::default(), event)
+    }
+
+    /// [`Session::rows`] within a slice.
+    pub fn rows_in(
+        &self,
+        view: View,
+        slice: &Slice,
+        event: Option<u32>,
+    ) -> Result<Vec<ProfileRow>> {
         let sql = format!(
-            "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''), s.samples, s.period
+            "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''),
+               s.srcline, s.second, s.cpu, s.samples, s.period
              FROM {} s LEFT JOIN stacks k ON k.id = s.stack
              WHERE ?1 IS NULL OR s.event = ?1 ORDER BY s.samples DESC",
-            view.source()
+            view.source_in(slice)
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
         let rows = st
@@ -900,9 +1100,12 @@ impl Session {
                         image: r.get::<_, String>(4)?.into(),
                         symbol: r.get::<_, String>(5)?.into(),
                         stack: r.get::<_, String>(6)?.into(),
+                        srcline: r.get::<_, String>(7)?.into(),
+                        second: u32::try_from(r.get::<_, i64>(8)?).unwrap_or(UNKNOWN_SLICE),
+                        cpu: u32::try_from(r.get::<_, i64>(9)?).unwrap_or(UNKNOWN_SLICE),
                     },
-                    samples: r.get::<_, i64>(7)? as u64,
-                    period: r.get::<_, i64>(8)? as u64,
+                    samples: r.get::<_, i64>(10)? as u64,
+                    period: r.get::<_, i64>(11)? as u64,
                 })
             })
             .map_err(sql_err(&self.path))?;
@@ -914,7 +1117,11 @@ impl Session {
     /// also every domain the session lists), sorted: what a filter that
     /// matched nothing can offer instead.
     pub fn values(&self, view: View, field: Field) -> Result<Vec<String>> {
-        let mut sql = format!("SELECT DISTINCT {} FROM {}", field.column(), view.source());
+        let mut sql = format!(
+            "SELECT DISTINCT {} FROM {}",
+            field.column(),
+            view.source_in(&Slice::default())
+        );
         if field == Field::Domain {
             sql.push_str(" UNION SELECT name FROM domains");
         }
@@ -948,6 +1155,32 @@ impl Session {
                     factor: r.get(6)?,
                 })
             })
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Build-ids (hex) by image path.
+    pub fn build_ids(&self) -> Result<HashMap<String, String>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT path, build_id FROM images")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(sql_err(&self.path))?;
+        rows.collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Kinds of interval rows the session holds.
+    pub fn interval_kinds(&self) -> Result<Vec<String>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT DISTINCT kind FROM intervals ORDER BY kind")
+            .map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| r.get(0))
             .map_err(sql_err(&self.path))?;
         rows.collect::<std::result::Result<_, _>>()
             .map_err(sql_err(&self.path))

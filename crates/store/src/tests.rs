@@ -10,6 +10,9 @@ fn key(sym: &str, stack: &str) -> AggKey {
         image: "/bin/demo".into(),
         symbol: sym.into(),
         stack: stack.into(),
+        srcline: "".into(),
+        second: 0,
+        cpu: 0,
     }
 }
 
@@ -162,6 +165,9 @@ fn merged_view_replaces_guest_rows_by_scaled_agent_rows() {
         image: "i".into(),
         symbol: sym.into(),
         stack: "".into(),
+        srcline: "".into(),
+        second: 0,
+        cpu: 0,
     };
     let mut host = Profile::new();
     host.add(k("host", Context::HostUser, "p", "h"), 10, 1000);
@@ -213,6 +219,162 @@ fn version_1_sessions_are_migrated_on_open() {
     drop(c);
     let s = Session::open(&path).unwrap();
     assert_eq!(s.totals(View::Merged).unwrap()[&0], (16, 160));
+}
+
+/// A session as vmscope wrote it at schema 2 (the tables of that version,
+/// with a passive VM's `[guest.kernel]` rows and an agent's
+/// `[kernel.kallsyms]` and module rows).
+#[test]
+fn version_2_sessions_are_migrated_and_say_they_cannot_be_sliced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch(
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         CREATE TABLE events(id INTEGER PRIMARY KEY, name TEXT NOT NULL, period INTEGER, frequency INTEGER);
+         CREATE TABLE domains(name TEXT PRIMARY KEY, role TEXT NOT NULL, pid INTEGER,
+            status TEXT NOT NULL DEFAULT 'running', ended_at REAL, detail TEXT NOT NULL DEFAULT '');
+         CREATE TABLE stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);
+         CREATE TABLE samples(event INTEGER NOT NULL, domain TEXT NOT NULL, context TEXT NOT NULL,
+            process TEXT NOT NULL, image TEXT NOT NULL, symbol TEXT NOT NULL, stack INTEGER NOT NULL DEFAULT 0,
+            samples INTEGER NOT NULL, period INTEGER NOT NULL,
+            PRIMARY KEY(event, domain, context, process, image, symbol, stack)) WITHOUT ROWID;
+         CREATE TABLE bins(second INTEGER NOT NULL, event INTEGER NOT NULL, domain TEXT NOT NULL,
+            context TEXT NOT NULL, samples INTEGER NOT NULL, PRIMARY KEY(second, event, domain, context)) WITHOUT ROWID;
+         CREATE TABLE lost(event INTEGER PRIMARY KEY, count INTEGER NOT NULL);
+         CREATE TABLE agent_samples(event INTEGER NOT NULL, domain TEXT NOT NULL, context TEXT NOT NULL,
+            process TEXT NOT NULL, image TEXT NOT NULL, symbol TEXT NOT NULL, stack INTEGER NOT NULL DEFAULT 0,
+            samples INTEGER NOT NULL, period INTEGER NOT NULL,
+            PRIMARY KEY(event, domain, context, process, image, symbol, stack)) WITHOUT ROWID;
+         CREATE TABLE domain_scale(domain TEXT NOT NULL, event INTEGER NOT NULL,
+            host_period INTEGER NOT NULL, agent_period INTEGER NOT NULL,
+            agent_samples INTEGER NOT NULL, agent_lost INTEGER NOT NULL, factor REAL NOT NULL,
+            PRIMARY KEY(domain, event));
+         CREATE TABLE intervals(kind TEXT NOT NULL, t_start REAL NOT NULL, t_end REAL NOT NULL,
+            cpu INTEGER, domain TEXT, vcpu TEXT, metric TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL);
+         CREATE TABLE bench_samples(experiment TEXT NOT NULL, config_hash TEXT NOT NULL, manifest TEXT NOT NULL,
+            point TEXT NOT NULL, sample INTEGER NOT NULL, metric TEXT NOT NULL,
+            value REAL NOT NULL, unit TEXT NOT NULL, raw_output TEXT, flagged TEXT);
+         INSERT INTO meta VALUES ('clean_stop', '1');
+         INSERT INTO events VALUES (0, 'cpu-clock', NULL, 1000);
+         INSERT INTO samples VALUES (0, 'host', 'host-kernel', 'p', '[kernel.kallsyms]', 'schedule', 0, 5, 5000);
+         INSERT INTO samples VALUES (0, 'pas', 'guest-kernel', 'CPU 0/KVM', '[guest.kernel]', 'do_idle', 0, 3, 3000);
+         INSERT INTO agent_samples VALUES (0, 'act', 'guest-kernel', 'httpd', '[kernel.kallsyms]', 'tcp_sendmsg', 0, 2, 2000);
+         INSERT INTO agent_samples VALUES (0, 'act', 'guest-kernel', 'httpd', '[virtio_net]', 'start_xmit', 0, 1, 1000);
+         INSERT INTO agent_samples VALUES (0, 'act', 'guest-user', 'httpd', '/usr/sbin/httpd', 'main', 0, 1, 1000);
+         PRAGMA user_version = 2;",
+    )
+    .unwrap();
+    drop(c);
+    let s = Session::open(&path).unwrap();
+    let images = |view: View| -> Vec<String> {
+        let mut v: Vec<String> = s
+            .grouped(view, 0, &[Field::Image], &[])
+            .unwrap()
+            .into_iter()
+            .map(|g| g.values[0].clone())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        images(View::Host),
+        vec!["[guest.kernel.kallsyms]", "[kernel.kallsyms]"]
+    );
+    assert_eq!(
+        images(View::Agent),
+        vec![
+            "/usr/sbin/httpd",
+            "[guest.kernel.kallsyms]",
+            "[guest.virtio_net]"
+        ]
+    );
+    let sl = s.slicing().unwrap();
+    assert_eq!((sl.created_schema, sl.time, sl.cpu), (2, false, false));
+    let rows = s.rows(View::Host, Some(0)).unwrap();
+    assert!(rows
+        .iter()
+        .all(|r| r.key.second == UNKNOWN_SLICE && r.key.cpu == UNKNOWN_SLICE));
+}
+
+#[test]
+fn slices_select_seconds_and_cpus_and_rescale_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(1000),
+    }])
+    .unwrap();
+    let k = |domain: &str, ctx: Context, sym: &str, second: u32, cpu: u32| AggKey {
+        event: 0,
+        domain: domain.into(),
+        context: ctx,
+        process: "p".into(),
+        image: "i".into(),
+        symbol: sym.into(),
+        stack: "".into(),
+        srcline: "".into(),
+        second,
+        cpu,
+    };
+    let mut host = Profile::new();
+    host.add(k("host", Context::HostUser, "a", 0, 0), 10, 1000);
+    host.add(k("host", Context::HostUser, "a", 1, 1), 20, 2000);
+    // vm1's guest time: 4000 in second 0 on CPU 1, 1000 in second 1 on CPU 0.
+    host.add(k("vm1", Context::GuestTranslated, "[anon]", 0, 1), 40, 4000);
+    host.add(k("vm1", Context::GuestTranslated, "[anon]", 1, 0), 10, 1000);
+    w.flush(&host).unwrap();
+    let mut agent = Profile::new();
+    agent.add(k("vm1", Context::GuestUser, "g0", 0, 0), 4, 400);
+    agent.add(k("vm1", Context::GuestUser, "g1", 1, 0), 1, 100);
+    w.flush_agent(&agent).unwrap();
+    w.set_scale(&ScaleRow {
+        domain: "vm1".into(),
+        event: 0,
+        host_period: 5000,
+        agent_period: 500,
+        agent_samples: 5,
+        agent_lost: 0,
+        factor: 10.0,
+    })
+    .unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let sl = s.slicing().unwrap();
+    assert_eq!(
+        (sl.time, sl.cpu, sl.seconds, sl.cpus.clone()),
+        (true, true, Some((0, 1)), vec![0, 1])
+    );
+    let second1 = Slice {
+        seconds: Some((1, 1)),
+        cpus: None,
+    };
+    assert_eq!(s.totals_in(View::Host, &second1).unwrap()[&0], (30, 3000));
+    // Merged, second 1: the agent's g1 scaled to the 1000 the host saw then.
+    let g = s
+        .grouped_in(View::Merged, &second1, 0, &[Field::Symbol], &[])
+        .unwrap();
+    let got: Vec<(String, u64)> = g.iter().map(|r| (r.values[0].clone(), r.period)).collect();
+    assert_eq!(got, vec![("a".to_string(), 2000), ("g1".to_string(), 1000)]);
+    // CPU 1 only: host a (second 1) and vm1's guest time of second 0 (4000),
+    // spread over the agent's whole distribution.
+    let cpu1 = Slice {
+        seconds: None,
+        cpus: Some(vec![1]),
+    };
+    assert_eq!(s.totals_in(View::Merged, &cpu1).unwrap()[&0].1, 6000);
+    let g = s
+        .grouped_in(View::Merged, &cpu1, 0, &[Field::Symbol], &[])
+        .unwrap();
+    let g0 = g.iter().find(|r| r.values[0] == "g0").unwrap();
+    assert_eq!(g0.period, 3200);
+    // Unsliced: the stored scale, as before.
+    assert_eq!(s.totals(View::Merged).unwrap()[&0].1, 3000 + 5000);
+    let by_cpu = s.grouped(View::Host, 0, &[Field::Cpu], &[]).unwrap();
+    assert_eq!(by_cpu.len(), 2);
 }
 
 #[test]

@@ -105,6 +105,10 @@ pub struct ElfSymbols {
     build_id: Option<Vec<u8>>,
     debuglink: Option<String>,
     has_symtab: bool,
+    /// The file carries DWARF line or debug info (`.debug_line`,
+    /// `.debug_info`, compressed or not): inline frames and source lines
+    /// can be read from it ([`crate::dwarf`]).
+    has_dwarf: bool,
     /// Synthesized PLT entries (`name@plt`), with their own names: they come
     /// from the mapped binary even when symbols come from a debug file.
     plt: Vec<RangeSym>,
@@ -226,6 +230,11 @@ impl ElfSymbols {
     /// True when the file has a non-empty `.symtab` (not stripped).
     pub fn has_symtab(&self) -> bool {
         self.has_symtab
+    }
+
+    /// True when the file has DWARF debug or line information.
+    pub fn has_dwarf(&self) -> bool {
+        self.has_dwarf
     }
 
     /// Number of symbols kept (aliases count once).
@@ -383,6 +392,16 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
     let plt = synthesize_plt(&file, data, &syms, &names, &ifuncs);
 
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+    let has_dwarf = sections.iter().any(|sh| {
+        sh.sh_type(endian) != elf::SHT_NOBITS
+            && sh.sh_size(endian).into() > 0
+            && sections.section_name(endian, sh).is_ok_and(|n| {
+                matches!(
+                    n,
+                    b".debug_info" | b".debug_line" | b".zdebug_info" | b".zdebug_line"
+                )
+            })
+    });
     let debuglink = file
         .gnu_debuglink()
         .ok()
@@ -396,6 +415,7 @@ fn parse_elf<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<ElfSym
         build_id,
         debuglink,
         has_symtab: !symtab.is_empty(),
+        has_dwarf,
         plt_start: plt.start,
         plt: plt.syms,
         plt_names: plt.names,

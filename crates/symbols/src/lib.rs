@@ -9,6 +9,8 @@
 //!   its `PT_LOAD` segments (file offset to virtual address), build-id and
 //!   `.gnu_debuglink`.
 //! - [`demangle`]: Rust and C++ name demangling as perf shows names.
+//! - [`dwarf`]: inline frames and source lines from DWARF (addr2line; the
+//!   module says why that library).
 //! - [`symbolizer`]: the caching front end: finds files (symfs, build-id and
 //!   debuglink debug files), memoizes resolutions, collects warnings.
 //! - [`error`]: the crate's one error type, [`SymbolError`].
@@ -16,6 +18,7 @@
 //!   symbol-end and alias rules shared by kallsyms and ELF.
 
 pub mod demangle;
+pub mod dwarf;
 pub mod elf;
 pub mod error;
 pub mod kallsyms;
@@ -24,6 +27,7 @@ mod table;
 mod vdso;
 
 pub use demangle::demangle;
+pub use dwarf::{DwarfFile, LineInfo};
 pub use elf::ElfSymbols;
 pub use error::SymbolError;
 pub use kallsyms::{Kallsyms, KernelSymbol};

@@ -10,14 +10,16 @@
 //! are shared among all addresses of one symbol. Problems never fail a
 //! resolution: they become [`Symbolizer::warnings`] and hex addresses.
 
+use crate::dwarf::DwarfFile;
 use crate::elf::ElfSymbols;
 use crate::kallsyms::Kallsyms;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use vmscope_model::{
-    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, KERNEL_IMAGE, UNKNOWN_IMAGE,
+    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, INLINED_SUFFIX, KERNEL_IMAGE,
+    UNKNOWN_IMAGE,
 };
 
 /// Image and symbol name printed for guest user code seen from the host.
@@ -51,6 +53,28 @@ impl Default for SymbolizerOptions {
 pub struct Resolved {
     pub image: Arc<str>,
     pub symbol: Arc<str>,
+    /// `path:line` where the image has DWARF line tables, else empty.
+    pub srcline: Arc<str>,
+    /// Functions inlined at the address, outermost first, each ending in
+    /// [`INLINED_SUFFIX`] as stack frames carry them (DWARF only).
+    pub inlined: Option<Arc<[Arc<str>]>>,
+}
+
+impl Resolved {
+    /// A frame with a name only (no DWARF).
+    pub fn named(image: Arc<str>, symbol: Arc<str>) -> Resolved {
+        Resolved {
+            image,
+            symbol,
+            srcline: empty(),
+            inlined: None,
+        }
+    }
+}
+
+fn empty() -> Arc<str> {
+    static EMPTY: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from("")).clone()
 }
 
 /// FxHash (as in rustc): a fast non-cryptographic hash for the caches, whose
@@ -154,12 +178,9 @@ impl KernelTable {
                     Some(m) if module_image => m.clone(),
                     _ => image.clone(),
                 };
-                Resolved { image, symbol }
+                Resolved::named(image, symbol)
             }
-            None => Resolved {
-                image: image.clone(),
-                symbol: hex(addr),
-            },
+            None => Resolved::named(image.clone(), hex(addr)),
         };
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
@@ -171,12 +192,21 @@ impl KernelTable {
 
 type FileKey = (Arc<str>, Option<Arc<[u8]>>);
 
+/// What a mapped file resolves with: its symbols, and its DWARF (or its
+/// debug file's) where there is any.
+#[derive(Clone)]
+struct LoadedFile {
+    symbols: Arc<ElfSymbols>,
+    /// addr2line's loader is Send but not Sync: one lookup at a time.
+    dwarf: Option<Arc<Mutex<DwarfFile>>>,
+}
+
 /// Resolves frames to (image, symbol) with caches; see the module docs.
 pub struct Symbolizer {
     opts: SymbolizerOptions,
     kernel: KernelTable,
     guests: HashMap<String, KernelTable>,
-    files: FxMap<FileKey, Option<Arc<ElfSymbols>>>,
+    files: FxMap<FileKey, Option<LoadedFile>>,
     cache: FxMap<NormalizedFrame, Resolved>,
     warnings: Vec<String>,
     warned: HashSet<String>,
@@ -206,18 +236,9 @@ impl Symbolizer {
             suppressed: 0,
             kernel_image: KERNEL_IMAGE.into(),
             guest_kernel_image: GUEST_KERNEL_IMAGE.into(),
-            anon: Resolved {
-                image: anon_name.clone(),
-                symbol: anon_name,
-            },
-            guest_user: Resolved {
-                image: guest_user.clone(),
-                symbol: guest_user,
-            },
-            unknown: Resolved {
-                image: unknown.clone(),
-                symbol: unknown,
-            },
+            anon: Resolved::named(anon_name.clone(), anon_name),
+            guest_user: Resolved::named(guest_user.clone(), guest_user),
+            unknown: Resolved::named(unknown.clone(), unknown),
             opts,
         };
         let path = s
@@ -287,14 +308,30 @@ impl Symbolizer {
                 if let Some(r) = self.cache.get(frame) {
                     return r.clone();
                 }
-                let symbol = self
-                    .file(path, build_id)
-                    .and_then(|f| f.lookup_file_offset_shared(frame.addr).cloned())
-                    .unwrap_or_else(|| hex(frame.addr));
-                let r = Resolved {
-                    image: path.clone(),
-                    symbol,
-                };
+                let file = self.file(path, build_id);
+                let symbol = file
+                    .as_ref()
+                    .and_then(|f| f.symbols.lookup_file_offset_shared(frame.addr).cloned());
+                let mut r =
+                    Resolved::named(path.clone(), symbol.unwrap_or_else(|| hex(frame.addr)));
+                if let Some(f) = &file {
+                    if let (Some(d), Some(vaddr)) =
+                        (&f.dwarf, f.symbols.file_offset_to_vaddr(frame.addr))
+                    {
+                        let info = d.lock().map(|d| d.lookup(vaddr)).unwrap_or_default();
+                        if let Some(line) = info.srcline {
+                            r.srcline = line;
+                        }
+                        if !info.inlined.is_empty() {
+                            let names: Vec<Arc<str>> = info
+                                .inlined
+                                .iter()
+                                .map(|n| Arc::from(format!("{n}{INLINED_SUFFIX}")))
+                                .collect();
+                            r.inlined = Some(names.into());
+                        }
+                    }
+                }
                 if self.cache.len() >= CACHE_LIMIT {
                     self.cache.clear();
                 }
@@ -311,6 +348,24 @@ impl Symbolizer {
             w.push(format!("... and {} more symbol warnings", self.suppressed));
         }
         w
+    }
+
+    /// (path, hex build-id) of every file loaded so far that has one: the
+    /// recorded build-id where the stream gave it, else the file's own.
+    pub fn build_ids(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = self
+            .files
+            .iter()
+            .filter_map(|((path, recorded), f)| {
+                let id = recorded
+                    .as_deref()
+                    .or_else(|| f.as_ref().and_then(|f| f.symbols.build_id()))?;
+                Some((path.to_string(), hex_bytes(id)))
+            })
+            .collect();
+        v.sort();
+        v.dedup_by(|a, b| a.0 == b.0);
+        v
     }
 
     /// Number of cached resolutions (files and kernels).
@@ -332,13 +387,28 @@ impl Symbolizer {
         self.warned.insert(msg);
     }
 
-    /// The symbols of a mapped file, loaded once per (path, build-id).
-    fn file(&mut self, path: &Arc<str>, build_id: &Option<Arc<[u8]>>) -> Option<Arc<ElfSymbols>> {
+    /// The symbols (and DWARF) of a mapped file, loaded once per (path, build-id).
+    fn file(&mut self, path: &Arc<str>, build_id: &Option<Arc<[u8]>>) -> Option<LoadedFile> {
         let key: FileKey = (path.clone(), build_id.clone());
         if let Some(f) = self.files.get(&key) {
             return f.clone();
         }
-        let loaded = self.load_file(path, build_id.as_deref()).map(Arc::new);
+        let mut dwarf_path = None;
+        let loaded = self
+            .load_file(path, build_id.as_deref(), &mut dwarf_path)
+            .map(|symbols| {
+                let dwarf = dwarf_path.and_then(|p| match DwarfFile::open(&p) {
+                    Ok(d) => Some(Arc::new(Mutex::new(d))),
+                    Err(e) => {
+                        self.warn(format!("{e}: no inline frames or source lines from it"));
+                        None
+                    }
+                });
+                LoadedFile {
+                    symbols: Arc::new(symbols),
+                    dwarf,
+                }
+            });
         self.files.insert(key, loaded.clone());
         loaded
     }
@@ -351,7 +421,14 @@ impl Symbolizer {
         }
     }
 
-    fn load_file(&mut self, path: &str, want_id: Option<&[u8]>) -> Option<ElfSymbols> {
+    /// `dwarf` is set to the file (the binary or its debug file) whose
+    /// DWARF gives inline frames and source lines, where one has it.
+    fn load_file(
+        &mut self,
+        path: &str,
+        want_id: Option<&[u8]>,
+        dwarf: &mut Option<PathBuf>,
+    ) -> Option<ElfSymbols> {
         // The vDSO: this kernel's image, unless the recording's build-id
         // says it came from another kernel, or a symfs confines lookups.
         if path == "[vdso]" && self.opts.symfs.is_none() {
@@ -398,12 +475,29 @@ impl Symbolizer {
             ));
         }
         let runtime = runtime.filter(|_| !mismatch);
-        if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) {
+        if runtime.as_ref().is_some_and(ElfSymbols::has_dwarf) {
+            *dwarf = Some(real.clone());
+        }
+        if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) && dwarf.is_some() {
             return runtime;
         }
         let id = want_id.or_else(|| runtime.as_ref().and_then(ElfSymbols::build_id));
         let link = runtime.as_ref().and_then(ElfSymbols::debuglink);
-        if let Some(debug) = self.find_debug_file(Path::new(on_disk), id, link) {
+        let debug = self.find_debug_file(Path::new(on_disk), id, link);
+        if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) {
+            // Symbols from the binary itself (as perf takes them); its
+            // debug file, if any, only for DWARF.
+            if let Some((p, d)) = debug {
+                if d.has_dwarf() {
+                    *dwarf = Some(p);
+                }
+            }
+            return runtime;
+        }
+        if let Some((debug_path, debug)) = debug {
+            if debug.has_dwarf() {
+                *dwarf = Some(debug_path);
+            }
             Some(match &runtime {
                 Some(r) => debug.with_segments_of(r),
                 None => debug,
@@ -457,7 +551,7 @@ impl Symbolizer {
         path: &Path,
         build_id: Option<&[u8]>,
         debuglink: Option<&str>,
-    ) -> Option<ElfSymbols> {
+    ) -> Option<(PathBuf, ElfSymbols)> {
         let own = self.under_symfs(path);
         for cand in self.debug_file_candidates(path, build_id, debuglink) {
             // `<dir>/<link>` can name the stripped file itself.
@@ -471,7 +565,7 @@ impl Symbolizer {
                         _ => true,
                     };
                     if id_ok {
-                        return Some(d);
+                        return Some((cand, d));
                     }
                     self.warn(format!(
                         "{}: build-id does not match {}: ignored",
@@ -553,13 +647,16 @@ mod tests {
                 .unwrap(),
         );
         let r = s.resolve("vm1", &frame(ImageRef::GuestKernel, 0xffffffff81000010));
-        assert_eq!((&*r.image, &*r.symbol), ("[guest.kernel]", "guest_fn"));
+        assert_eq!(
+            (&*r.image, &*r.symbol),
+            ("[guest.kernel.kallsyms]", "guest_fn")
+        );
         let r = s.resolve("vm1", &frame(ImageRef::GuestKernel, 0xffffffffc0000010));
-        assert_eq!((&*r.image, &*r.symbol), ("[guest.kernel]", "m_fn"));
+        assert_eq!((&*r.image, &*r.symbol), ("[guest.kernel.kallsyms]", "m_fn"));
         let r = s.resolve("vm2", &frame(ImageRef::GuestKernel, 0xffffffff81000010));
         assert_eq!(
             (&*r.image, &*r.symbol),
-            ("[guest.kernel]", "0xffffffff81000010")
+            ("[guest.kernel.kallsyms]", "0xffffffff81000010")
         );
         let w = s.warnings();
         assert!(w.iter().any(|w| w.contains("vm2")), "{w:?}");
@@ -619,6 +716,12 @@ mod tests {
             ),
         );
         assert_eq!((&*r.image, &*r.symbol), ("[vdso]", "0x10"));
+    }
+
+    #[test]
+    fn symbolizer_can_move_to_another_thread() {
+        fn send<T: Send + Sync>() {}
+        send::<Symbolizer>();
     }
 
     #[test]

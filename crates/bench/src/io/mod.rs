@@ -90,6 +90,8 @@ pub struct IoOptions {
     pub charts: Option<PathBuf>,
     /// Store the rows in this session file.
     pub session: Option<PathBuf>,
+    /// Let `session` replace a regular file that is not a vmscope session.
+    pub force: bool,
     pub check_paper: bool,
     /// `--force-destroy-data` values (target ids or host paths).
     pub force_destroy: Vec<String>,
@@ -125,6 +127,7 @@ impl Default for IoOptions {
             format: Format::Table,
             charts: None,
             session: None,
+            force: false,
             check_paper: false,
             force_destroy: Vec::new(),
             account: true,
@@ -355,6 +358,12 @@ pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchErro
             "name a --target (host:PATH or vm:NAME:DEVICE) or a --lab",
         ));
     }
+    // The session output is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, opts.force, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
     let host_manifest = Manifest::host(&opts.command_line);
 
@@ -434,6 +443,7 @@ pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchErro
         session.as_ref().map(|s| &s.state),
         &host_manifest,
         &progress,
+        session_out,
         out,
     );
     if let Some(p) = &auto_host {
@@ -462,6 +472,7 @@ fn sweep_targets(
     lab: Option<&vmscope_lab::LabState>,
     host_manifest: &Manifest,
     progress: &Progress,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     out: &mut dyn Write,
 ) -> Result<IoOutcome, BenchError> {
     let end = opts.offset + sweep.sizes.iter().max().copied().unwrap_or(0);
@@ -753,6 +764,9 @@ fn sweep_targets(
     let mut all_rows: Vec<Row> = Vec::new();
     while let Some(round) = plan.next_round() {
         for (i, step) in round {
+            // A stop signal ends the run here; the lab this run started is
+            // torn down when `session` is dropped on the way out.
+            opts.lab_options.cancel.check("taking the benchmark's samples")?;
             if plan.failed(i).is_some() {
                 continue;
             }
@@ -865,9 +879,9 @@ fn sweep_targets(
         Format::Csv => report::stderr_summary(&outcome, opts.quiet),
         Format::Table => report::tables(out, &outcome)?,
     }
-    if let Some(path) = &opts.session {
+    if let Some(output) = session_out {
         crate::session::store_rows(
-            path,
+            output,
             &all_rows,
             &[
                 ("command", "bench io".to_string()),
