@@ -149,6 +149,9 @@ fn key(sym: &str) -> AggKey {
         image: "/bin/p".into(),
         symbol: sym.into(),
         stack: "".into(),
+        srcline: "".into(),
+        second: 0,
+        cpu: 0,
     }
 }
 
