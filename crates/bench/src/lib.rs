@@ -22,12 +22,16 @@
 //! lab VMs, with the host CPU each backend costs (cherkasova2005).
 
 pub mod chart;
+pub mod cpu;
+pub mod driver;
 pub mod error;
+pub mod guest;
 pub mod hygiene;
 pub mod io;
 pub mod manifest;
 pub mod output;
 pub mod peers;
+pub mod profiler;
 pub mod progress;
 pub mod row;
 pub mod schedule;
