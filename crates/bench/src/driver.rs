@@ -52,13 +52,13 @@ pub trait Experiment {
 }
 
 /// Where rows go while the run goes on.
-pub enum Sink<'a> {
+pub enum Sink<'a, 'w> {
     None,
-    Json(JsonLines<&'a mut dyn Write>),
-    Csv(Box<CsvRows<&'a mut dyn Write>>),
+    Json(JsonLines<&'a mut (dyn Write + 'w)>),
+    Csv(Box<CsvRows<&'a mut (dyn Write + 'w)>>),
 }
 
-impl Sink<'_> {
+impl Sink<'_, '_> {
     pub fn row(&mut self, r: &Row) -> std::io::Result<()> {
         match self {
             Sink::Json(j) => j.write(r),
@@ -133,7 +133,7 @@ pub fn drive<E: Experiment>(
     e: &mut E,
     opts: &DriveOptions,
     skip: &[(usize, String)],
-    sink: &mut Sink,
+    sink: &mut Sink<'_, '_>,
     progress: &Progress,
 ) -> Result<Driven<E::Sample>, BenchError> {
     let n = e.points();

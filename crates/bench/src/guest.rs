@@ -70,6 +70,13 @@ impl Guest {
         Ok(self.client.as_mut().expect("connected above"))
     }
 
+    /// Closes this guest's connection: the VM's broker serves one client
+    /// at a time, so a command spawned on a connection of its own
+    /// ([`Guest::spawn`]) starts only once this one is closed.
+    pub fn disconnect(&mut self) {
+        self.client = None;
+    }
+
     /// Runs `argv` in the guest; a non-zero exit, a timeout or a broken
     /// channel is an error naming the command.
     pub fn exec(&mut self, argv: &[String], timeout: Duration) -> Result<Output, VmFailure> {
@@ -186,10 +193,24 @@ impl Guest {
 
     /// Waits until `port` listens in the guest, up to `timeout`.
     pub fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<(), VmFailure> {
+        self.wait_listening_while(port, timeout, || None)
+    }
+
+    /// Like [`Guest::wait_listening`], giving up early with the error
+    /// `gone` returns (the server that was to listen exited).
+    pub fn wait_listening_while(
+        &mut self,
+        port: u16,
+        timeout: Duration,
+        mut gone: impl FnMut() -> Option<VmFailure>,
+    ) -> Result<(), VmFailure> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if self.listening()?.contains(&port) {
                 return Ok(());
+            }
+            if let Some(e) = gone() {
+                return Err(e);
             }
             if std::time::Instant::now() >= deadline {
                 return Err(VmFailure::Failed(format!(
@@ -245,7 +266,9 @@ impl Guest {
                     Duration::from_secs(30),
                 )?;
             }
-            let mode = if f == exe { 0o755 } else { 0o644 };
+            // The dynamic loader must be executable too (the kernel opens
+            // a program's interpreter for execution).
+            let mode = 0o755;
             let r = match self.client() {
                 Ok(c) => c
                     .put_file(&data, &guest, mode, Duration::from_secs(600))

@@ -4,6 +4,7 @@
 
 mod cmd_account;
 mod cmd_bench;
+mod cmd_bench_net;
 mod cmd_demo;
 mod cmd_generate;
 mod cmd_import;
@@ -53,7 +54,8 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
-    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
+    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
+    /// (menon2005's network experiment), `bench scale` (theurer2006's scaling experiment).
     Bench(cmd_bench::BenchArgs),
 }
 
