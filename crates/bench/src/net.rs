@@ -593,6 +593,8 @@ pub struct Check {
     pub claim: String,
     pub holds: bool,
     pub detail: String,
+    /// The engine's mean over iperf3's.
+    pub ratio: f64,
 }
 
 fn host_ip(st: &LabState) -> Option<IpAddr> {
@@ -933,7 +935,7 @@ fn run_in(
         for c in &outcome.checks {
             sink.record(&serde_json::json!({
                 "type": "check", "claim": c.claim, "holds": c.holds,
-                "verdict": if c.holds { "yes" } else { "no" }, "detail": c.detail,
+                "verdict": if c.holds { "yes" } else { "no" }, "detail": c.detail, "ratio": c.ratio,
             }))?;
         }
         for c in &outcome.charts {
@@ -1031,6 +1033,7 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
                 AGREEMENT * 100.0
             ),
             holds: (ratio - 1.0).abs() <= AGREEMENT,
+            ratio,
             detail: format!(
                 "engine {:.1} Mbit/s ± {:.1}, iperf3 {:.1} Mbit/s ± {:.1}: ratio {ratio:.3}",
                 a.mean * 8e-6,
