@@ -32,6 +32,7 @@ pub mod lab_specs;
 pub mod manifest;
 pub mod net;
 pub mod output;
+pub mod overhead;
 pub mod peers;
 pub mod profiler;
 pub mod progress;

@@ -139,7 +139,15 @@ pub fn start(spec: &Spec) -> Result<Running, String> {
             } else {
                 "passive"
             };
-            for vm in &spec.vms {
+            // Every VM on the host takes the role, unless some are named:
+            // left alone, the recorder makes active every VM whose agent
+            // answers, and host-only would measure the active case.
+            let vms = if spec.vms.is_empty() {
+                every_vm()
+            } else {
+                spec.vms.clone()
+            };
+            for vm in &vms {
                 cmd.arg("--vm").arg(format!("{vm}={role}"));
             }
             if spec.strict {
@@ -263,6 +271,17 @@ pub fn start(spec: &Spec) -> Result<Running, String> {
     Ok(r)
 }
 
+/// The names of every QEMU VM on this host (discovery without QMP).
+fn every_vm() -> Vec<String> {
+    let opts = vmscope_discover::DiscoverOptions {
+        query_qmp: false,
+        ..Default::default()
+    };
+    vmscope_discover::discover(&opts)
+        .map(|vms| vms.into_iter().map(|v| v.name).collect())
+        .unwrap_or_default()
+}
+
 /// Host samples stored in a session being written, once it is readable.
 fn session_samples(path: &Path) -> Option<u64> {
     if !path.exists() {
@@ -335,7 +354,10 @@ impl Running {
         let cpu_s = tv(ru.ru_utime) + tv(ru.ru_stime);
         let mut text = String::new();
         let _ = std::fs::File::open(&self.log).and_then(|mut f| f.read_to_string(&mut text));
-        let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        // perf record finishes its file on SIGINT, then re-raises the
+        // signal: dying of the SIGINT sent above is a clean stop.
+        let ok = (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
+            || (libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT);
         if !ok {
             return Err(format!(
                 "the profiler failed (status {status:#x}): {}",

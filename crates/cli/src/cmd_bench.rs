@@ -38,6 +38,11 @@ enum BenchCommand {
     /// scaling factor against N = 1.
     #[command(after_help = crate::cmd_bench_net::SCALE_HELP)]
     Scale(crate::cmd_bench_net::ScaleArgs),
+    /// The cost of profiling, theurer2006 Fig 2: one workload on the host or in a lab VM with
+    /// no profiler, `vmscope record -a` (VMs passive, then active) and `perf record -a` at the
+    /// same frequency; throughput loss of each with its 95 % interval.
+    #[command(after_help = crate::cmd_bench_net::OVERHEAD_HELP)]
+    Overhead(crate::cmd_bench_net::OverheadArgs),
 }
 
 const IO_HELP: &str = "\
@@ -190,6 +195,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
         BenchCommand::Io(a) => io(a),
         BenchCommand::Net(a) => crate::cmd_bench_net::net(a),
         BenchCommand::Scale(a) => crate::cmd_bench_net::scale(a),
+        BenchCommand::Overhead(a) => crate::cmd_bench_net::overhead(a),
     }
 }
 

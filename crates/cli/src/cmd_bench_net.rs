@@ -1,6 +1,6 @@
-//! `vmscope bench net` and `vmscope bench scale`: turn arguments into
-//! `NetOptions` / `ScaleOptions` and call `vmscope_bench::net` /
-//! `vmscope_bench::scale`.
+//! `vmscope bench net`, `bench scale` and `bench overhead`: turn arguments
+//! into `NetOptions`, `ScaleOptions`, `OverheadOptions` and call
+//! `vmscope_bench::{net, scale, overhead}`.
 
 use crate::cmd_bench::FormatArg;
 use anyhow::Result;
@@ -328,6 +328,152 @@ pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let outcome = vmscope_bench::scale::run(&opts, &mut out)?;
+    Ok(if outcome.failed_points() > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+pub const OVERHEAD_HELP: &str = "\
+Examples:
+  vmscope bench overhead                              cpu on the host: none, host-only, active, perf at 1000 Hz
+  vmscope bench overhead --vm guest0 --seconds 8      the workload in a lab VM (its agent runs it)
+  vmscope bench overhead --profilers none,active --freq 4000
+
+Profilers: none; host-only (vmscope record -a, every VM passive: the host's rings); active (vmscope
+record -a, every VM active: host rings plus each guest's agent sampling inside); perf (perf record -a).
+All at --freq. The loss is 1 - throughput / throughput with none, its interval from both points'
+intervals. In a VM the workload starts detached after --delay seconds (the recorder holds the VM's
+agent channel while it runs) and its result is read back after; a profiler slower to start than the
+delay flags the sample. Under TCG the guest's sampling interrupts are emulated in software; the output
+says so. Exit status: 0, 1 when points failed, 2 on bad input.";
+
+#[derive(Args)]
+pub struct OverheadArgs {
+    /// memwrite or cpu (the engines of bench scale).
+    #[arg(long, default_value = "cpu", value_name = "WORKLOAD")]
+    workload: String,
+    /// Run the workload in this lab VM instead of on the host.
+    #[arg(long, value_name = "NAME")]
+    vm: Option<String>,
+    /// Threads of the workload.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    threads: usize,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    seconds: f64,
+    /// In a VM: seconds between starting the workload and its first instruction (the
+    /// profiler starts meanwhile).
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    delay: f64,
+    /// memwrite: buffer per thread.
+    #[arg(long, default_value = "32M", value_name = "BYTES")]
+    size: String,
+    /// Profilers, comma-separated, none among them: none, host-only, active, perf.
+    #[arg(
+        long,
+        default_value = "none,host-only,active,perf",
+        value_name = "LIST"
+    )]
+    profilers: String,
+    /// Sampling frequency of every profiler, Hz.
+    #[arg(long, short = 'F', default_value_t = 1000, value_name = "HZ")]
+    freq: u64,
+    /// Samples per point at least, after the warm-up.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    repeat: usize,
+    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    max_repeat: usize,
+    /// Target half-width of the 95 % interval, as a fraction of the mean.
+    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
+    ci: f64,
+    /// Discarded runs per point before its samples.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    warmup: usize,
+    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Where the profiled runs' sessions and perf.data files go.
+    #[arg(long, default_value = "vmscope-bench-overhead", value_name = "DIR")]
+    out_dir: PathBuf,
+    /// table, json (JSON lines) or csv.
+    #[arg(long, value_enum, default_value = "table")]
+    format: FormatArg,
+    /// Also store every row in this session file (bench_samples table).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    session: Option<PathBuf>,
+    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
+    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
+    busy_threshold: f64,
+    /// Redo a busy sample this many times, then keep it flagged.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    busy_retries: usize,
+    /// Seed of the shuffled round order.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// No progress bar or notes on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
+    use vmscope_bench::overhead::OverheadOptions;
+    use vmscope_bench::profiler::Kind;
+    use vmscope_workload::scale::Workload;
+    let mut lab = LabOptions::default();
+    if let Some(d) = a.run_dir {
+        lab.run_root = d;
+    }
+    let workload = Workload::parse(&a.workload).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--workload: unknown workload `{}` (memwrite, cpu)",
+            a.workload
+        )
+    })?;
+    let kinds = a
+        .profilers
+        .split(',')
+        .map(|k| {
+            Kind::parse(k.trim()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--profilers: unknown profiler `{k}` (none, host-only, active, perf)"
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let opts = OverheadOptions {
+        workload,
+        vm: a.vm,
+        threads: a.threads,
+        seconds: a.seconds,
+        delay: a.delay,
+        buffer: vmscope_bench::units::parse_size(&a.size)
+            .map_err(|e| anyhow::anyhow!("--size: {e}"))?,
+        kinds,
+        freq: a.freq,
+        repeat: a.repeat,
+        max_repeat: a.max_repeat,
+        rel_ci: a.ci,
+        warmup: a.warmup,
+        lab_options: lab,
+        vmscope: std::env::current_exe()?,
+        work_dir: a.out_dir,
+        format: a.format.into(),
+        session: a.session,
+        busy: BusyRule {
+            max_other_cpus: a.busy_threshold,
+            ..BusyRule::default()
+        },
+        busy_retries: a.busy_retries,
+        seed: a.seed,
+        quiet: a.quiet,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let outcome = vmscope_bench::overhead::run(&opts, &mut out)?;
     Ok(if outcome.failed_points() > 0 {
         ExitCode::from(1)
     } else {

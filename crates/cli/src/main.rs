@@ -55,7 +55,8 @@ enum Command {
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
     /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
-    /// (menon2005's network experiment), `bench scale` (theurer2006's scaling experiment).
+    /// (menon2005's network experiment), `bench scale` and `bench overhead` (theurer2006's scaling
+    /// experiment and cost of profiling).
     Bench(cmd_bench::BenchArgs),
 }
 

