@@ -27,7 +27,7 @@ tally() {
 }
 trap tally EXIT
 echo "== cargo test (release, so tests reuse the set-up build)"
-cargo test --workspace --release -- --test-threads=2
+cargo test --workspace --release --no-fail-fast -- --test-threads=2
 echo "== Debian package (build, lintian, install, check, purge)"
 scripts/deb-test.sh
 if [ -x scripts/fuzz-smoke.sh ]; then

@@ -22,11 +22,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vmscope_engine::Converter;
+use vmscope_linux::selfcost::SelfCost;
 use vmscope_linux::{clock_monotonic_ns, LinuxError, Recorder, RingOptions, Target};
+use vmscope_model::budget::RateController;
 use vmscope_model::{Context, EventSpec, Profile, ThreadMap};
 use vmscope_protocol::{
-    row_context, ErrorKind, ProfileRow, Response, MAX_ERROR_MESSAGE, MAX_IMAGE, MAX_PROCESS_NAME,
-    MAX_PROFILE_ROWS, MAX_STACK, MAX_SYMBOL,
+    row_context, ErrorKind, ProfileRow, ProfilerCost, Response, MAX_ERROR_MESSAGE, MAX_IMAGE,
+    MAX_PROCESS_NAME, MAX_PROFILE_ROWS, MAX_STACK, MAX_SYMBOL,
 };
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
@@ -68,6 +70,8 @@ pub struct Config {
     pub frequency: u64,
     /// Record call chains.
     pub callchain: bool,
+    /// Keep this session's cost within this fraction of the guest's CPU.
+    pub budget: Option<f64>,
 }
 
 impl Session {
@@ -199,7 +203,7 @@ impl Pending {
     }
 
     /// The next `profile_data`: the busiest rows that fit, the rest kept.
-    fn cut(&mut self, done: bool) -> Response {
+    fn cut(&mut self, done: bool, cost: Option<ProfilerCost>) -> Response {
         let mut all: Vec<(RowKey, (u64, u64))> = self.rows.drain().collect();
         all.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
         let mut rows = Vec::new();
@@ -235,7 +239,45 @@ impl Pending {
             t_ns: clock_monotonic_ns(),
             more,
             last: done && !more,
+            cost,
         }
+    }
+}
+
+/// What this session costs the guest, and the rate rule under a budget.
+struct Meter {
+    cost: SelfCost,
+    ctl: Option<RateController>,
+    /// The rate in force (0: events with fixed periods only).
+    rate_hz: u64,
+}
+
+impl Meter {
+    /// The cost since the last step, and the next rate under the budget
+    /// (applied to `rec` here).
+    fn step(&mut self, rec: &mut Recorder) -> ProfilerCost {
+        let (cost_s, capacity_s) = self.cost.step();
+        let step = ProfilerCost {
+            cost_ns: (cost_s * 1e9) as u64,
+            capacity_ns: (capacity_s * 1e9) as u64,
+            rate_hz: self.rate_hz,
+        };
+        if let Some(ctl) = self.ctl.as_mut() {
+            if let Some(hz) = ctl.observe(cost_s, capacity_s) {
+                match rec.set_frequency(hz) {
+                    Ok(_) => {
+                        log!(
+                            "overhead budget: {:.2} % of the guest's CPU at {} Hz, now {hz} Hz",
+                            100.0 * cost_s / capacity_s.max(1e-9),
+                            self.rate_hz
+                        );
+                        self.rate_hz = hz;
+                    }
+                    Err(e) => log!("overhead budget: cannot change the rate: {e}"),
+                }
+            }
+        }
+        step
     }
 }
 
@@ -272,9 +314,9 @@ struct Seen {
 impl Worker {
     fn run(self, id: u64, cfg: Config) {
         match self.arm(&cfg) {
-            Ok((rec, conv, ready)) => {
+            Ok((rec, conv, meter, ready)) => {
                 (self.reply)(id, ready);
-                self.sample(rec, conv);
+                self.sample(rec, conv, meter);
             }
             Err(resp) => {
                 self.finished.store(true, Ordering::Release);
@@ -283,7 +325,7 @@ impl Worker {
         }
     }
 
-    fn arm(&self, cfg: &Config) -> Result<(Recorder, Converter, Response), Response> {
+    fn arm(&self, cfg: &Config) -> Result<(Recorder, Converter, Meter, Response), Response> {
         let mut specs = Vec::with_capacity(cfg.events.len());
         for name in &cfg.events {
             let spec = EventSpec::parse(name, cfg.frequency)
@@ -298,6 +340,10 @@ impl Worker {
             ring_pages: 0,
         })
         .map_err(linux_error)?;
+        // From here the session's own work counts (this thread's CPU); the
+        // interrupt level until sampling starts is the guest's own.
+        let cost =
+            SelfCost::start_thread(vmscope_linux::ProcRoot::system(), rec.cpus().len() as u32);
         // The guest's own kernel is the "host" kernel here: /proc/kallsyms.
         let mut conv = Converter::new(
             Symbolizer::new(SymbolizerOptions::default()),
@@ -308,6 +354,20 @@ impl Worker {
         }
         let t_ns = clock_monotonic_ns();
         conv.set_origin(t_ns);
+        let rate_hz = if rec.has_frequency_events() {
+            cfg.frequency
+        } else {
+            0
+        };
+        let mut meter = Meter {
+            cost,
+            ctl: cfg
+                .budget
+                .filter(|_| rate_hz > 0)
+                .map(|b| RateController::new(b, rate_hz)),
+            rate_hz,
+        };
+        meter.cost.sampling_starts();
         rec.enable().map_err(linux_error)?;
         log!(
             "profiling {} on {} CPUs{}",
@@ -324,7 +384,7 @@ impl Worker {
             events: names,
             t_ns,
         };
-        Ok((rec, conv, ready))
+        Ok((rec, conv, meter, ready))
     }
 
     fn drain(
@@ -350,13 +410,14 @@ impl Worker {
         true
     }
 
-    fn sample(self, mut rec: Recorder, mut conv: Converter) {
+    fn sample(self, mut rec: Recorder, mut conv: Converter, mut meter: Meter) {
         let mut pending = Pending::default();
         let mut seen = Seen {
             samples: 0,
             lost: 0,
         };
         let mut stopped = false;
+        let mut cost_sent = false;
         loop {
             if self.hangup.load(Ordering::Acquire) {
                 log!("host gone: profiling stopped");
@@ -398,7 +459,15 @@ impl Worker {
                     id
                 }
             };
-            let resp = pending.cut(stopped);
+            // Once stopped, the cost of sending what is left is not
+            // sampling's: measured up to the stop only.
+            let cost = if stopped && cost_sent {
+                None
+            } else {
+                cost_sent = stopped;
+                Some(meter.step(&mut rec))
+            };
+            let resp = pending.cut(stopped, cost);
             let last = matches!(resp, Response::ProfileData { last: true, .. });
             if last {
                 self.finished.store(true, Ordering::Release);
@@ -440,7 +509,7 @@ mod tests {
         p.absorb(d);
         let Response::ProfileData {
             rows, last, more, ..
-        } = p.cut(true)
+        } = p.cut(true, None)
         else {
             panic!()
         };
@@ -462,7 +531,7 @@ mod tests {
         let stack = vec!["frame"; 20_000].join(";") + ";leaf";
         d.add(key(Context::HostUser, &"s\u{1}".repeat(5000), &stack), 1, 1);
         p.absorb(d);
-        let Response::ProfileData { rows, .. } = p.cut(false) else {
+        let Response::ProfileData { rows, .. } = p.cut(false, None) else {
             panic!()
         };
         rows[0].validate().unwrap();
@@ -481,7 +550,7 @@ mod tests {
         p.absorb(d);
         let Response::ProfileData {
             rows, more, last, ..
-        } = p.cut(true)
+        } = p.cut(true, None)
         else {
             panic!()
         };
@@ -492,7 +561,7 @@ mod tests {
             last,
             seq,
             ..
-        } = p.cut(true)
+        } = p.cut(true, None)
         else {
             panic!()
         };

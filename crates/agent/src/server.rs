@@ -525,6 +525,7 @@ impl Server {
                 events,
                 frequency,
                 callchain,
+                budget_ppm,
             } => {
                 let running = |st: &StreamState| st.profile.as_ref().is_some_and(|p| !p.finished());
                 let sessions = self.streams.values().filter(|st| running(st)).count();
@@ -546,6 +547,7 @@ impl Server {
                         events,
                         frequency,
                         callchain,
+                        budget: budget_ppm.map(|b| f64::from(b) / 1e6),
                     };
                     match Session::start(id, cfg, self.reply_fn(stream)) {
                         Ok(s) => {

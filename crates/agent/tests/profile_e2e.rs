@@ -85,6 +85,7 @@ fn demo_workload_shares_come_out_50_30_20() {
         events: vec!["cpu-clock".into()],
         frequency: 1000,
         callchain: false,
+        budget_ppm: None,
     };
     let ready = c.profile_start(&cfg, T).unwrap();
     assert_eq!(ready.events, ["cpu-clock"]);
@@ -333,4 +334,67 @@ fn sampling_overhead_on_the_demo() {
          (mean {s:.1}): slowdown {:.1} %",
         100.0 * (p - s) / p
     );
+}
+
+/// Under a budget the agent cannot meet (1 ppm of the CPU), every delta
+/// says what profiling cost, and the rate falls to the controller's lowest
+/// (10 Hz) within a few polls; the samples per second fall with it. Without
+/// a budget the rate stays at the one asked for.
+#[test]
+fn an_overhead_budget_lowers_the_agents_rate_and_every_delta_says_its_cost() {
+    if !can_sample_everything() {
+        return;
+    }
+    let mut a = spawn();
+    let c = a.client();
+    let mut demo = Command::new(agent_bin())
+        .args(["demo", "-d", "6"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cfg = ProfileConfig {
+        events: vec!["cpu-clock".into()],
+        frequency: 1000,
+        callchain: false,
+        budget_ppm: Some(1),
+    };
+    c.profile_start(&cfg, T).unwrap();
+    let mut steps = Vec::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        let d = c.profile_poll(T).unwrap();
+        let cost = d.cost.expect("a delta without its cost");
+        assert!(cost.capacity_ns > 0, "{cost:?}");
+        steps.push((cost.rate_hz, d.samples, cost.capacity_ns));
+    }
+    let end = c.profile_stop(T).unwrap();
+    let _ = demo.kill();
+    let _ = demo.wait();
+    assert!(end.cost.is_some());
+    eprintln!("(rate Hz, samples, capacity ns) per poll: {steps:?}");
+    assert_eq!(
+        steps[0].0, 1000,
+        "the first step runs at the rate asked for"
+    );
+    let last = steps.last().unwrap();
+    assert_eq!(last.0, vmscope_model::budget::MIN_RATE_HZ, "{steps:?}");
+    // Samples per second of capacity: at 10 Hz far fewer than at 1000 Hz.
+    let per_cap = |s: &(u64, u64, u64)| s.1 as f64 / (s.2 as f64 / 1e9);
+    assert!(
+        per_cap(last) * 10.0 < per_cap(&steps[0]),
+        "samples did not fall with the rate: {steps:?}"
+    );
+
+    // No budget: the rate asked for throughout, cost still measured.
+    let cfg = ProfileConfig {
+        budget_ppm: None,
+        ..cfg
+    };
+    c.profile_start(&cfg, T).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let d = c.profile_poll(T).unwrap();
+    let end = c.profile_stop(T).unwrap();
+    for cost in [d.cost.unwrap(), end.cost.unwrap()] {
+        assert_eq!(cost.rate_hz, 1000);
+    }
 }

@@ -70,9 +70,10 @@ impl Guest {
         Ok(self.client.as_mut().expect("connected above"))
     }
 
-    /// Closes this guest's connection: the VM's broker serves one client
-    /// at a time, so a command spawned on a connection of its own
-    /// ([`Guest::spawn`]) starts only once this one is closed.
+    /// Closes this guest's connection, so a command spawned on a
+    /// connection of its own ([`Guest::spawn`]) or another program (an
+    /// active recorder) gets the agent even through a broker that serves
+    /// one client at a time.
     pub fn disconnect(&mut self) {
         self.client = None;
     }

@@ -289,9 +289,9 @@ impl NetExperiment {
                     format!("buf={buf}"),
                     "timeout=60".into(),
                 ];
-                // The VM's broker serves one client at a time: the
-                // receiver gets it, and the sender retries refused
-                // connections until the receiver listens.
+                // The receiver runs on a connection of its own (this one is
+                // closed: a broker may serve one client at a time), and the
+                // sender retries refused connections until it listens.
                 self.guests[i].disconnect();
                 let h = self.guests[i]
                     .spawn_json::<NetRun>(argv, Duration::from_secs_f64(secs + 120.0));
@@ -401,8 +401,8 @@ impl NetExperiment {
                 }
             }
             End::Vm(i) => {
-                // One broker client at a time (see run_vmscope): the
-                // client retries until the server listens.
+                // As in run_vmscope: the server on its own connection, the
+                // client retrying until it listens.
                 self.guests[i].disconnect();
                 let h = Some(self.guests[i].spawn(server.clone(), Duration::from_secs(secs + 120)));
                 guest_server = h;

@@ -7,8 +7,8 @@
 //! The loss of each is `1 - throughput / throughput without a profiler`,
 //! with an interval from both points' intervals.
 //!
-//! In a VM the recorder, when active, holds the VM's agent channel (its
-//! broker serves one client at a time), so the workload is started
+//! In a VM an active recorder uses the VM's agent channel (through a
+//! broker that may serve one client at a time), so the workload is started
 //! detached after `--delay` seconds, the profiler is started, and the
 //! workload's JSON line is read from a guest file once the profiler is
 //! stopped. A profiler that took longer than the delay to start sampling

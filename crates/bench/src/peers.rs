@@ -329,19 +329,20 @@ where
                 };
                 // Within a factor (1 + tolerance) of each held peer either
                 // way; or, when the two peers are further apart than that
-                // themselves, between them (with the same margin): the
-                // engine agrees with them as well as they agree together.
+                // themselves, between them (with the tightest held margin):
+                // the engine agrees with them as well as they agree
+                // together. A peer that is not held to a tolerance (dd's
+                // writes) still bounds the range: its reading is
+                // independent of the engine's, only biased.
                 let ok = |r: f64, tol: f64| r.is_finite() && r > 0.0 && r.ln().abs() <= tol.ln_1p();
                 let (td, tf) = (tolerance(mode, Tool::Dd), tolerance(mode, Tool::Fio));
                 let strict = ok(a.engine_dd, td) && ok(a.engine_fio, tf);
-                let held: Vec<(f64, f64)> = [(a.medians[1], td), (a.medians[2], tf)]
-                    .into_iter()
-                    .filter(|(_, t)| t.is_finite())
-                    .collect();
-                let between = held.len() == 2 && {
-                    let tol = td.min(tf);
-                    let (lo, hi) = (held[0].0.min(held[1].0), held[0].0.max(held[1].0));
-                    hi / lo > 1.0 + tol
+                let tol = td.min(tf);
+                let between = tol.is_finite() && {
+                    let (d, f) = (a.medians[1], a.medians[2]);
+                    let (lo, hi) = (d.min(f), d.max(f));
+                    lo > 0.0
+                        && hi / lo > 1.0 + tol
                         && a.medians[0] >= lo / (1.0 + tol)
                         && a.medians[0] <= hi * (1.0 + tol)
                 };
@@ -518,5 +519,25 @@ mod tests {
         )
         .unwrap();
         assert!(!a[0].within, "{a:?}");
+        // A peer not held to a tolerance (dd's writes) still bounds the
+        // range; outside it the engine fails.
+        let dd_free = |m: Mode, t: Tool| {
+            if t == Tool::Dd && m.writes() {
+                f64::INFINITY
+            } else {
+                0.05
+            }
+        };
+        for (engine, ok) in [(115.0, true), (60.0, false), (150.0, false)] {
+            let a = agree(&[Mode::DirectWrite], &[4096], 3, 1, dd_free, |t, _, _| {
+                Ok(match t {
+                    Tool::Engine => engine,
+                    Tool::Dd => 80.0,
+                    Tool::Fio => 130.0,
+                })
+            })
+            .unwrap();
+            assert_eq!(a[0].within, ok, "engine {engine}: {a:?}");
+        }
     }
 }

@@ -119,6 +119,7 @@ fn scripted_agent(path: &Path, seen: Arc<Seen>, die: Arc<AtomicBool>) {
                             t_ns: 2,
                             more: false,
                             last,
+                            cost: None,
                         }
                     }
                     Request::CloseStream {} => {

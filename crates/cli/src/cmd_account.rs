@@ -5,7 +5,9 @@
 use crate::cmd_stat::OutFormat;
 use anyhow::{Context, Result};
 use clap::Args;
+use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_stat::render::{self, IntervalFormat};
@@ -14,15 +16,19 @@ use vmscope_stat::session::IntervalSession;
 #[derive(Args)]
 pub struct AccountArgs {
     /// Interval (100ms, 1s, ...).
-    #[arg(short, long, default_value = "100ms", value_parser = vmscope_stat::parse_interval)]
+    #[arg(short, long, default_value = "100ms", value_parser = vmscope_stat::parse_interval,
+          allow_hyphen_values = true)]
     interval: std::time::Duration,
-    /// Number of intervals (default: until interrupted).
-    #[arg(short = 'n', long)]
+    /// Number of intervals (default: until interrupted by Ctrl-C, SIGTERM or
+    /// SIGHUP, which end it after the current interval).
+    #[arg(short = 'n', long, value_parser = crate::args::intervals,
+          allow_negative_numbers = true)]
     count: Option<u64>,
     #[arg(long, value_enum, default_value = "text")]
     format: OutFormat,
     /// A process whose CPU is shared I/O work for all VMs (repeatable).
-    #[arg(long = "shared-io", value_name = "PID")]
+    #[arg(long = "shared-io", value_name = "PID", value_parser = crate::args::pid,
+          allow_negative_numbers = true)]
     shared_io: Vec<u32>,
     /// Do not ask QMP for disk requests (use /proc/PID/io).
     #[arg(long)]
@@ -30,9 +36,14 @@ pub struct AccountArgs {
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
+    /// Let -o replace a regular file that is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long, requires = "output")]
+    force: bool,
 }
 
 pub fn run(a: AccountArgs) -> Result<ExitCode> {
+    crate::args::check_pids("--shared-io", &a.shared_io)?;
     let mut acc = Accountant::new(AccountOptions {
         shared_io_pids: a.shared_io,
         use_qmp: !a.no_qmp,
@@ -60,13 +71,15 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
                     ("softirq_source".into(), acc.softirq_source()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
+                a.force,
             )
             .with_context(|| format!("creating {}", p.display()))?,
         ),
         None => None,
     };
+    let stop = crate::signals::install();
     let mut n = 0;
-    while a.count.is_none_or(|c| n < c) {
+    while a.count.is_none_or(|c| n < c) && stop.load(Ordering::SeqCst) == 0 {
         next += a.interval;
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
         if let (Some(iv), _) = acc.sample().context("sampling")? {
@@ -74,11 +87,13 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
                 s.add_account(&iv).context("storing the interval")?;
             }
             render::account_interval(&mut out, fmt, &iv)?;
+            out.flush()?;
             n += 1;
         }
     }
     if let Some(s) = session {
         s.finish().context("finishing the session")?;
     }
+    crate::signals::say_stopped("vmscope account", n);
     Ok(ExitCode::SUCCESS)
 }

@@ -8,10 +8,12 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Run for this many seconds.
-    #[arg(short = 'd', long = "seconds", default_value_t = 5.0)]
+    #[arg(short = 'd', long = "seconds", default_value_t = 5.0,
+          value_parser = crate::args::seconds, allow_negative_numbers = true)]
     pub seconds: f64,
     /// Worker threads, each running the same mix.
-    #[arg(short = 't', long, default_value_t = 1)]
+    #[arg(short = 't', long, default_value_t = 1,
+          value_parser = crate::args::threads, allow_negative_numbers = true)]
     pub threads: usize,
     /// Print the rounds completed (a throughput figure) when done.
     #[arg(long)]
@@ -19,9 +21,6 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
-        anyhow::bail!("--seconds must be a positive number, not {}", args.seconds);
-    }
     let rounds = vmscope_workload::run(Duration::from_secs_f64(args.seconds), args.threads);
     if args.print_rounds {
         println!("{rounds}");

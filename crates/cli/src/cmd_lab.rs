@@ -58,7 +58,9 @@ enum LabCommand {
         format: LabFormat,
     },
     /// Start every VM of a spec, wait for each guest agent's hello and print
-    /// the VMs. QEMU keeps running after this command exits.
+    /// the VMs. QEMU keeps running after this command exits. Interrupted
+    /// (Ctrl-C, SIGTERM, SIGHUP), it removes what it had made and exits
+    /// with 128 + the signal.
     Up {
         /// Spec file (TOML) [default: the built-in labs/one-vm.toml].
         spec: Option<PathBuf>,
@@ -69,10 +71,12 @@ enum LabCommand {
         #[arg(long, value_name = "PATH")]
         agent: Option<PathBuf>,
         /// Seconds each VM may take to answer the agent hello.
-        #[arg(long, default_value_t = 90, value_name = "SECS")]
+        #[arg(long, default_value_t = 90, value_name = "SECS",
+              value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
         hello_timeout: u64,
         /// Seconds the KVM probe VM may take to answer (accel = auto|kvm).
-        #[arg(long, default_value_t = 12, value_name = "SECS")]
+        #[arg(long, default_value_t = 12, value_name = "SECS",
+              value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
         kvm_timeout: u64,
         /// Print nothing but the final table (or JSON).
         #[arg(long, short)]
@@ -96,7 +100,8 @@ enum LabCommand {
         #[arg(long)]
         lab: Option<String>,
         /// Seconds before the agent kills the command.
-        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        #[arg(long, default_value_t = 60, value_name = "SECS",
+              value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
         timeout: u64,
         /// Most bytes kept of the command's stdout, and of its stderr
         /// (suffixes k, M; at most 6M: the agent sends both in one message).
@@ -117,7 +122,8 @@ enum LabCommand {
         /// Permission bits in the guest (octal) [default: the host file's].
         #[arg(long, value_name = "OCTAL")]
         mode: Option<String>,
-        #[arg(long, default_value_t = 120, value_name = "SECS")]
+        #[arg(long, default_value_t = 120, value_name = "SECS",
+              value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
         timeout: u64,
     },
     /// Attach to a VM's serial console (Ctrl-D ends), or print its log with --dump.
@@ -158,6 +164,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 cache_dir: opts.cache_dir.clone(),
                 agent,
                 kernel_package,
+                cancel: vmscope_lab::Cancel::from_flag(crate::signals::install()),
             })?;
             if format == LabFormat::Json {
                 println!("{}", serde_json::to_string_pretty(&img)?);
@@ -205,6 +212,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             opts.hello_timeout = Duration::from_secs(hello_timeout);
             opts.kvm_probe_timeout = Duration::from_secs(kvm_timeout);
             opts.verbose = !quiet;
+            // Ctrl-C, SIGTERM or SIGHUP: `up` tears down what it made.
+            opts.cancel = vmscope_lab::Cancel::from_flag(crate::signals::install());
             let st = lab::up(&spec, &opts)?;
             print_states(&[st], format)?;
             Ok(ExitCode::SUCCESS)

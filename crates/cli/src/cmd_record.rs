@@ -1,27 +1,27 @@
 //! `vmscope record`: sample the host (and, through attribution, its VMs)
 //! into a session file.
 
-use anyhow::Context as _;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use vmscope_engine::plan::{plan_session, PlanRequest};
-use vmscope_engine::record::{record, RecordOptions, Scope};
-use vmscope_model::{EventSpec, Role, SampleRate, DEFAULT_FREQUENCY};
+use vmscope_engine::record::{check_command, record, RecordOptions, Scope};
+use vmscope_model::{EventSpec, SampleRate, DEFAULT_FREQUENCY};
+use vmscope_store::output::{OutputOptions, SessionOutput};
 use vmscope_symbols::SymbolizerOptions;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  vmscope record -a -d 10            every CPU for 10 s\n  vmscope record -a -g -- sleep 5    every CPU with call stacks while a command runs\n  vmscope record -e cpu-clock:250000 -- ./app   a command, one sample per 250 µs of CPU\n  vmscope record -p 1234,5678 -F 999 -d 30\n\nStop early with Ctrl-C; the session keeps what was recorded."
+    after_help = "Examples:\n  vmscope record -a -d 10            every CPU for 10 s\n  vmscope record -a -g -- sleep 5    every CPU with call stacks while a command runs\n  vmscope record -e cpu-clock:250000 -- ./app   a command, one sample per 250 µs of CPU\n  vmscope record -p 1234,5678 -F 999 -d 30\n\nStop early with Ctrl-C (or SIGTERM, SIGHUP); the session keeps what was recorded.\nThe session is written as FILE.partial and renamed to FILE when complete: an existing\nFILE stays intact until then, and a killed recorder leaves FILE.partial readable.\n-o replaces only a vmscope session (--force: any regular file), never a device,\nFIFO or directory; one recorder at a time writes a session file (FILE.lock)."
 )]
 pub struct RecordArgs {
     /// Sample every CPU (system-wide).
     #[arg(short = 'a', long = "all-cpus")]
     pub all: bool,
     /// Sample these processes (and threads they create), comma-separated.
-    #[arg(short = 'p', long = "pid", value_delimiter = ',')]
+    #[arg(short = 'p', long = "pid", value_delimiter = ',', value_parser = crate::args::pid,
+          allow_negative_numbers = true, conflicts_with = "all")]
     pub pids: Vec<u32>,
     /// Event to sample, NAME[:PERIOD]: cpu-clock (default), task-clock, cycles,
     /// instructions, cache-misses, LLC-load-misses, dTLB-load-misses,
@@ -30,17 +30,31 @@ pub struct RecordArgs {
     #[arg(short = 'e', long = "event")]
     pub events: Vec<String>,
     /// Sampling frequency in Hz per CPU, for events given without a period.
-    #[arg(short = 'F', long = "freq", default_value_t = DEFAULT_FREQUENCY)]
+    #[arg(short = 'F', long = "freq", default_value_t = DEFAULT_FREQUENCY,
+          value_parser = crate::args::hertz, allow_negative_numbers = true)]
     pub freq: u64,
     /// Record call stacks (frame pointers).
     #[arg(short = 'g', long = "call-graph")]
     pub callchain: bool,
-    /// Stop after this many seconds.
-    #[arg(short = 'd', long = "duration")]
+    /// Stop after this many seconds (a command still running then is stopped).
+    #[arg(short = 'd', long = "duration", value_parser = crate::args::seconds,
+          allow_negative_numbers = true)]
     pub duration: Option<f64>,
-    /// Session file to write.
+    /// Session file to write (replaced only when the recording is complete).
     #[arg(short = 'o', long = "output", default_value = "vmscope.db")]
     pub output: PathBuf,
+    /// Replace the -o file even if it is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long)]
+    pub force: bool,
+    /// Keep profiling's cost within PCT % of the CPU each profiler observes
+    /// (the host recorder: the host's CPUs; each active VM's agent: the
+    /// guest's), lowering its sampling rate when it costs more (never below
+    /// 10 Hz, never above -F). The cost and rates used are in the report
+    /// header either way.
+    #[arg(long, value_name = "PCT", value_parser = vmscope_model::budget::parse_budget_pct,
+          allow_negative_numbers = true)]
+    pub overhead_budget: Option<f64>,
     /// Look up binaries under this directory instead of / (like perf --symfs).
     #[arg(long)]
     pub symfs: Option<PathBuf>,
@@ -48,7 +62,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub kallsyms: Option<PathBuf>,
     /// Ring buffer size per CPU in pages (power of two).
-    #[arg(short = 'm', long = "mmap-pages", default_value_t = 0)]
+    #[arg(short = 'm', long = "mmap-pages", default_value_t = 0,
+          value_parser = crate::args::pages, allow_negative_numbers = true)]
     pub mmap_pages: usize,
     /// Role of a VM in the session, NAME=active|passive|unmonitored (repeatable).
     /// Default: active where its agent answers, passive elsewhere.
@@ -60,7 +75,8 @@ pub struct RecordArgs {
     pub guest_kallsyms: Vec<String>,
     /// Seconds each active VM's agent has to become ready before the VM
     /// continues as passive.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = 15.0, value_parser = crate::args::seconds,
+          allow_negative_numbers = true)]
     pub barrier_timeout: f64,
     /// Fail instead of continuing when an active VM's agent is not ready in time.
     #[arg(long)]
@@ -70,16 +86,7 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
 pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    if args.freq == 0 {
-        anyhow::bail!("-F must be a positive frequency in Hz");
-    }
     let names = if args.events.is_empty() {
         vec!["cpu-clock".to_string()]
     } else {
@@ -98,40 +105,50 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     } else {
         anyhow::bail!("nothing to record: give -a (all CPUs), -p PID, or a command after --");
     };
-    let duration = match args.duration {
-        Some(d) if d > 0.0 && d.is_finite() => Some(Duration::from_secs_f64(d)),
-        Some(d) => anyhow::bail!("-d must be a positive number of seconds, not {d}"),
-        None => None,
-    };
-    if duration.is_none() && args.command.is_empty() {
-        eprintln!("vmscope: recording until Ctrl-C (give -d SECONDS to stop by itself)");
+    let duration = args.duration.map(Duration::from_secs_f64);
+    if !args.command.is_empty() {
+        check_command(&args.command)?;
     }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    if let Some(k) = &args.kallsyms {
+        crate::args::check_kallsyms(k)?;
     }
-    let mut roles = Vec::new();
-    for r in &args.vm_roles {
-        let (name, role) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--vm {r}: expected NAME=active|passive|unmonitored"))?;
-        let role = match Role::parse(role) {
-            Some(x @ (Role::Active | Role::Passive | Role::Unmonitored)) => x,
-            _ => anyhow::bail!("--vm {r}: role must be active, passive or unmonitored"),
-        };
-        roles.push((name.to_string(), role));
+    if let Some(d) = &args.symfs {
+        crate::args::check_symfs(d)?;
     }
+    let roles = crate::args::vm_roles(&args.vm_roles)?;
     let mut guest_kallsyms = Vec::new();
+    let mut inputs = Vec::new();
     for g in &args.guest_kallsyms {
         let (name, path) = g
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--guest-kallsyms {g}: expected NAME=PATH"))?;
         let k = vmscope_symbols::Kallsyms::from_path(std::path::Path::new(path))?;
         guest_kallsyms.push((name.to_string(), k));
+        inputs.push(PathBuf::from(path));
     }
-    if !(args.barrier_timeout > 0.0 && args.barrier_timeout.is_finite()) {
-        anyhow::bail!("--barrier-timeout must be a positive number of seconds");
+    inputs.extend(args.kallsyms.iter().cloned());
+    let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    // From here on a signal stops the recording (or, before it starts,
+    // the command) instead of killing the process with the lock held.
+    crate::signals::install();
+    // The output is checked and locked before anything starts.
+    let output = SessionOutput::prepare(
+        &args.output,
+        &OutputOptions {
+            force: args.force,
+            inputs,
+        },
+        &command_line,
+    )?;
+    if output.replaces_partial() {
+        eprintln!(
+            "vmscope: replacing {}, a partial recording an earlier run left",
+            output.partial().display()
+        );
+    }
+    let partial = output.partial().to_path_buf();
+    if duration.is_none() && args.command.is_empty() {
+        eprintln!("vmscope: recording until Ctrl-C (give -d SECONDS to stop by itself)");
     }
     let plan = plan_session(PlanRequest {
         roles,
@@ -140,6 +157,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         strict: args.strict,
         ..PlanRequest::default()
     })?;
+    crate::signals::check("planning the session")?;
     for v in plan.fallbacks() {
         eprintln!("vmscope: VM {}: profiled as {}", v.name, v.describe());
     }
@@ -149,18 +167,19 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         command: (!args.command.is_empty()).then(|| args.command.clone()),
         callchain: args.callchain,
         duration,
-        output: args.output.clone(),
+        output,
         symbolizer: SymbolizerOptions {
             kallsyms: args.kallsyms.clone(),
             symfs: args.symfs.clone(),
             ..SymbolizerOptions::default()
         },
         plan,
-        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        command_line,
         ring_pages: args.mmap_pages,
         flush_interval: Duration::from_millis(500),
         meta: vec![(crate::VERSION_META_KEY.into(), crate::VERSION.into())],
         barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
+        overhead_budget: args.overhead_budget,
     };
     let rates: Vec<String> = events
         .iter()
@@ -179,8 +198,23 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         ));
         bar.tick();
     };
-    let summary = record(opts, &STOP, &mut progress)
-        .with_context(|| format!("recording into {}", args.output.display()))?;
+    let summary = match record(opts, crate::signals::stopped(), &mut progress) {
+        Ok(s) => s,
+        Err(e) => {
+            bar.finish_and_clear();
+            let kept = if partial.is_file() {
+                format!(
+                    " ({} is unchanged; what was recorded is in {})",
+                    args.output.display(),
+                    partial.display()
+                )
+            } else {
+                String::new()
+            };
+            return Err(anyhow::Error::new(e)
+                .context(format!("recording into {}{kept}", args.output.display())));
+        }
+    };
     bar.finish_and_clear();
     for n in &summary.notes {
         eprintln!("vmscope: {n}");

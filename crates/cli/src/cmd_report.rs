@@ -21,11 +21,12 @@ pub struct ReportArgs {
     /// Only this event (default: every event of the session, side by side).
     #[arg(short = 'e', long)]
     pub event: Option<String>,
-    /// Print at most N rows.
-    #[arg(short = 'n', long)]
+    /// Print at most N rows (N > 0; omit it for every row).
+    #[arg(short = 'n', long, value_parser = crate::args::rows, allow_negative_numbers = true)]
     pub limit: Option<usize>,
-    /// Drop rows below this percentage.
-    #[arg(long, default_value_t = 0.0)]
+    /// Drop rows below this percentage (0 to 100).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::percent,
+          allow_negative_numbers = true)]
     pub min_percent: f64,
     /// table, json, csv, or collapsed (stacks for flame graphs).
     #[arg(short = 'f', long, default_value = "table")]
@@ -57,9 +58,6 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         Some(s) => parse_fields(s)?,
         None => Vec::new(),
     };
-    if !(args.min_percent >= 0.0 && args.min_percent <= 100.0) {
-        anyhow::bail!("--min-percent must be between 0 and 100");
-    }
     let mut filter = Vec::new();
     if let Some(d) = &args.domain {
         filter.push((Field::Domain, d.clone()));
@@ -76,6 +74,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         filter.push((Field::Context, c.clone()));
     }
     let session = Session::open(&args.file)?;
+    if let Some(note) = vmscope_store::output::partial_note(&args.file) {
+        eprintln!("vmscope: note: {note}");
+    }
     let view = match args.view.as_str() {
         "merged" => vmscope_store::View::Merged,
         "host" => vmscope_store::View::Host,

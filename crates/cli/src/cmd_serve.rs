@@ -4,7 +4,6 @@
 use anyhow::Result;
 use clap::Args;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Args)]
 #[command(
@@ -18,29 +17,25 @@ pub struct ServeArgs {
     #[arg(long)]
     per_cpu: bool,
     /// A process whose CPU is shared I/O work for all VMs (repeatable).
-    #[arg(long = "shared-io", value_name = "PID")]
+    #[arg(long = "shared-io", value_name = "PID", value_parser = crate::args::pid,
+          allow_negative_numbers = true)]
     shared_io: Vec<u32>,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
+    crate::args::check_pids("--shared-io", &a.shared_io)?;
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
         listen: a.listen,
         per_cpu: a.per_cpu,
         shared_io: a.shared_io,
     })?;
     eprintln!("vmscope serve: http://{}/metrics", server.local_addr());
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe {
-            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
-        }
+    // Ctrl-C, SIGTERM (systemctl stop) and SIGHUP end it with exit code 0
+    // after the request in hand.
+    crate::signals::install();
+    server.run(crate::signals::stopped());
+    if let Some(s) = crate::signals::received() {
+        eprintln!("vmscope serve: stopped by {}", crate::signals::name(s));
     }
-    server.run(&STOP);
     Ok(ExitCode::SUCCESS)
 }

@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use vmscope_stat::render::{self, IntervalFormat};
 use vmscope_stat::session::IntervalSession;
 use vmscope_stat::vmstat::{Source, VmStat, VmStatOptions};
@@ -39,10 +40,13 @@ pub enum SourceArg {
 #[derive(Args)]
 pub struct StatArgs {
     /// Interval (100ms, 1s, ...).
-    #[arg(short, long, default_value = "1s", value_parser = vmscope_stat::parse_interval)]
+    #[arg(short, long, default_value = "1s", value_parser = vmscope_stat::parse_interval,
+          allow_hyphen_values = true)]
     interval: std::time::Duration,
-    /// Number of intervals (default: until interrupted).
-    #[arg(short = 'n', long)]
+    /// Number of intervals (default: until interrupted by Ctrl-C, SIGTERM or
+    /// SIGHUP, which end it after the current interval).
+    #[arg(short = 'n', long, value_parser = crate::args::intervals,
+          allow_negative_numbers = true)]
     count: Option<u64>,
     #[arg(long, value_enum, default_value = "text")]
     format: OutFormat,
@@ -51,6 +55,10 @@ pub struct StatArgs {
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
+    /// Let -o replace a regular file that is not a vmscope session (never a
+    /// device, FIFO or directory).
+    #[arg(long, requires = "output")]
+    force: bool,
     /// Root of the proc tree.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: std::path::PathBuf,
@@ -84,6 +92,7 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
                     ("stat_source".into(), desc.clone()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
+                a.force,
             )
             .with_context(|| format!("creating {}", p.display()))?,
         ),
@@ -91,8 +100,9 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
     };
     render::stat_header(&mut out, fmt, &desc, a.interval.as_secs_f64())?;
     out.flush()?;
+    let stop = crate::signals::install();
     let mut n = 0;
-    while a.count.is_none_or(|c| n < c) {
+    while a.count.is_none_or(|c| n < c) && stop.load(Ordering::SeqCst) == 0 {
         let iv = stat.next(a.interval).context("sampling")?;
         if let Some(s) = session.as_mut() {
             let names = stat
@@ -104,10 +114,12 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
             s.add_stat(&iv, &names).context("storing the interval")?;
         }
         render::stat_interval(&mut out, fmt, &iv)?;
+        out.flush()?;
         n += 1;
     }
     if let Some(s) = session {
         s.finish().context("finishing the session")?;
     }
+    crate::signals::say_stopped("vmscope stat", n);
     Ok(ExitCode::SUCCESS)
 }

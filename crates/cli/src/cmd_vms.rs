@@ -50,7 +50,8 @@ pub struct VmsArgs {
 
     /// How long to wait for each QMP monitor to connect and for each of its
     /// answers, in seconds. Monitors are asked in parallel.
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0,
+          value_parser = crate::args::seconds, allow_negative_numbers = true)]
     pub qmp_timeout: f64,
 
     /// Read this directory instead of /proc (fixture trees in tests).

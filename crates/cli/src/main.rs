@@ -1,7 +1,9 @@
 //! The `vmscope` binary. Thin: each subcommand module turns its clap
 //! arguments into a library options struct and calls one library function.
-//! Errors are printed as one line `vmscope: error: ...` and exit with code 2.
+//! Errors are printed as one line `vmscope: error: ...` and exit with code 2
+//! (128 + the signal's number for a command a signal interrupted).
 
+mod args;
 mod cmd_account;
 mod cmd_bench;
 mod cmd_bench_net;
@@ -13,7 +15,9 @@ mod cmd_record;
 mod cmd_report;
 mod cmd_serve;
 mod cmd_stat;
+mod cmd_top;
 mod cmd_vms;
+mod signals;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -54,6 +58,8 @@ enum Command {
     Account(cmd_account::AccountArgs),
     /// Serve Prometheus metrics (/metrics) of every VM on this host.
     Serve(cmd_serve::ServeArgs),
+    /// The host and every VM live: CPU, vCPU states, I/O, top functions.
+    Top(cmd_top::TopArgs),
     /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
     /// (menon2005's network experiment), `bench scale` and `bench overhead` (theurer2006's scaling
     /// experiment and cost of profiling).
@@ -81,6 +87,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => cmd_stat::run(a),
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
+        Command::Top(a) => cmd_top::run(a),
         Command::Bench(a) => cmd_bench::run(a),
     };
     match result {
@@ -89,8 +96,8 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("vmscope: error: {e:#}");
-            ExitCode::from(2)
+            eprintln!("vmscope: error: {}", error_line(&e));
+            ExitCode::from(exit_code(&e))
         }
     }
 }
@@ -119,6 +126,38 @@ fn agent_broker(args: Vec<std::ffi::OsString>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes on one line, each text once: errors that embed
+/// their source in their own message (thiserror's `{source}`) would
+/// otherwise print the OS error twice ("Read-only file system (os error 30):
+/// Read-only file system (os error 30)").
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// 2 for every error, 128 + the signal for an interrupted command.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    for c in e.chain() {
+        let signal = match (c.downcast_ref(), c.downcast_ref::<signals::Interrupted>()) {
+            (Some(vmscope_lab::LabError::Interrupted { signal, .. }), _) => *signal,
+            (_, Some(i)) => i.signal,
+            _ => continue,
+        };
+        return u8::try_from(128 + signal).unwrap_or(130);
+    }
+    2
 }
 
 /// `vmscope ... | head` must exit quietly.

@@ -224,3 +224,1282 @@ fn bad_report_arguments() {
         .unwrap();
     fails_clearly(&out, &["unknown format 'xml'"]);
 }
+
+// ---------------------------------------------------------------------------
+// Issue 11: the fault table. Every row of the bad-input sweep
+// (../shared/reliability/bad-input-sweep.md) that was UNCLEAR, DATA LOSS,
+// HANG or LEAK and is fixed here, a representative set of the CLEAN ones so
+// they stay clean, and rows of our own for every -o. Each row: the command
+// (run in a scratch directory holding the fixtures), the exit code, words
+// that must (and must not) be on stderr, and files that must be unchanged
+// (type and bytes) or absent afterwards. Every row also checks: no panic, at
+// most one error line, and an OS error's text at most once per line.
+// Rows that record need root (perf_event_open system-wide); the lab, agent
+// and serve rows that need VMs or the lead's server are tested elsewhere
+// (tests/interrupt.rs, tests/lab.rs).
+// ---------------------------------------------------------------------------
+
+use std::path::PathBuf;
+
+/// One row of the fault table.
+struct Row {
+    id: &'static str,
+    args: Vec<String>,
+    /// File fed to standard input.
+    stdin: Option<&'static str>,
+    code: i32,
+    words: Vec<&'static str>,
+    not_words: Vec<&'static str>,
+    stdout_words: Vec<&'static str>,
+    unchanged: Vec<&'static str>,
+    absent: Vec<&'static str>,
+    root: bool,
+}
+
+fn row(id: &'static str, args: &str, code: i32, words: &[&'static str]) -> Row {
+    Row {
+        id,
+        args: shell_words(args),
+        stdin: None,
+        code,
+        words: words.to_vec(),
+        not_words: Vec::new(),
+        stdout_words: Vec::new(),
+        unchanged: Vec::new(),
+        absent: Vec::new(),
+        root: false,
+    }
+}
+
+impl Row {
+    fn unchanged(mut self, files: &[&'static str]) -> Row {
+        self.unchanged.extend_from_slice(files);
+        self
+    }
+    fn absent(mut self, files: &[&'static str]) -> Row {
+        self.absent.extend_from_slice(files);
+        self
+    }
+    fn not_words(mut self, w: &[&'static str]) -> Row {
+        self.not_words.extend_from_slice(w);
+        self
+    }
+    fn stdout(mut self, w: &[&'static str]) -> Row {
+        self.stdout_words.extend_from_slice(w);
+        self
+    }
+    fn stdin(mut self, f: &'static str) -> Row {
+        self.stdin = Some(f);
+        self
+    }
+    fn root(mut self) -> Row {
+        self.root = true;
+        self
+    }
+}
+
+/// Split on spaces; single quotes group (enough for the table).
+fn shell_words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for c in s.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            c => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// What a file is, for "unchanged": its type and, for a regular file, its bytes.
+fn snapshot(p: &Path) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(p) {
+        Err(_) => "absent".into(),
+        Ok(m) => {
+            let t = m.file_type();
+            if t.is_symlink() {
+                format!("link to {:?}", std::fs::read_link(p).ok())
+            } else if t.is_char_device() || t.is_block_device() {
+                use std::os::unix::fs::MetadataExt;
+                format!("device {}", m.rdev())
+            } else if t.is_fifo() {
+                "fifo".into()
+            } else if t.is_dir() {
+                "dir".into()
+            } else {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::fs::read(p).unwrap_or_default().hash(&mut h);
+                format!("file {} bytes #{:x} mode {:o}", m.len(), h.finish(), {
+                    use std::os::unix::fs::PermissionsExt;
+                    m.permissions().mode()
+                })
+            }
+        }
+    }
+}
+
+/// The scratch directory with every fixture the rows use.
+fn fixtures(dir: &Path) {
+    let fixture = fixture_dir().join("perf/quipper.perf.data.callgraph-3.8");
+    std::fs::copy(&fixture, dir.join("perf1.data")).unwrap();
+    run_ok(
+        vmscope()
+            .current_dir(dir)
+            .args(["import", "perf1.data", "-o", "good.db"]),
+    );
+    let w = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
+    w("notes.txt", b"my notes, not a session\n");
+    w("notes2.txt", b"more notes\n");
+    w("notes.bak", b"a backup of notes\n");
+    w("force.txt", b"replace me\n");
+    std::fs::copy("/bin/ls", dir.join("myls")).unwrap();
+    let mut rnd = Vec::with_capacity(100_000);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..100_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        rnd.push(x as u8);
+    }
+    w("rand.data", &rnd);
+    w("rand.db", &rnd[..65536]);
+    w("zero.db", b"");
+    let perf = std::fs::read(&fixture).unwrap();
+    w("pt_0.data", b"");
+    w("pt_100.data", &perf[..100]);
+    w("pt_4096.data", &perf[..4096]);
+    // What a SIGKILLed `perf record` leaves: data size 0 in the header.
+    let mut killed = perf.clone();
+    killed[48..56].copy_from_slice(&0u64.to_le_bytes());
+    w("killed.data", &killed);
+    let mut attr = perf.clone();
+    attr[16..24].copy_from_slice(&(i64::MAX as u64).to_le_bytes());
+    w("corrupt3.data", &attr);
+    let good = std::fs::read(dir.join("good.db")).unwrap();
+    w("trunc.db", &good[..20000]);
+    std::fs::copy(bin(), dir.join("elf.db")).unwrap();
+    std::fs::copy(dir.join("good.db"), dir.join("good2.db")).unwrap();
+    std::fs::create_dir(dir.join("TMP")).unwrap();
+    std::fs::create_dir(dir.join("specs")).unwrap();
+    std::fs::hard_link(dir.join("perf1.data"), dir.join("perf1-link.data")).unwrap();
+    std::os::unix::fs::symlink("notes.txt", dir.join("notes-link")).unwrap();
+    w("not-exec.sh", b"#!/bin/sh\necho hi\n");
+    let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo on a valid C string.
+    assert_eq!(unsafe { libc_mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    // A text file where a session's partial file would go.
+    w("blocked.db.partial", b"someone's file\n");
+    // An SQLite database of another program.
+    rusqlite::Connection::open(dir.join("empty.sqlite"))
+        .unwrap()
+        .execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    // Sessions damaged after they were written.
+    for (name, sql) in [
+        ("h01.db", "DROP TABLE samples"),
+        ("h02.db", "DELETE FROM meta"),
+        ("h03.db", "DELETE FROM events"),
+        ("h05.db", "UPDATE samples SET samples = 'abc'"),
+        ("h06.db", "UPDATE samples SET period = 0, samples = 0"),
+        (
+            "h07.db",
+            "INSERT OR REPLACE INTO meta VALUES ('cpus', 'banana'), ('duration_s', 'banana')",
+        ),
+        ("h08.db", "UPDATE samples SET event = 42"),
+        ("h09.db", "DROP TABLE meta"),
+        (
+            "h10.db",
+            "UPDATE samples SET samples = 9223372036854775807, period = 9223372036854775807",
+        ),
+        ("h11.db", "DELETE FROM domains"),
+        ("h12.db", "UPDATE samples SET context = 'bogus-ctx'"),
+    ] {
+        let p = dir.join(name);
+        std::fs::copy(dir.join("good.db"), &p).unwrap();
+        let c = rusqlite::Connection::open(&p).unwrap();
+        c.execute_batch(sql).unwrap();
+        drop(c);
+    }
+    for (name, text) in [
+        ("l01.toml", "name = \"x\"\n\n[[vm]\nname = \"a\"\n"),
+        ("l02.toml", "name = \"x\"\n"),
+        (
+            "l04.toml",
+            "name = \"x\"\n\n[[vm]]\nname = \"a\"\nvcpus = 1\nmemory_mib = -256\n",
+        ),
+        (
+            "l09.toml",
+            "name = \"probe;rm -rf TMP`id`$(id)\"\n\n[[vm]]\nname = \"a\"\n",
+        ),
+        (
+            "l10.toml",
+            "name = \"../../probeJ\"\n\n[[vm]]\nname = \"a\"\n",
+        ),
+        (
+            "l13.toml",
+            "name = \"x\"\n\n[[vm]]\nname = \"a\"\nbogus_key = 1\n",
+        ),
+    ] {
+        w(&format!("specs/{name}"), text.as_bytes());
+    }
+}
+
+extern "C" {
+    #[link_name = "mkfifo"]
+    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+fn table() -> Vec<Row> {
+    let positive_secs = "must be a positive number of seconds";
+    let no_clap_tip = ["unexpected argument", "use '-- -"];
+    vec![
+        // record: events, rates, times, targets
+        row(
+            "r01",
+            "record -a -d 1 -e bogus -o r01.db",
+            2,
+            &["unknown event 'bogus'", "cpu-clock"],
+        )
+        .absent(&["r01.db", "r01.db.partial", "r01.db.lock"]),
+        row(
+            "r03",
+            "record -a -d 1 -e cpu-clock:0 -o r03.db",
+            2,
+            &["'0' is not a positive integer"],
+        ),
+        row(
+            "r06",
+            "record -a -d 1 -F 0 -o r06.db",
+            2,
+            &["must be a positive frequency in Hz"],
+        ),
+        row(
+            "r07",
+            "record -a -d 1 -F -1 -o r07.db",
+            2,
+            &["must be a positive frequency in Hz"],
+        )
+        .not_words(&no_clap_tip),
+        row("r09", "record -a -d 0 -o r09.db", 2, &[positive_secs]),
+        row("r10", "record -a -d -1 -o r10.db", 2, &[positive_secs]).not_words(&no_clap_tip),
+        row(
+            "r11",
+            "record -a -d abc -o r11.db",
+            2,
+            &["'abc'", positive_secs],
+        ),
+        row("r13", "record -a -d NaN -o r13.db", 2, &[positive_secs]),
+        row("r14", "record -a -d inf -o r14.db", 2, &[positive_secs]),
+        row("r17", "record -d 1 -o r17.db", 2, &["nothing to record"]),
+        row(
+            "r18",
+            "record -a -p 1 -d 1 -o r18.db",
+            2,
+            &["'--all-cpus' cannot be used with '--pid"],
+        )
+        .absent(&["r18.db"]),
+        row(
+            "r20",
+            "record -p 999999999 -d 1 -o r20.db",
+            2,
+            &["no such process: 999999999"],
+        )
+        .absent(&["r20.db", "r20.db.partial", "r20.db.lock"]),
+        row(
+            "r21",
+            "record -p abc -d 1 -o r21.db",
+            2,
+            &["must be a positive process id"],
+        ),
+        row(
+            "r22",
+            "record -p 0 -d 1 -o r22.db",
+            2,
+            &["must be a positive process id, not 0"],
+        ),
+        row(
+            "r23",
+            "record -p 1,,2 -d 1 -o r23.db",
+            2,
+            &["must be a positive process id"],
+        ),
+        // record: outputs
+        row(
+            "o02",
+            "record -a -d 1 -o nonexist/dir/x.db",
+            2,
+            &["nonexist/dir/x.db", "which does not exist"],
+        ),
+        row(
+            "o03",
+            "record -a -d 1 -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"]),
+        row(
+            "o04",
+            "record -a -d 1 -o myls",
+            2,
+            &["myls is an ELF binary"],
+        )
+        .unchanged(&["myls"]),
+        row("o05", "record -a -d 1 -o TMP", 2, &["TMP is a directory"]).unchanged(&["TMP"]),
+        row(
+            "o06",
+            "record -a -d 1 -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .unchanged(&["/dev/null"]),
+        row(
+            "o06f",
+            "record -a -d 1 -o /dev/null --force",
+            2,
+            &["character device"],
+        )
+        .unchanged(&["/dev/null"]),
+        row(
+            "o07",
+            "record -a -d 1 -o ''",
+            2,
+            &["a value is required for '--output"],
+        ),
+        row("o10", "record -a -d 1 -o fifo", 2, &["fifo is a FIFO"]).unchanged(&["fifo"]),
+        row(
+            "o11",
+            "record -a -d 1 -o perf1.data",
+            2,
+            &["perf1.data is a perf.data file"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "o12",
+            "record -a -d 1 -o notes-link",
+            2,
+            &["notes-link is a text file"],
+        )
+        .unchanged(&["notes-link", "notes.txt"]),
+        row(
+            "o13",
+            "record -a -d 1 -o empty.sqlite",
+            2,
+            &["SQLite database that is not a vmscope session"],
+        )
+        .unchanged(&["empty.sqlite"]),
+        row(
+            "o14",
+            "record -a -d 1 -o blocked.db",
+            2,
+            &["blocked.db.partial is a text file", "in the way"],
+        )
+        .unchanged(&["blocked.db.partial"])
+        .absent(&["blocked.db"]),
+        // record --overhead-budget: a share of the CPU, above 0 and below 100 %
+        row(
+            "b01",
+            "record -a -d 1 --overhead-budget 0 -o b01.db",
+            2,
+            &["--overhead-budget", "above 0 % and below 100 %"],
+        )
+        .absent(&["b01.db"]),
+        row(
+            "b02",
+            "record -a -d 1 --overhead-budget 100 -o b02.db",
+            2,
+            &["above 0 % and below 100 %"],
+        )
+        .absent(&["b02.db"]),
+        row(
+            "b03",
+            "record -a -d 1 --overhead-budget -1 -o b03.db",
+            2,
+            &["above 0 % and below 100 %"],
+        ),
+        row(
+            "b04",
+            "record -a -d 1 --overhead-budget lots -o b04.db",
+            2,
+            &["must be a percentage"],
+        ),
+        // top: the numbers it takes
+        row(
+            "t01",
+            "top -b -n -1",
+            2,
+            &["must be a positive number of intervals"],
+        ),
+        row("t02", "top -b -n 1 -F 0", 2, &["positive frequency in Hz"]),
+        row(
+            "t03",
+            "top -b -n 1 --window 0",
+            2,
+            &["must be a positive number of intervals"],
+        ),
+        row("t04", "top -b -n 1 -i 0", 2, &["interval"]),
+        row(
+            "t05",
+            "top -b -n 1 --vm x",
+            2,
+            &["expected NAME=active|passive|unmonitored"],
+        ),
+        // stat -o and account -o: the same checks as record -o
+        row(
+            "o20",
+            "stat -i 0.2 -n 1 -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .unchanged(&["/dev/null"]),
+        row(
+            "o21",
+            "stat -i 0.2 -n 1 -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"]),
+        row(
+            "o22",
+            "account -i 0.2 -n 1 -o perf1.data",
+            2,
+            &["perf1.data is a perf.data file"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "o23",
+            "account -i 0.2 -n 1 -o TMP",
+            2,
+            &["TMP is a directory"],
+        )
+        .unchanged(&["TMP"]),
+        row("o24", "stat -i 0.2 -n 1 --force", 2, &["--output"]),
+        // record: paths the options need
+        row(
+            "v01",
+            "record -a -d 1 --vm nosuchvm=active -o v01.db",
+            2,
+            &["no VM named 'nosuchvm'"],
+        ),
+        row(
+            "v02",
+            "record -a -d 1 --vm nosuchvm -o v02.db",
+            2,
+            &["expected NAME=active|passive|unmonitored"],
+        ),
+        row(
+            "v07",
+            "record -a -d 1 --guest-kallsyms x=/nonexistent -o v07.db",
+            2,
+            &["cannot read /nonexistent", "No such file"],
+        ),
+        row(
+            "v08",
+            "record -a -d 1 --kallsyms /nonexistent -o v08.db",
+            2,
+            &["--kallsyms", "/nonexistent", "No such file"],
+        )
+        .absent(&["v08.db"]),
+        row(
+            "v09",
+            "record -a -d 1 --kallsyms /etc/passwd -o v09.db",
+            2,
+            &["--kallsyms", "/etc/passwd: line 1: bad address"],
+        ),
+        row(
+            "v12",
+            "record -a -d 1 --barrier-timeout -1 -o v12.db",
+            2,
+            &[positive_secs],
+        )
+        .not_words(&no_clap_tip),
+        row(
+            "v13",
+            "record -a -d 1 --symfs /nonexistent -o v13.db",
+            2,
+            &["--symfs /nonexistent", "No such file"],
+        ),
+        row(
+            "v14",
+            "record -a -d 1 --symfs notes.txt -o v14.db",
+            2,
+            &["--symfs notes.txt: not a directory"],
+        ),
+        row(
+            "v15",
+            "record -a -d 1 -m -4 -o v15.db",
+            2,
+            &["must be a positive number of pages"],
+        ),
+        // record: the command after --
+        row(
+            "x07",
+            "record -o x07.db -- nosuchcmd arg",
+            2,
+            &["nosuchcmd", "not found"],
+        )
+        .absent(&["x07.db", "x07.db.partial"]),
+        row(
+            "x08",
+            "record -o x08.db -- ./not-exec.sh",
+            2,
+            &["permission denied", "not-exec.sh"],
+        )
+        .absent(&["x08.db"]),
+        row(
+            "x09",
+            "record -o x09.db -- ./TMP",
+            2,
+            &["TMP is a directory"],
+        )
+        .absent(&["x09.db"]),
+        // record that samples (root)
+        row("v10", "record -a -d 1 -m 3 -o v10.db", 2, &["power of two"])
+            .root()
+            .absent(&["v10.db", "v10.db.partial"]),
+        row(
+            "x02",
+            "record -o x02.db -- false",
+            1,
+            &["written to x02.db"],
+        )
+        .root(),
+        row(
+            "x06",
+            "record -a -d 1 -o x06.db -- sleep 5",
+            0,
+            &[
+                "-d 1 s ended the recording",
+                "(sleep 5) was still running",
+                "SIGTERM",
+            ],
+        )
+        .root(),
+        row(
+            "o08",
+            "record -a -d 1 -o good2.db",
+            0,
+            &["written to good2.db"],
+        )
+        .root()
+        .absent(&["good2.db.partial", "good2.db.lock", "good2.db-wal"]),
+        // report: files that are not sessions
+        row(
+            "p01",
+            "report zero.db",
+            2,
+            &["zero.db: not a vmscope session file"],
+        ),
+        row("p02", "report trunc.db", 2, &["trunc.db", "corrupt"]),
+        row("p04", "report rand.db", 2, &["not an SQLite database"]),
+        row("p05", "report elf.db", 2, &["not an SQLite database"]),
+        row(
+            "p06",
+            "report /nonexistent.db",
+            2,
+            &["/nonexistent.db: no such session file"],
+        ),
+        row(
+            "p07",
+            "report TMP",
+            2,
+            &["TMP: not a vmscope session file (it is a directory)"],
+        ),
+        row(
+            "p08",
+            "report notes.bak",
+            2,
+            &["not a vmscope session file"],
+        ),
+        row(
+            "p09",
+            "report empty.sqlite",
+            2,
+            &["without vmscope's tables"],
+        ),
+        row("p10", "report", 2, &["vmscope.db: no such session file"]),
+        // report: damaged sessions, one line naming the table
+        row(
+            "h01",
+            "report h01.db",
+            2,
+            &["h01.db: damaged session: table 'samples' is missing"],
+        )
+        .not_words(&["Error code"]),
+        row("h02", "report h02.db", 2, &["table 'meta'", "clean_stop"])
+            .not_words(&["killed or crashed"]),
+        row(
+            "h03",
+            "report h03.db",
+            2,
+            &["table 'events' is empty", "'samples' holds"],
+        ),
+        row(
+            "h05",
+            "report h05.db",
+            2,
+            &["table 'samples'", "not an integer"],
+        )
+        .not_words(&["Invalid column type"]),
+        row("h06", "report h06.db", 0, &[]),
+        row("h07", "report h07.db", 2, &["table 'meta'", "'banana'"]),
+        row(
+            "h08",
+            "report h08.db",
+            2,
+            &["table 'samples'", "event 42", "'events' lacks"],
+        ),
+        row("h09", "report h09.db", 2, &["not a vmscope session file"]),
+        row(
+            "h10",
+            "report h10.db",
+            2,
+            &["table 'samples'", "more than 2^63"],
+        )
+        .not_words(&["Error code"]),
+        row("h11", "report h11.db --by domain", 0, &[]),
+        row("h12", "report h12.db --by context", 0, &[]).stdout(&["bogus-ctx"]),
+        // report: options
+        row(
+            "b01",
+            "report good.db --by nonsense",
+            2,
+            &["unknown field 'nonsense'"],
+        ),
+        row(
+            "b04",
+            "report good.db --limit -1",
+            2,
+            &["must be a positive number of rows"],
+        )
+        .not_words(&no_clap_tip),
+        row(
+            "b07",
+            "report good.db --limit 0",
+            2,
+            &["must be a positive number of rows, not 0"],
+        ),
+        row(
+            "b08",
+            "report good.db --min-percent -5",
+            2,
+            &["between 0 and 100"],
+        )
+        .not_words(&no_clap_tip),
+        row(
+            "b09",
+            "report good.db --min-percent NaN",
+            2,
+            &["between 0 and 100"],
+        ),
+        row(
+            "b10",
+            "report good.db --min-percent 500",
+            2,
+            &["between 0 and 100"],
+        ),
+        row(
+            "b11",
+            "report good.db --format xml",
+            2,
+            &["unknown format 'xml'"],
+        ),
+        row(
+            "b12",
+            "report good.db --view bogus",
+            2,
+            &["unknown view 'bogus'"],
+        ),
+        row(
+            "b14",
+            "report good.db --context nosuch",
+            2,
+            &["unknown context 'nosuch'"],
+        ),
+        row(
+            "b15",
+            "report good.db -e nosuch",
+            2,
+            &["event 'nosuch' is not in this session"],
+        ),
+        row("b20", "report good.db --limit -- -1", 2, &[]).not_words(&["use '-- -1'"]),
+        row(
+            "b21",
+            "report good.db --domain nosuch",
+            2,
+            &["no domain 'nosuch' in this session", "it has: host"],
+        ),
+        row(
+            "b22",
+            "report good.db --side-by-side nosuch",
+            2,
+            &["no domain 'nosuch'", "it has: host"],
+        ),
+        row("b23", "report good.db --context guest-kernel", 0, &[]).stdout(&[
+            "no row has context 'guest-kernel'",
+            "contexts with samples: host-kernel",
+        ]),
+        // import
+        row(
+            "i_t0",
+            "import pt_0.data -o it0.db",
+            2,
+            &["pt_0.data: not a perf.data file (empty file)"],
+        )
+        .absent(&["it0.db", "it0.db.partial"]),
+        row(
+            "i_t100",
+            "import pt_100.data -o it100.db",
+            2,
+            &["truncated at byte 100"],
+        )
+        .absent(&["it100.db"]),
+        row(
+            "i_t4096",
+            "import pt_4096.data -o it4096.db",
+            2,
+            &["truncated at byte 4096"],
+        )
+        .absent(&["it4096.db", "it4096.db.partial"]),
+        row("i02", "import rand.data -o i02.db", 2, &["bad magic"]).absent(&["i02.db"]),
+        row("i03", "import /bin/ls -o i03.db", 2, &["bad magic"]),
+        row(
+            "i04",
+            "import good.db -o i04.db",
+            2,
+            &["good.db: not a perf.data file"],
+        ),
+        row(
+            "i05",
+            "import /nonexistent.data -o i05.db",
+            2,
+            &["/nonexistent.data", "No such file"],
+        ),
+        row(
+            "i07",
+            "import rand.data -o notes2.txt",
+            2,
+            &["notes2.txt is a text file"],
+        )
+        .unchanged(&["notes2.txt"]),
+        row(
+            "i08",
+            "import perf1.data -o notes2.txt",
+            2,
+            &["notes2.txt is a text file"],
+        )
+        .unchanged(&["notes2.txt"]),
+        row("i12", "import - -o i12.db", 0, &["written to i12.db"]).stdin("perf1.data"),
+        row(
+            "i12e",
+            "import - -o i12e.db",
+            2,
+            &["standard input: not a perf.data file (empty file)"],
+        )
+        .stdin("zero.db")
+        .absent(&["i12e.db"]),
+        row(
+            "i13",
+            "import killed.data -o i13.db",
+            2,
+            &["killed.data", "did not finish properly"],
+        )
+        .not_words(&["feature"])
+        .absent(&["i13.db"]),
+        row(
+            "i16",
+            "import corrupt3.data -o i16.db",
+            2,
+            &["corrupt perf.data: attr size"],
+        ),
+        row(
+            "i18",
+            "import perf1.data --guest-kallsyms /nonexistent -o i18.db",
+            2,
+            &["cannot read /nonexistent"],
+        )
+        .absent(&["i18.db"]),
+        row(
+            "i19",
+            "import perf1.data --kallsyms /nonexistent -o i19.db",
+            2,
+            &["--kallsyms", "/nonexistent"],
+        )
+        .absent(&["i19.db"]),
+        row(
+            "i20",
+            "import perf1.data -o perf1.data",
+            2,
+            &["perf1.data is also this command's input"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "i21",
+            "import perf1.data -o perf1-link.data",
+            2,
+            &["same file as the input perf1.data"],
+        )
+        .unchanged(&["perf1.data"]),
+        row(
+            "i22",
+            "import perf1.data -o /dev/null",
+            2,
+            &["character device"],
+        )
+        .unchanged(&["/dev/null"]),
+        row("i23", "import perf1.data -o fifo", 2, &["FIFO"]).unchanged(&["fifo"]),
+        row("i24", "import perf1.data -o myls", 2, &["ELF binary"]).unchanged(&["myls"]),
+        row("i25", "import perf1.data -o TMP", 2, &["directory"]).unchanged(&["TMP"]),
+        row(
+            "i26",
+            "import perf1.data -o force.txt --force",
+            0,
+            &["written to force.txt"],
+        ),
+        row(
+            "i27",
+            "import perf1.data -o good2.db",
+            0,
+            &["written to good2.db"],
+        )
+        .absent(&["good2.db.partial", "good2.db.lock"]),
+        row(
+            "i28",
+            "import perf1.data -o blocked.db",
+            2,
+            &["blocked.db.partial is a text file"],
+        )
+        .unchanged(&["blocked.db.partial"]),
+        row(
+            "i29",
+            "import perf1.data -o good.db --kallsyms good.db",
+            2,
+            &["--kallsyms"],
+        )
+        .unchanged(&["good.db"]),
+        // lab: specs and options (nothing starts)
+        row("l01", "lab up specs/l01.toml", 2, &["specs/l01.toml:3"]),
+        row("l02", "lab up specs/l02.toml", 2, &["no [[vm]] table"]),
+        row(
+            "l04",
+            "lab up specs/l04.toml",
+            2,
+            &["memory_mib", "out of range"],
+        ),
+        row(
+            "l09",
+            "lab up specs/l09.toml",
+            2,
+            &["is not a valid lab name"],
+        ),
+        row(
+            "l10",
+            "lab up specs/l10.toml",
+            2,
+            &["is not a valid lab name"],
+        ),
+        row(
+            "l13",
+            "lab up specs/l13.toml",
+            2,
+            &["unknown field `bogus_key`"],
+        ),
+        row(
+            "L09",
+            "lab down probe-not-up",
+            2,
+            &["lab 'probe-not-up' is not up"],
+        ),
+        row(
+            "L54",
+            "lab up /nonexistent.toml",
+            2,
+            &["cannot read spec /nonexistent.toml", "No such file"],
+        ),
+        row("L55", "lab up specs", 2, &["cannot read spec specs"]),
+        row(
+            "L56",
+            "lab up specs/l02.toml --hello-timeout -1",
+            2,
+            &["must be a positive whole number of seconds"],
+        )
+        .not_words(&no_clap_tip),
+        row(
+            "L57",
+            "lab exec vm0 --timeout -5 -- true",
+            2,
+            &["must be a positive whole number of seconds"],
+        )
+        .not_words(&no_clap_tip),
+        // stat, account, serve
+        row("s01", "stat -i 0 -n 2", 2, &["interval 0 out of range"]),
+        row("s02", "stat -i -1s -n 2", 2, &["interval -1s out of range"]).not_words(&no_clap_tip),
+        row("s04", "stat -i 1ns -n 3", 2, &["'1ns' is not an interval"]),
+        row(
+            "s05",
+            "stat -i banana -n 2",
+            2,
+            &["'banana' is not an interval"],
+        ),
+        row("s09", "account -i 0 -n 2", 2, &["interval 0 out of range"]),
+        row(
+            "s11",
+            "account -i 100ms -n 2 --shared-io 999999999",
+            2,
+            &["--shared-io 999999999: no such process"],
+        ),
+        row(
+            "s12",
+            "account -i 100ms -n 2 --shared-io abc",
+            2,
+            &["must be a positive process id"],
+        ),
+        row(
+            "s15",
+            "stat -n -1",
+            2,
+            &["must be a positive number of intervals"],
+        )
+        .not_words(&no_clap_tip),
+        row("sv03", "serve --listen banana", 2, &["listening on banana"]),
+        row(
+            "sv04",
+            "serve --listen 127.0.0.1:99999",
+            2,
+            &["invalid port value"],
+        ),
+        row(
+            "sv10",
+            "serve --shared-io 999999999",
+            2,
+            &["--shared-io 999999999: no such process"],
+        ),
+        // demo, vms
+        row("d01", "demo -d 0", 2, &[positive_secs]),
+        row(
+            "d02",
+            "demo -t 0 -d 1",
+            2,
+            &["must be a positive number of threads"],
+        ),
+        row("d03", "demo -d -1", 2, &[positive_secs]).not_words(&no_clap_tip),
+        row("m01", "vms --qmp-timeout 0", 2, &[positive_secs]),
+        row("m02", "vms --qmp-timeout -1", 2, &[positive_secs]).not_words(&no_clap_tip),
+        row("m03", "vms --format yaml", 2, &["invalid value 'yaml'"]),
+    ]
+}
+
+#[test]
+fn fault_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fixtures(d);
+    let run = d.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let root = is_root();
+    let mut skipped = Vec::new();
+    let mut failures = Vec::new();
+    for r in table() {
+        if r.root && !root {
+            skipped.push(r.id);
+            continue;
+        }
+        let watch: Vec<PathBuf> = r.unchanged.iter().map(|f| d.join(f)).collect();
+        let before: Vec<String> = watch.iter().map(|p| snapshot(p)).collect();
+        let mut cmd = vmscope();
+        cmd.current_dir(d)
+            .args(&r.args)
+            .env("VMSCOPE_RUN", &run)
+            .env("VMSCOPE_CACHE", d.join("cache"));
+        match r.stdin {
+            Some(f) => cmd.stdin(std::fs::File::open(d.join(f)).unwrap()),
+            None => cmd.stdin(std::process::Stdio::null()),
+        };
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut bad = Vec::new();
+        if out.status.code() != Some(r.code) {
+            bad.push(format!("exit {:?}, want {}", out.status.code(), r.code));
+        }
+        for w in &r.words {
+            if !err.contains(w) {
+                bad.push(format!("stderr lacks {w:?}"));
+            }
+        }
+        for w in &r.not_words {
+            if err.contains(w) {
+                bad.push(format!("stderr has {w:?}"));
+            }
+        }
+        for w in &r.stdout_words {
+            if !stdout.contains(w) {
+                bad.push(format!("stdout lacks {w:?}"));
+            }
+        }
+        if err.contains("panicked") {
+            bad.push("panic".into());
+        }
+        if err.lines().filter(|l| l.contains("error:")).count() > 1 {
+            bad.push("more than one error line".into());
+        }
+        for l in err.lines() {
+            if l.matches("(os error").count() > 1 {
+                bad.push(format!("OS error text twice: {l}"));
+            }
+        }
+        for (p, b) in watch.iter().zip(&before) {
+            let now = snapshot(p);
+            if &now != b {
+                bad.push(format!("{} changed: {b} -> {now}", p.display()));
+            }
+        }
+        for f in &r.absent {
+            if d.join(f).exists() {
+                bad.push(format!("{f} was left behind"));
+            }
+        }
+        if !bad.is_empty() {
+            failures.push(format!(
+                "{} (vmscope {}): {}\n    stderr: {}",
+                r.id,
+                r.args.join(" "),
+                bad.join("; "),
+                err.trim().replace('\n', "\n            ")
+            ));
+        }
+    }
+    if !skipped.is_empty() {
+        skip(&format!(
+            "fault table rows {} record and need root",
+            skipped.join(", ")
+        ));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of the fault table's rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Sweep row c01: a second recorder (or an importer) pointed at a session
+/// another process is writing fails at once naming that process; the first
+/// recording is the one that ends up in the file.
+#[test]
+fn one_writer_per_session() {
+    if skip_unless(&[]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("same.db");
+    let mut first = vmscope()
+        .args(["record", "-a", "-F", "499", "-d", "3", "-o"])
+        .arg(&db)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_samples(&db);
+    let t = std::time::Instant::now();
+    let out = vmscope()
+        .args(["record", "-a", "-d", "1", "-o"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let err = fails_clearly(
+        &out,
+        &[
+            "same.db is being written by process",
+            "record -a -F 499 -d 3",
+        ],
+    );
+    assert!(err.contains(&first.id().to_string()), "{err}");
+    assert!(
+        t.elapsed().as_secs_f64() < 5.0,
+        "the second recorder waited"
+    );
+    let out = vmscope()
+        .arg("import")
+        .arg(fixture_dir().join("perf/quipper.perf.data.callgraph-3.8"))
+        .arg("-o")
+        .arg(&db)
+        .output()
+        .unwrap();
+    fails_clearly(&out, &["is being written by process"]);
+    // A reader is told a recording is under way.
+    let out = vmscope().arg("report").arg(&db).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a partial recording") || err.contains("under way"),
+        "{err}"
+    );
+    let st = first.wait().unwrap();
+    assert!(st.success());
+    let v = report_json(&db, &[]);
+    assert!(
+        v["meta"]["command"].as_str().unwrap().contains("-d 3"),
+        "{}",
+        v["meta"]
+    );
+    assert_eq!(v["meta"]["clean_stop"], "1");
+    for leftover in [
+        "same.db.partial",
+        "same.db.lock",
+        "same.db-wal",
+        "same.db-shm",
+    ] {
+        assert!(
+            !dir.path().join(leftover).exists(),
+            "{leftover} left behind"
+        );
+    }
+}
+
+/// A small tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: PathBuf, opts: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(&at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(&at)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs(at))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Sweep rows f01, f02, o01, i09: a full or read-only file system. The
+/// previous session stays intact and readable, the partial recording is kept
+/// under its own name, and the error names the file system and the space.
+#[test]
+fn full_and_read_only_file_systems() {
+    if skip_unless(&["mount"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tiny) = Tmpfs::mount(dir.path().join("tiny"), "size=2m") else {
+        skip("cannot mount a tmpfs here");
+        return;
+    };
+    let keep = tiny.0.join("keep.db");
+    let fixture = fixture_dir().join("perf/quipper.perf.data.callgraph-3.8");
+    run_ok(vmscope().arg("import").arg(&fixture).arg("-o").arg(&keep));
+    let before = std::fs::read(&keep).unwrap();
+    // f02: a recording that fills the file system.
+    let out = vmscope()
+        .args(["record", "-a", "-g", "-F", "20000", "-d", "20", "-o"])
+        .arg(&keep)
+        .output()
+        .unwrap();
+    let err = fails_clearly(
+        &out,
+        &[
+            "no space left on the file system",
+            "tmpfs mounted at",
+            "needed more than",
+            "keep.db is unchanged",
+            "keep.db.partial",
+        ],
+    );
+    assert!(!err.contains("Error code"), "{err}");
+    assert_eq!(std::fs::read(&keep).unwrap(), before, "keep.db changed");
+    let v = report_json(&keep, &[]);
+    assert_eq!(v["meta"]["source"], "import");
+    // The partial recording is readable and says why it stopped.
+    let part = partial(&keep);
+    let out = run_ok(vmscope().arg("report").arg(&part));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("stopped early") && text.contains("no space left"),
+        "{text}"
+    );
+    drop(tiny);
+
+    // o01, i09: a read-only file system; the OS error once.
+    let Some(ro) = Tmpfs::mount(dir.path().join("ro"), "ro,size=1m") else {
+        skip("cannot mount a read-only tmpfs here");
+        return;
+    };
+    let x = ro.0.join("x.db");
+    let out = vmscope()
+        .args(["record", "-a", "-d", "1", "-o"])
+        .arg(&x)
+        .output()
+        .unwrap();
+    let err = fails_clearly(&out, &["x.db", "Read-only file system"]);
+    assert_eq!(err.matches("Read-only file system").count(), 1, "{err}");
+    let out = vmscope()
+        .arg("import")
+        .arg(&fixture)
+        .arg("-o")
+        .arg(&x)
+        .output()
+        .unwrap();
+    let err = fails_clearly(&out, &["Read-only file system"]);
+    assert_eq!(err.matches("(os error 30)").count(), 1, "{err}");
+}
+
+/// Sweep row i13 with a real perf: `perf record` killed with SIGKILL leaves
+/// a perf.data whose header was never finished.
+#[test]
+fn perf_data_of_a_killed_perf_record() {
+    if skip_unless(&["perf"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("killed.data");
+    let mut cmd = std::process::Command::new("perf");
+    cmd.args(["record", "-q", "-a", "-o"])
+        .arg(&data)
+        .args(["--", "sleep", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // Its own process group, so its `sleep` goes with it.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut perf = cmd.spawn().unwrap();
+    // Until perf has written its first buffers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::metadata(&data).map_or(0, |m| m.len()) < 8192 {
+        assert!(std::time::Instant::now() < deadline, "perf wrote nothing");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on the process group of our child.
+    unsafe { libc_kill(-(perf.id() as i32), 9) };
+    let _ = perf.wait();
+    let db = dir.path().join("k.db");
+    let out = vmscope()
+        .arg("import")
+        .arg(&data)
+        .arg("-o")
+        .arg(&db)
+        .output()
+        .unwrap();
+    let err = fails_clearly(&out, &["killed.data", "did not finish properly"]);
+    assert!(!err.contains("feature"), "{err}");
+    assert!(!db.exists());
+}

@@ -80,8 +80,17 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
 }
 
-/// (samples of event 0, stored duration in s) of a session being written,
-/// or None while it is not yet readable.
+/// Where a recorder writes `db` until it is complete (`DB.partial`,
+/// renamed to `db` when the recording ends).
+pub fn partial(db: &Path) -> PathBuf {
+    let mut s = db.as_os_str().to_os_string();
+    s.push(".partial");
+    PathBuf::from(s)
+}
+
+/// (samples of event 0, stored duration in s) of a session file, or None
+/// while it is not yet readable. A recording under way is read through
+/// [`partial`].
 pub fn stored(db: &Path) -> Option<(u64, f64)> {
     let out = vmscope()
         .arg("report")
@@ -99,12 +108,13 @@ pub fn stored(db: &Path) -> Option<(u64, f64)> {
     Some((samples, d))
 }
 
-/// Wait (up to 60 s: start-up time varies with load) until a recorder has
-/// flushed samples to `db`; returns the stored duration then.
+/// Wait (up to 60 s: start-up time varies with load) until a recorder
+/// writing `db` has flushed samples (to its partial file); returns the
+/// stored duration then.
 pub fn wait_for_samples(db: &Path) -> f64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        if let Some((n, d)) = stored(db) {
+        if let Some((n, d)) = stored(&partial(db)) {
             if n > 0 {
                 return d;
             }
@@ -116,4 +126,109 @@ pub fn wait_for_samples(db: &Path) -> f64 {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// Where a lab test keeps its guest images and run state, and the agent it
+/// puts in guests.
+pub struct LabEnv {
+    pub cache: PathBuf,
+    pub run: PathBuf,
+    pub agent: PathBuf,
+}
+
+/// What every lab test needs (root, QEMU, busybox, iproute2, losetup,
+/// /dev/net/tun, a static agent) plus `tools` as (program, Debian package),
+/// or why the test skips. `run_dir` names the test's run directory under
+/// CARGO_TARGET_TMPDIR; keep it short, QEMU's Unix socket paths must stay
+/// under 108 bytes. Guest images go to $VMSCOPE_CACHE, shared by the run.
+pub fn lab_env(run_dir: &str, tools: &[(&str, &str)]) -> Result<LabEnv, String> {
+    if !vmscope_testkit::is_root() {
+        return Err(
+            "lab tests need root (taps, loop devices, /dev/net/tun, perf_event_open)".into(),
+        );
+    }
+    let base_tools = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("qemu-img", "qemu-utils"),
+        ("busybox", "busybox-static"),
+        ("ip", "iproute2"),
+        ("losetup", "mount"),
+    ];
+    for (tool, pkg) in base_tools.iter().chain(tools) {
+        if vmscope_lab::util::which(tool).is_none() {
+            return Err(format!("{tool} not installed (apt-get install {pkg})"));
+        }
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return Err("/dev/net/tun missing (tap NICs)".into());
+    }
+    let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let cache = std::env::var_os("VMSCOPE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| base.join("lab-cache"));
+    let run = base.join(run_dir);
+    std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
+    Ok(LabEnv { cache, run, agent })
+}
+
+/// `let env = need_lab!("dir");` (or `need_lab!("dir", &[("pidstat",
+/// "sysstat")])`): the [`LabEnv`], or a logged skip and return.
+#[macro_export]
+macro_rules! need_lab {
+    ($dir:expr) => {
+        need_lab!($dir, &[])
+    };
+    ($dir:expr, $tools:expr) => {
+        match common::lab_env($dir, $tools) {
+            Ok(e) => e,
+            Err(why) => {
+                vmscope_testkit::skip(&why);
+                return;
+            }
+        }
+    };
+}
+
+/// Write lab spec `name`.toml in `dir`.
+pub fn write_spec(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Everything a lab might leave behind, for the given lab name.
+pub fn leftovers(env: &LabEnv, lab: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let run_dir = env.run.join(lab);
+    if run_dir.exists() {
+        left.push(format!("run directory {}", run_dir.display()));
+    }
+    let marker = format!("{}/", run_dir.display());
+    for pid in vmscope_lab::state::find_processes(&marker) {
+        left.push(format!(
+            "process {pid}: {}",
+            vmscope_lab::state::cmdline(pid).unwrap_or_default()
+        ));
+    }
+    let short = vmscope_lab::names::short(lab);
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n == vmscope_lab::names::bridge(lab) || n.starts_with(&format!("vmst-{short}-")) {
+                left.push(format!("interface {n}"));
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir("/sys/block") {
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if let Some(b) = vmscope_lab::state::loop_backing(&n) {
+                if b.starts_with(&run_dir) {
+                    left.push(format!("loop device /dev/{n} on {}", b.display()));
+                }
+            }
+        }
+    }
+    left
 }

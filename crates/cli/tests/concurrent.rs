@@ -85,6 +85,64 @@ fn demo(db: &Path, vm: &str) -> [u64; 3] {
     ]
 }
 
+/// `vmscope top` in a 150x40 tmux terminal: the screen shows the VM, its
+/// vCPU share and the workload's functions; keys sort and quit.
+fn top_in_tmux() {
+    if !vmscope_testkit::require_tools(&[("tmux", "tmux")]) {
+        return;
+    }
+    let session = format!("vmscope-top-{}", std::process::id());
+    let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
+    let st = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "150",
+        "-y",
+        "40",
+        &format!("{VMSCOPE} top -i 1s"),
+    ]);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let screen = || {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout).into_owned()
+    };
+    let wait_for = |what: &dyn Fn(&str) -> bool, why: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = screen();
+            if what(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{why}; the screen:\n{s}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    let s = wait_for(
+        &|s| s.contains("vmscope_demo_alpha") && s.contains("conc0"),
+        "top never showed conc0 and the workload's functions",
+    );
+    let line = s
+        .lines()
+        .find(|l| l.contains("conc0") && l.contains("active"))
+        .unwrap_or_else(|| panic!("no conc0 line:\n{s}"));
+    let run: f64 = line.split_whitespace().nth(5).unwrap().parse().unwrap();
+    assert!(run > 40.0, "conc0's vCPU run share {run} in: {line}");
+    tmux(&["send-keys", "-t", &session, "s"]);
+    wait_for(&|s| s.contains("sort steal"), "the s key did not sort");
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tmux(&["has-session", "-t", &session]).status.success() {
+        assert!(Instant::now() < deadline, "q did not quit top");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn md5(data: &[u8]) -> String {
     let mut c = Command::new("md5sum")
         .stdin(Stdio::piped())
@@ -147,7 +205,7 @@ fn every_tool_on_one_vm_at_once() {
             "/usr/bin/vmscope-agent",
             "demo",
             "-d",
-            "40",
+            "70",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -198,6 +256,40 @@ fn every_tool_on_one_vm_at_once() {
             meta["agent_conc0"]
         );
     }
+
+    // vmscope top, while the workload still runs: batch JSON, then the live
+    // view in a real terminal (tmux).
+    let out = Command::new(VMSCOPE)
+        .args(["top", "--batch", "-n", "3", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(frames.len(), 3);
+    let last = &frames[2];
+    let vm = last["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "conc0")
+        .unwrap_or_else(|| panic!("conc0 missing from {last}"));
+    assert_eq!(vm["role"], "active", "{vm}");
+    assert!(vm["run_pct"].as_f64().unwrap() > 40.0, "{vm}");
+    let syms: Vec<&str> = vm["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["symbol"].as_str().unwrap())
+        .collect();
+    assert_eq!(syms.first(), Some(&"vmscope_demo_alpha"), "{syms:?}");
+    top_in_tmux();
 
     let cp = cp.wait_with_output().unwrap();
     assert!(

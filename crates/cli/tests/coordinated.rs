@@ -346,13 +346,15 @@ fn active_and_passive_vms_in_one_session() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Kill once sampling runs (the session file holds samples), not during
-    // the recorder's start-up.
+    // Kill once sampling runs (the partial session file holds samples), not
+    // during the recorder's start-up.
+    let mut partial2 = db2.clone().into_os_string();
+    partial2.push(".partial");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let started = Command::new(VMSCOPE)
             .arg("report")
-            .arg(&db2)
+            .arg(&partial2)
             .args(["--format", "json"])
             .output()
             .ok()

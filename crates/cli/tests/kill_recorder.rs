@@ -1,6 +1,7 @@
 //! Issue 3 item 5: a recorder killed with SIGKILL leaves a session that
 //! report reads, missing at most the last second, marked as not stopped
-//! cleanly.
+//! cleanly. Issue 11: it is the partial file (`DB.partial`), the target
+//! stays as it was, and report on the target points at the partial file.
 
 mod common;
 use common::*;
@@ -29,15 +30,28 @@ fn sigkilled_recorder_leaves_a_readable_session() {
     unsafe { libc_kill(child.id() as i32, 9) };
     let _ = child.wait();
 
+    // The target was never written; report names the partial recording.
+    assert!(!db.exists(), "the killed recorder wrote the target");
+    let out = vmscope().arg("report").arg(&db).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no such session file")
+            && err.contains("a partial recording")
+            && err.contains("killed.db.partial"),
+        "{err}"
+    );
+    let part = partial(&db);
     let out = run_ok(
         vmscope()
             .arg("report")
-            .arg(&db)
+            .arg(&part)
             .args(["--by", "symbol", "-n", "5"]),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("did not stop cleanly"), "{text}");
-    let (samples, d2) = stored(&db).expect("report of the killed session");
+    assert!(text.contains("partial file of a recording"), "{text}");
+    let (samples, d2) = stored(&part).expect("report of the killed session");
     // 2 s passed between the two readings; at most 1 s may be missing.
     assert!(
         d2 >= d1 + 1.0,

@@ -9,6 +9,8 @@
 //! image is shared by all tests (cache under the target directory, built once
 //! under a file lock).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -19,53 +21,7 @@ const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 /// Lab tests boot VMs; on a 2-CPU machine one lab at a time is plenty.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct Env {
-    cache: PathBuf,
-    run: PathBuf,
-    agent: PathBuf,
-}
-
-/// What the lab tests need, or why they skip.
-fn lab_env() -> Result<Env, String> {
-    if !vmscope_testkit::is_root() {
-        return Err("lab tests need root (taps, loop devices, /dev/net/tun)".into());
-    }
-    for (tool, pkg) in [
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("qemu-img", "qemu-utils"),
-        ("busybox", "busybox-static"),
-        ("ip", "iproute2"),
-        ("losetup", "mount"),
-    ] {
-        if vmscope_lab::util::which(tool).is_none() {
-            return Err(format!("{tool} not installed (apt-get install {pkg})"));
-        }
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        return Err("/dev/net/tun missing (tap NICs)".into());
-    }
-    let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let cache = std::env::var_os("VMSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| base.join("lab-cache"));
-    // Short: QEMU's Unix socket paths must stay under 108 bytes.
-    let run = base.join("lr");
-    std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
-    Ok(Env { cache, run, agent })
-}
-
-macro_rules! need_lab {
-    () => {
-        match lab_env() {
-            Ok(e) => e,
-            Err(why) => {
-                vmscope_testkit::skip(&why);
-                return;
-            }
-        }
-    };
-}
+use common::{leftovers, write_spec, LabEnv as Env};
 
 fn vmscope(env: &Env, args: &[&str]) -> Command {
     let mut c = Command::new(VMSCOPE);
@@ -104,48 +60,6 @@ fn run_ok(env: &Env, args: &[&str]) -> Output {
     out
 }
 
-fn write_spec(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(format!("{name}.toml"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-/// Everything a lab might leave behind, for the given lab name.
-fn leftovers(env: &Env, lab: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    let run_dir = env.run.join(lab);
-    if run_dir.exists() {
-        left.push(format!("run directory {}", run_dir.display()));
-    }
-    let marker = format!("{}/", run_dir.display());
-    for pid in vmscope_lab::state::find_processes(&marker) {
-        left.push(format!(
-            "process {pid}: {}",
-            vmscope_lab::state::cmdline(pid).unwrap_or_default()
-        ));
-    }
-    let short = vmscope_lab::names::short(lab);
-    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n == vmscope_lab::names::bridge(lab) || n.starts_with(&format!("vmst-{short}-")) {
-                left.push(format!("interface {n}"));
-            }
-        }
-    }
-    if let Ok(rd) = std::fs::read_dir("/sys/block") {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if let Some(b) = vmscope_lab::state::loop_backing(&n) {
-                if b.starts_with(&run_dir) {
-                    left.push(format!("loop device /dev/{n} on {}", b.display()));
-                }
-            }
-        }
-    }
-    left
-}
-
 /// A static C program: prints its argument and exits 7.
 fn static_program(dir: &Path) -> Option<PathBuf> {
     let gcc = vmscope_lab::util::which("gcc")?;
@@ -167,7 +81,7 @@ fn static_program(dir: &Path) -> Option<PathBuf> {
 
 #[test]
 fn two_vm_lab_boots_runs_and_leaves_nothing() {
-    let env = need_lab!();
+    let env = need_lab!("lr");
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -257,9 +171,10 @@ iothread = 0
         let rtt = client.ping(Duration::from_secs(10)).unwrap();
         eprintln!("VM {}: ping {rtt:?}", vm.name);
         let pid = vm.pid.unwrap();
-        // With emulator pinning, every thread but the vCPUs and I/O
-        // threads (the main loop, call_rcu, the worker pool) is on the
-        // emulator's CPUs, and the I/O threads on theirs.
+        // With emulator pinning, every thread but the vCPUs and the
+        // lab's I/O threads (the main loop, call_rcu, the worker pool, the
+        // monitor's thread) is on the emulator's CPUs, and the I/O threads
+        // on theirs.
         if !vm.pin_emulator.is_empty() {
             let mut seen = 0;
             for (tid, comm) in vmscope_linux::ProcRoot::system().threads(pid) {
@@ -267,7 +182,10 @@ iothread = 0
                 if comm.starts_with("CPU ") {
                     continue;
                 }
-                let want = if comm.starts_with("IO ") {
+                // Only the lab's own I/O threads are pinned to pin_io;
+                // QEMU's monitor thread (`IO mon_iothread`) stays with
+                // the emulator.
+                let want = if vm.iothread_tids.iter().any(|(_, t)| *t == tid) {
                     &vm.pin_io
                 } else {
                     seen += 1;
@@ -393,7 +311,7 @@ iothread = 0
 
 #[test]
 fn killed_lab_up_is_cleaned_by_down() {
-    let env = need_lab!();
+    let env = need_lab!("lr");
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

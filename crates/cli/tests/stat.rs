@@ -15,6 +15,8 @@
 //! Tests print `SKIP: <reason>` when what they need is missing (a failure
 //! under CI, which installs everything: see vmscope-testkit).
 
+mod common;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -326,25 +328,6 @@ impl Drop for Lab {
     }
 }
 
-fn lab_env() -> Result<(PathBuf, PathBuf, PathBuf), String> {
-    if !is_root() {
-        return Err("lab tests need root (taps, loop devices)".into());
-    }
-    for t in ["qemu-system-x86_64", "qemu-img", "busybox", "ip", "pidstat"] {
-        if which(t).is_none() {
-            return Err(format!("{t} not installed"));
-        }
-    }
-    let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let cache = std::env::var_os("VMSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| base.join("lab-cache"));
-    let run = base.join("lr");
-    std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
-    Ok((cache, run, agent))
-}
-
 fn busy_of_proc_stat() -> Vec<(f64, f64)> {
     // (busy, total) ticks per CPU.
     std::fs::read_to_string("/proc/stat")
@@ -420,13 +403,7 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
 
 #[test]
 fn lab_busy_and_idle_vm() {
-    let (cache, run, agent) = match lab_env() {
-        Ok(e) => e,
-        Err(why) => {
-            skip(&why);
-            return;
-        }
-    };
+    let common::LabEnv { cache, run, agent } = need_lab!("lr", &[("pidstat", "sysstat")]);
     let _s = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -876,13 +853,7 @@ fn run_residual(intervals: &[Value], what: &str) -> f64 {
 /// small blocks.
 #[test]
 fn lab_cherkasova_io_charging() {
-    let (cache, run, agent) = match lab_env() {
-        Ok(e) => e,
-        Err(why) => {
-            skip(&why);
-            return;
-        }
-    };
+    let common::LabEnv { cache, run, agent } = need_lab!("lr", &[("pidstat", "sysstat")]);
     let Some(httperf) = which("httperf") else {
         skip("httperf not installed (scripts/setup.sh installs it)");
         return;

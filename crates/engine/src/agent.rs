@@ -14,6 +14,8 @@ pub struct AgentProfiler {
     domain: String,
     client: AgentClient<UnixStream>,
     hello: AgentHello,
+    /// Overhead budget sent with `profile_start`, parts per million.
+    budget_ppm: Option<u32>,
 }
 
 /// Why a VM's agent could not be used.
@@ -52,6 +54,7 @@ impl AgentProfiler {
                 source,
             })?;
         Ok(AgentProfiler {
+            budget_ppm: None,
             domain: domain.to_string(),
             client,
             hello,
@@ -96,6 +99,11 @@ fn convert(delta: ProfileDelta) -> GuestDelta {
     GuestDelta {
         rows,
         lost: delta.lost,
+        cost: delta.cost.map(|c| vmscope_model::budget::CostStep {
+            cost_s: c.cost_ns as f64 / 1e9,
+            capacity_s: c.capacity_ns as f64 / 1e9,
+            rate_hz: c.rate_hz,
+        }),
     }
 }
 
@@ -127,8 +135,13 @@ impl GuestProfiler for AgentProfiler {
                 .collect(),
             frequency,
             callchain,
+            budget_ppm: self.budget_ppm,
         };
         self.client.profile_start(&config, timeout).map(|_| ())
+    }
+
+    fn set_overhead_budget(&mut self, budget: Option<f64>) {
+        self.budget_ppm = budget.map(|b| ((b * 1e6).round() as u32).clamp(1, 999_999));
     }
 
     fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
@@ -140,6 +153,14 @@ impl GuestProfiler for AgentProfiler {
             d.rows.extend(next.rows);
             d.lost += next.lost;
             d.more = next.more;
+            d.cost = match (d.cost, next.cost) {
+                (Some(a), Some(b)) => Some(vmscope_protocol::ProfilerCost {
+                    cost_ns: a.cost_ns + b.cost_ns,
+                    capacity_ns: a.capacity_ns + b.capacity_ns,
+                    rate_hz: b.rate_hz,
+                }),
+                (a, b) => b.or(a),
+            };
             rounds += 1;
         }
         Ok(convert(d))
@@ -233,6 +254,7 @@ mod tests {
                                 t_ns: 2,
                                 more: false,
                                 last,
+                                cost: None,
                             }
                         }
                         _ => continue,

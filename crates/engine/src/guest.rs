@@ -28,10 +28,13 @@ pub struct GuestRow {
 }
 
 /// What an agent measured since the last poll.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GuestDelta {
     pub rows: Vec<GuestRow>,
     pub lost: u64,
+    /// What profiling cost the guest over the delta, from agents that
+    /// measure it.
+    pub cost: Option<vmscope_model::budget::CostStep>,
 }
 
 /// The host's handle on one active VM's agent.
@@ -49,6 +52,9 @@ pub trait GuestProfiler: Send {
     fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
     /// Stop sampling; the last rows.
     fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
+    /// Ask the guest to keep its profiling within `budget` (a fraction of
+    /// its CPU) from the next [`GuestProfiler::start`]; `None`: a fixed rate.
+    fn set_overhead_budget(&mut self, _budget: Option<f64>) {}
 }
 
 /// Messages from a VM's thread to the recorder.
@@ -227,6 +233,7 @@ mod tests {
                 return Err(ProtocolError::Io(std::io::ErrorKind::BrokenPipe.into()));
             }
             Ok(GuestDelta {
+                cost: None,
                 rows: vec![GuestRow {
                     event: 0,
                     context: Context::GuestUser,

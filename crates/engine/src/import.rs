@@ -1,11 +1,13 @@
 //! perf.data import: the same converter as live recording, fed by the
-//! perfdata reader. The session is written to a temporary file and renamed
-//! into place only when complete, so a failed import leaves nothing that
-//! looks like a session.
+//! perfdata reader. The session goes through [`SessionOutput`]: written as
+//! `TARGET.partial` and renamed into place only when complete, so a failed
+//! import leaves the target as it was and nothing that looks like a session.
 
 use crate::{Converter, EngineError};
+use std::io::{IsTerminal, Seek};
 use std::path::{Path, PathBuf};
 use vmscope_model::{Domain, Role, SessionEvent, ThreadMap};
+use vmscope_store::output::SessionOutput;
 use vmscope_store::{DomainRecord, SessionWriter};
 use vmscope_symbols::{Kallsyms, Symbolizer, SymbolizerOptions};
 
@@ -17,6 +19,35 @@ pub struct ImportOptions {
     pub command_line: String,
     /// Extra session metadata (e.g. the importing vmscope's version).
     pub meta: Vec<(String, String)>,
+}
+
+/// Where the perf.data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImportInput {
+    File(PathBuf),
+    /// Standard input (`-`): a perf.data in pipe format (`perf record -o -`)
+    /// or file format, spooled to an unnamed temporary file first (the
+    /// reader checks the layout before parsing, which needs to seek).
+    Stdin,
+}
+
+impl ImportInput {
+    /// `-` is standard input, anything else a file.
+    pub fn from_arg(p: &Path) -> ImportInput {
+        if p.as_os_str() == "-" {
+            ImportInput::Stdin
+        } else {
+            ImportInput::File(p.to_path_buf())
+        }
+    }
+
+    /// How errors and the session name it.
+    pub fn name(&self) -> String {
+        match self {
+            ImportInput::File(p) => p.display().to_string(),
+            ImportInput::Stdin => "standard input".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -32,42 +63,52 @@ pub struct ImportSummary {
 const FLUSH_EVERY: u64 = 500_000;
 
 pub fn import(
-    perf_data: &Path,
-    output: &Path,
+    input: &ImportInput,
+    mut output: SessionOutput,
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
-    let partial = PathBuf::from(format!("{}.partial", output.display()));
-    let r = import_into(perf_data, &partial, opts);
-    match r {
-        Ok(mut s) => {
-            for suffix in ["-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{}", partial.display(), suffix));
+    let mut writer = output.create_writer()?;
+    let mut s = import_into(input, &mut writer, opts)?;
+    s.output = output.commit(writer, true)?;
+    Ok(s)
+}
+
+fn read_input(
+    input: &ImportInput,
+    sink: &mut dyn FnMut(vmscope_model::Record),
+) -> Result<vmscope_perfdata::PerfDataInfo, EngineError> {
+    match input {
+        ImportInput::File(p) => Ok(vmscope_perfdata::import(p, sink)?),
+        ImportInput::Stdin => {
+            let stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                return Err(EngineError::Invalid(
+                    "import -: standard input is a terminal; pipe a perf.data into it \
+                     (perf record -o - ... | vmscope import -)"
+                        .into(),
+                ));
             }
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{}", output.display(), suffix));
-            }
-            std::fs::rename(&partial, output).map_err(|source| EngineError::Io {
-                path: output.to_path_buf(),
+            let io = |source| EngineError::Io {
+                path: PathBuf::from("standard input"),
                 source,
-            })?;
-            s.output = output.to_path_buf();
-            Ok(s)
-        }
-        Err(e) => {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{}", partial.display(), suffix));
-            }
-            Err(e)
+            };
+            let mut spool = tempfile::tempfile().map_err(io)?;
+            std::io::copy(&mut stdin.lock(), &mut spool).map_err(io)?;
+            spool.rewind().map_err(io)?;
+            Ok(vmscope_perfdata::import_reader(
+                spool,
+                "standard input",
+                sink,
+            )?)
         }
     }
 }
 
 fn import_into(
-    perf_data: &Path,
-    out: &Path,
+    input: &ImportInput,
+    writer: &mut SessionWriter,
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
-    let mut writer = SessionWriter::create(out)?;
     let symbolizer = Symbolizer::new(opts.symbolizer.clone());
     let mut conv = Converter::new(symbolizer, opts.threads.clone());
     if let Some(p) = &opts.guest_kallsyms {
@@ -81,7 +122,7 @@ fn import_into(
     }
     let mut n = 0u64;
     let mut flush_err = None;
-    let info = vmscope_perfdata::import(perf_data, &mut |rec| {
+    let info = read_input(input, &mut |rec| {
         conv.push(rec);
         n += 1;
         if n.is_multiple_of(FLUSH_EVERY) && flush_err.is_none() {
@@ -105,7 +146,7 @@ fn import_into(
     };
     let mut meta: Vec<(&str, String)> = vec![
         ("source", "import".into()),
-        ("source_file", perf_data.display().to_string()),
+        ("source_file", input.name()),
         ("command", opts.command_line.clone()),
         ("duration_s", format!("{duration:.3}")),
     ];
@@ -161,9 +202,8 @@ fn import_into(
             detail: String::new(),
         })?;
     }
-    writer.finish(true)?;
     Ok(ImportSummary {
-        output: out.to_path_buf(),
+        output: PathBuf::new(),
         samples: stats.samples,
         guest_samples: stats.guest_mode_samples,
         lost: stats.lost,

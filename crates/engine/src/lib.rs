@@ -9,9 +9,13 @@
 pub mod agent;
 mod convert;
 #[cfg(feature = "host")]
+mod cost;
+#[cfg(feature = "host")]
 pub mod guest;
 #[cfg(feature = "host")]
 pub mod import;
+#[cfg(feature = "host")]
+pub mod live;
 #[cfg(feature = "host")]
 pub mod plan;
 #[cfg(feature = "host")]

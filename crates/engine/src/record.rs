@@ -5,13 +5,13 @@ use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
 use crate::plan::SessionPlan;
 use crate::{Converter, EngineError};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use vmscope_linux::ProcRoot;
 use vmscope_linux::{Recorder, RingOptions, Target};
-use vmscope_model::{AggKey, Domain, EventSpec, Profile, Role, SessionEvent};
+use vmscope_model::{Domain, EventSpec, Profile, Role, SessionEvent};
+use vmscope_store::output::SessionOutput;
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
@@ -34,7 +34,9 @@ pub struct RecordOptions {
     pub command: Option<Vec<String>>,
     pub callchain: bool,
     pub duration: Option<Duration>,
-    pub output: PathBuf,
+    /// The checked, locked session file ([`SessionOutput::prepare`]): written
+    /// as `TARGET.partial` and renamed over the target when complete.
+    pub output: SessionOutput,
     pub symbolizer: SymbolizerOptions,
     /// The VMs, their roles and agents ([`crate::plan::plan_session`]).
     pub plan: SessionPlan,
@@ -47,6 +49,10 @@ pub struct RecordOptions {
     pub meta: Vec<(String, String)>,
     /// How long the readiness barrier waits for each agent.
     pub barrier_timeout: Duration,
+    /// Keep each profiler's cost (the host recorder's and every active
+    /// agent's) within this fraction of the CPU it observes, by lowering
+    /// its rate (`--overhead-budget`); `None`: the rates asked for.
+    pub overhead_budget: Option<f64>,
 }
 
 /// What a recording produced.
@@ -56,8 +62,11 @@ pub struct RecordSummary {
     pub samples: u64,
     pub lost: u64,
     pub duration: Duration,
+    /// The command's exit code (128+signal when a signal ended it); `None`
+    /// without a command or when vmscope stopped it (see `notes`).
     pub command_status: Option<i32>,
-    /// Things the user should know (agents that did not answer, VMs lost).
+    /// Things the user should know (agents that did not answer, VMs lost,
+    /// a command stopped at the end of `-d`).
     pub notes: Vec<String>,
 }
 
@@ -71,6 +80,9 @@ pub type Progress<'a> = &'a mut dyn FnMut(Duration, u64);
 struct PausedChild {
     pid: libc::pid_t,
     release: Option<std::fs::File>,
+    /// Read end of a close-on-exec pipe: EOF when `execv` succeeded, the
+    /// errno when it failed.
+    exec_error: Option<std::fs::File>,
     status: Option<i32>,
 }
 
@@ -104,6 +116,37 @@ impl PausedChild {
         self.status
     }
 
+    /// Why `execv` failed, once the child has exited (None when it ran).
+    fn exec_failure(&mut self) -> Option<std::io::Error> {
+        use std::io::Read;
+        let mut f = self.exec_error.take()?;
+        let mut b = [0u8; 4];
+        match f.read_exact(&mut b) {
+            Ok(()) => Some(std::io::Error::from_raw_os_error(i32::from_ne_bytes(b))),
+            Err(_) => None,
+        }
+    }
+
+    /// Stop a command that is still running: SIGTERM, then SIGKILL after
+    /// `grace`. Returns whether it was still running.
+    fn stop(&mut self, grace: Duration) -> bool {
+        self.release.take();
+        if self.try_wait().is_some() {
+            return false;
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < grace {
+            if self.try_wait().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill_and_wait();
+        true
+    }
+
     fn kill_and_wait(&mut self) -> Option<i32> {
         self.release.take();
         if self.try_wait().is_none() {
@@ -125,21 +168,66 @@ impl Drop for PausedChild {
     }
 }
 
-fn resolve_program(prog: &str) -> Option<PathBuf> {
+fn executable(p: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) on a valid C string.
+    std::fs::metadata(p).is_ok_and(|m| m.is_file())
+        && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
+}
+
+/// The file `execv` will run for `prog`, or why it cannot run, checked
+/// before anything starts ("not found", "permission denied", "is a
+/// directory").
+fn resolve_program(prog: &str) -> Result<PathBuf, std::io::Error> {
+    use std::io::{Error, ErrorKind};
+    let why = |p: &Path| -> Error {
+        match std::fs::metadata(p) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                Error::new(ErrorKind::NotFound, format!("{} not found", p.display()))
+            }
+            Err(e) => e,
+            Ok(m) if m.is_dir() => Error::new(
+                ErrorKind::PermissionDenied,
+                format!("{} is a directory", p.display()),
+            ),
+            Ok(_) => Error::new(
+                ErrorKind::PermissionDenied,
+                format!("permission denied: {} is not executable", p.display()),
+            ),
+        }
+    };
+    if prog.is_empty() {
+        return Err(Error::new(ErrorKind::NotFound, "empty command name"));
+    }
     if prog.contains('/') {
-        return Some(PathBuf::from(prog));
+        let p = PathBuf::from(prog);
+        return if executable(&p) { Ok(p) } else { Err(why(&p)) };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(prog))
-        .find(|p| {
-            std::fs::metadata(p)
-                .map(|m| {
-                    m.is_file()
-                        && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-                })
-                .unwrap_or(false)
-        })
+    let candidates: Vec<PathBuf> = std::env::split_paths(&path).map(|d| d.join(prog)).collect();
+    if let Some(p) = candidates.iter().find(|p| executable(p)) {
+        return Ok(p.clone());
+    }
+    match candidates.iter().find(|p| p.exists()) {
+        Some(p) => Err(why(p)),
+        None => Err(Error::new(
+            ErrorKind::NotFound,
+            format!("{prog}: command not found in PATH"),
+        )),
+    }
+}
+
+/// Check that `argv` can be run (found, executable), before anything
+/// starts: the error says "not found", "permission denied" or "is a
+/// directory", naming the command.
+pub fn check_command(argv: &[String]) -> Result<PathBuf, EngineError> {
+    let first = argv.first().map(String::as_str).unwrap_or_default();
+    resolve_program(first).map_err(|source| EngineError::Spawn {
+        command: argv.join(" "),
+        source,
+    })
 }
 
 fn spawn_paused(argv: &[String]) -> Result<PausedChild, EngineError> {
@@ -148,12 +236,7 @@ fn spawn_paused(argv: &[String]) -> Result<PausedChild, EngineError> {
         command: argv.join(" "),
         source,
     };
-    let prog = resolve_program(&argv[0]).ok_or_else(|| {
-        spawn_err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "command not found in PATH",
-        ))
-    })?;
+    let prog = resolve_program(&argv[0]).map_err(spawn_err)?;
     let c_prog = CString::new(prog.as_os_str().as_encoded_bytes())
         .map_err(|_| spawn_err(std::io::ErrorKind::InvalidInput.into()))?;
     let c_args: Vec<CString> = argv
@@ -169,10 +252,9 @@ fn spawn_paused(argv: &[String]) -> Result<PausedChild, EngineError> {
         return Err(spawn_err(std::io::Error::last_os_error()));
     }
     let (rd, wr) = (fds[0], fds[1]);
-    // SAFETY: between fork and execv the child only calls async-signal-safe
-    // functions (close, read, execv, _exit) on memory prepared before fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
+    let mut efds = [0i32; 2];
+    // SAFETY: as above.
+    if unsafe { libc::pipe2(efds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         let e = std::io::Error::last_os_error();
         // SAFETY: closing our own fds.
         unsafe {
@@ -181,24 +263,47 @@ fn spawn_paused(argv: &[String]) -> Result<PausedChild, EngineError> {
         }
         return Err(spawn_err(e));
     }
+    let (erd, ewr) = (efds[0], efds[1]);
+    // SAFETY: between fork and execv the child only calls async-signal-safe
+    // functions (close, read, write, execv, _exit) on memory prepared before fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: closing our own fds.
+        unsafe {
+            for fd in [rd, wr, erd, ewr] {
+                libc::close(fd);
+            }
+        }
+        return Err(spawn_err(e));
+    }
     if pid == 0 {
         // SAFETY: see above.
         unsafe {
             libc::close(wr);
+            libc::close(erd);
             let mut b = [0u8; 1];
             if libc::read(rd, b.as_mut_ptr().cast(), 1) != 1 {
                 libc::_exit(127);
             }
             libc::execv(c_prog.as_ptr(), c_argv.as_ptr());
+            let errno = *libc::__errno_location();
+            let bytes = errno.to_ne_bytes();
+            libc::write(ewr, bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
         }
     }
-    // SAFETY: rd belongs to the child now; wr is ours.
-    unsafe { libc::close(rd) };
+    // SAFETY: rd and ewr belong to the child now; wr and erd are ours.
+    unsafe {
+        libc::close(rd);
+        libc::close(ewr);
+    }
     let release = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(wr) };
+    let exec_error = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(erd) };
     Ok(PausedChild {
         pid,
         release: Some(release),
+        exec_error: Some(exec_error),
         status: None,
     })
 }
@@ -214,8 +319,20 @@ fn sysctl(name: &str) -> String {
     ProcRoot::system().sysctl(name).unwrap_or_default()
 }
 
+/// Why the recording loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Command,
+    Duration,
+    Stop,
+    TargetsGone,
+}
+
 /// Record until the command exits, the duration ends, every target process
-/// is gone, or `stop` is set (SIGINT).
+/// is gone, or `stop` is set (SIGINT, SIGTERM, SIGHUP in the CLI). The
+/// session is written to the output's partial file and put in place of the
+/// target only when complete; a failure after sampling started (a full
+/// disk) keeps the partial file.
 pub fn record(
     opts: RecordOptions,
     stop: &AtomicBool,
@@ -231,14 +348,6 @@ pub fn record(
             }
         }
     }
-    // Fail on an unwritable output before starting anything.
-    let probe = opts.output.with_extension("vmscope-probe");
-    std::fs::write(&probe, b"").map_err(|source| EngineError::Io {
-        path: opts.output.clone(),
-        source,
-    })?;
-    let _ = std::fs::remove_file(&probe);
-
     let mut child: Option<PausedChild> = match &opts.command {
         Some(argv) if !argv.is_empty() => Some(spawn_paused(argv)?),
         _ => None,
@@ -259,7 +368,7 @@ pub fn record(
         callchain: opts.callchain,
         ring_pages: opts.ring_pages,
     };
-    let mut rec = match Recorder::open(&ring) {
+    let rec = match Recorder::open(&ring) {
         Ok(r) => r,
         Err(e) => {
             if let Some(mut c) = child.take() {
@@ -268,223 +377,360 @@ pub fn record(
             return Err(e.into());
         }
     };
+    let mut output = opts.output;
+    let mut writer = output.create_writer()?;
+    let mut run = Run {
+        rec,
+        child,
+        target,
+        stop,
+        progress,
+        sampling: false,
+    };
+    let body = run.session(
+        &mut writer,
+        RunOptions {
+            events: &opts.events,
+            command_line: &opts.command_line,
+            callchain: opts.callchain,
+            meta: &opts.meta,
+            plan: opts.plan,
+            symbolizer: opts.symbolizer,
+            barrier_timeout: opts.barrier_timeout,
+            overhead_budget: opts.overhead_budget,
+            flush_interval: opts.flush_interval,
+            duration: opts.duration,
+            command: opts.command.as_deref(),
+        },
+    );
+    match body {
+        Ok(mut summary) => {
+            // Everything is recorded: if the last step fails (a full disk
+            // while the WAL is folded in), the partial file keeps it.
+            output.keep_partial(true);
+            let path = output.commit(writer, true)?;
+            summary.output = path;
+            Ok(summary)
+        }
+        Err(e) => {
+            // Samples stored before a failure (a full disk) are worth
+            // keeping under the partial name; nothing else is.
+            let spawn_failed = matches!(e, EngineError::Spawn { .. });
+            output.keep_partial(run.sampling && !spawn_failed);
+            if let EngineError::Store(s) = &e {
+                if s.is_disk_full() {
+                    let _ = writer.set_meta("stop_reason", &s.to_string());
+                }
+            }
+            drop(writer);
+            Err(e)
+        }
+    }
+}
 
-    let mut writer = SessionWriter::create(&opts.output)?;
-    let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
-    writer.set_events(&events)?;
-    let started = unix_now();
-    let hostname = sysctl("kernel.hostname");
-    let kernel = sysctl("kernel.osrelease");
-    for (k, v) in [
-        ("source", "record".to_string()),
-        ("command", opts.command_line.clone()),
-        ("hostname", hostname),
-        ("kernel", kernel),
-        ("cpus", rec.cpus().len().to_string()),
-        ("started_at", format!("{started:.3}")),
-        ("callchain", u8::from(opts.callchain).to_string()),
-    ] {
-        writer.set_meta(k, &v)?;
-    }
-    for (k, v) in opts.meta.iter().chain(&opts.plan.meta) {
-        writer.set_meta(k, v)?;
-    }
-    writer.upsert_domain(&DomainRecord {
-        domain: Domain::host(),
-        status: "running".into(),
-        ended_at: None,
-        detail: String::new(),
-    })?;
-    for (d, detail) in &opts.plan.domains {
+/// What [`Run::session`] needs from the options.
+struct RunOptions<'a> {
+    events: &'a [EventSpec],
+    command_line: &'a str,
+    callchain: bool,
+    meta: &'a [(String, String)],
+    plan: SessionPlan,
+    symbolizer: SymbolizerOptions,
+    barrier_timeout: Duration,
+    overhead_budget: Option<f64>,
+    flush_interval: Duration,
+    duration: Option<Duration>,
+    command: Option<&'a [String]>,
+}
+
+/// One recording in progress.
+struct Run<'a, 'p> {
+    rec: Recorder,
+    child: Option<PausedChild>,
+    target: Target,
+    stop: &'a AtomicBool,
+    progress: Progress<'p>,
+    /// Sampling has started (the partial file holds, or will hold, data).
+    sampling: bool,
+}
+
+impl Run<'_, '_> {
+    #[allow(clippy::too_many_lines)]
+    fn session(
+        &mut self,
+        writer: &mut SessionWriter,
+        opts: RunOptions<'_>,
+    ) -> Result<RecordSummary, EngineError> {
+        let rec = &mut self.rec;
+        let target = &self.target;
+        let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
+        writer.set_events(&events)?;
+        let started = unix_now();
+        let hostname = sysctl("kernel.hostname");
+        let kernel = sysctl("kernel.osrelease");
+        for (k, v) in [
+            ("source", "record".to_string()),
+            ("command", opts.command_line.to_string()),
+            ("hostname", hostname),
+            ("kernel", kernel),
+            ("cpus", rec.cpus().len().to_string()),
+            ("started_at", format!("{started:.3}")),
+            ("callchain", u8::from(opts.callchain).to_string()),
+        ] {
+            writer.set_meta(k, &v)?;
+        }
+        for (k, v) in opts.meta.iter().chain(&opts.plan.meta) {
+            writer.set_meta(k, v)?;
+        }
         writer.upsert_domain(&DomainRecord {
-            domain: Domain {
-                role: if d.role == Role::Initiator {
-                    Role::Passive
-                } else {
-                    d.role
-                },
-                ..d.clone()
-            },
+            domain: Domain::host(),
             status: "running".into(),
             ended_at: None,
-            detail: detail.clone(),
+            detail: String::new(),
         })?;
-    }
-
-    let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-    let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
-    for vm in &opts.plan.unmonitored {
-        conv.set_unmonitored(vm);
-    }
-    for (vm, k) in opts.plan.guest_kallsyms {
-        conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
-    }
-    // Existing processes: maps and names from /proc.
-    let pids_filter: Option<Vec<u32>> = match &target {
-        Target::AllCpus => None,
-        Target::Pids(p) => Some(p.clone()),
-    };
-    for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
-        conv.push(r);
-    }
-    conv.set_origin(vmscope_linux::clock_monotonic_ns());
-
-    // The readiness barrier: every active agent armed before the host starts.
-    let mut notes = Vec::new();
-    let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
-    let mut vm_detail: HashMap<String, (Domain, String)> = opts
-        .plan
-        .domains
-        .iter()
-        .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
-        .collect();
-    for a in arm_all(
-        opts.plan.guests,
-        &opts.events,
-        opts.callchain,
-        opts.barrier_timeout,
-    ) {
-        let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
-            (
-                Domain {
-                    name: a.domain.to_string(),
-                    role: Role::Active,
-                    pid: None,
+        for (d, detail) in &opts.plan.domains {
+            writer.upsert_domain(&DomainRecord {
+                domain: Domain {
+                    role: if d.role == Role::Initiator {
+                        Role::Passive
+                    } else {
+                        d.role
+                    },
+                    ..d.clone()
                 },
-                String::new(),
-            )
-        });
-        match a.result {
-            Ok(g) => {
-                dom.role = Role::Active;
-                writer.upsert_domain(&DomainRecord {
-                    domain: dom.clone(),
-                    status: "running".into(),
-                    ended_at: None,
-                    detail: det.clone(),
-                })?;
-                vm_detail.insert(dom.name.clone(), (dom, det));
-                active.push(g);
-            }
-            Err((_, why)) => {
-                let (reason, fix) = crate::plan::arm_reason(&why, opts.barrier_timeout);
-                let plan = crate::plan::VmPlan {
-                    name: a.domain.to_string(),
-                    role: Role::Passive,
-                    reason: Some(reason),
-                    fix,
-                };
-                writer.set_meta(&format!("agent_{}", a.domain), &plan.describe())?;
-                let note = format!("VM {}: profiled as {}", a.domain, plan.describe());
-                notes.push(note.clone());
-                dom.role = Role::Passive;
-                writer.upsert_domain(&DomainRecord {
-                    domain: dom.clone(),
-                    status: "running".into(),
-                    ended_at: None,
-                    detail: format!("{det}; {note}"),
-                })?;
-                vm_detail.insert(dom.name.clone(), (dom, det));
-            }
+                status: "running".into(),
+                ended_at: None,
+                detail: detail.clone(),
+            })?;
         }
-    }
 
-    rec.enable()?;
-    let t_enable = Instant::now();
-    let mut pollers = (!active.is_empty())
-        .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
-    let mut agents = AgentBook::default();
-    if let Some(c) = child.as_mut() {
-        c.release();
-    }
-    // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
-    let dump = std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some();
-    let t0 = Instant::now();
-    let mut last_flush = Instant::now();
-    let mut buf = Vec::with_capacity(4096);
-    let mut status = None;
-    loop {
+        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
+        for vm in &opts.plan.unmonitored {
+            conv.set_unmonitored(vm);
+        }
+        for (vm, k) in opts.plan.guest_kallsyms {
+            conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
+        }
+        // Existing processes: maps and names from /proc.
+        let pids_filter: Option<Vec<u32>> = match target {
+            Target::AllCpus => None,
+            Target::Pids(p) => Some(p.clone()),
+        };
+        for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
+            conv.push(r);
+        }
+        conv.set_origin(vmscope_linux::clock_monotonic_ns());
+
+        // What profiling costs, from here (the interrupt level until
+        // sampling starts is the host's own).
+        let requested_hz = opts
+            .events
+            .iter()
+            .find_map(|e| match e.rate {
+                vmscope_model::SampleRate::Frequency(f) => Some(f),
+                vmscope_model::SampleRate::Period(_) => None,
+            })
+            .unwrap_or(0);
+        let mut cost = crate::cost::CostBook::new(rec, requested_hz, opts.overhead_budget);
+        let mut guests = opts.plan.guests;
+        for g in &mut guests {
+            g.set_overhead_budget(opts.overhead_budget);
+        }
+        // The readiness barrier: every active agent armed before the host starts.
+        let mut notes = Vec::new();
+        let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
+        let mut vm_detail: HashMap<String, (Domain, String)> = opts
+            .plan
+            .domains
+            .iter()
+            .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
+            .collect();
+        for a in arm_all(guests, opts.events, opts.callchain, opts.barrier_timeout) {
+            let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
+                (
+                    Domain {
+                        name: a.domain.to_string(),
+                        role: Role::Active,
+                        pid: None,
+                    },
+                    String::new(),
+                )
+            });
+            match a.result {
+                Ok(g) => {
+                    dom.role = Role::Active;
+                    writer.upsert_domain(&DomainRecord {
+                        domain: dom.clone(),
+                        status: "running".into(),
+                        ended_at: None,
+                        detail: det.clone(),
+                    })?;
+                    vm_detail.insert(dom.name.clone(), (dom, det));
+                    active.push(g);
+                }
+                Err((_, why)) => {
+                    let (reason, fix) = crate::plan::arm_reason(&why, opts.barrier_timeout);
+                    let plan = crate::plan::VmPlan {
+                        name: a.domain.to_string(),
+                        role: Role::Passive,
+                        reason: Some(reason),
+                        fix,
+                    };
+                    writer.set_meta(&format!("agent_{}", a.domain), &plan.describe())?;
+                    let note = format!("VM {}: profiled as {}", a.domain, plan.describe());
+                    notes.push(note.clone());
+                    dom.role = Role::Passive;
+                    writer.upsert_domain(&DomainRecord {
+                        domain: dom.clone(),
+                        status: "running".into(),
+                        ended_at: None,
+                        detail: format!("{det}; {note}"),
+                    })?;
+                    vm_detail.insert(dom.name.clone(), (dom, det));
+                }
+            }
+        }
+
+        // Stopped while the agents were being armed: no recording at all.
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(EngineError::Invalid(
+                "stopped by a signal before sampling started; nothing was recorded".into(),
+            ));
+        }
+        cost.sampling_starts();
+        rec.enable()?;
+        self.sampling = true;
+        let t_enable = Instant::now();
+        let mut pollers = (!active.is_empty())
+            .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
+        let mut agents = AgentBook::default();
+        if let Some(c) = self.child.as_mut() {
+            c.release();
+        }
+        // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
+        let dump = std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some();
+        let t0 = Instant::now();
+        let mut last_flush = Instant::now();
+        let mut buf = Vec::with_capacity(4096);
+        let mut status = None;
+        let ended = loop {
+            buf.clear();
+            rec.read(Duration::from_millis(100), &mut buf)?;
+            if dump {
+                for r in &buf {
+                    eprintln!("{r:?}");
+                }
+            }
+            conv.push_batch(buf.drain(..));
+            if let Some(p) = &pollers {
+                for ev in p.events.try_iter() {
+                    guest_cost(&mut cost, &ev, t0);
+                    agents.take(ev, writer, &vm_detail, &mut notes)?;
+                }
+            }
+            if last_flush.elapsed() >= opts.flush_interval {
+                cost.host_step(rec, t0.elapsed().as_secs_f64())?;
+                cost.flush(writer)?;
+                writer.flush(&conv.take_delta())?;
+                agents.flush(writer, &conv)?;
+                mark_ended_vms(writer, &vm_detail, &mut agents, t0)?;
+                writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
+                (self.progress)(t0.elapsed(), conv.stats().samples);
+                last_flush = Instant::now();
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                break Ended::Stop;
+            }
+            if opts.duration.is_some_and(|d| t0.elapsed() >= d) {
+                break Ended::Duration;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Some(st) = c.try_wait() {
+                    if let Some(e) = c.exec_failure() {
+                        return Err(EngineError::Spawn {
+                            command: opts.command.unwrap_or_default().join(" "),
+                            source: e,
+                        });
+                    }
+                    status = Some(st);
+                    break Ended::Command;
+                }
+            }
+            if let Target::Pids(p) = target {
+                if self.child.is_none() && p.iter().all(|pid| !ProcRoot::system().exists(*pid)) {
+                    break Ended::TargetsGone;
+                }
+            }
+        };
+        let duration = t0.elapsed();
+        rec.disable()?;
         buf.clear();
-        rec.read(Duration::from_millis(100), &mut buf)?;
-        if dump {
-            for r in &buf {
-                eprintln!("{r:?}");
-            }
-        }
+        rec.read(Duration::from_millis(0), &mut buf)?;
         conv.push_batch(buf.drain(..));
-        if let Some(p) = &pollers {
-            for ev in p.events.try_iter() {
-                agents.take(ev, &mut writer, &vm_detail, &mut notes)?;
+        if let Some(mut c) = self.child.take() {
+            if status.is_none() && c.stop(Duration::from_secs(2)) {
+                let why = match (ended, opts.duration) {
+                    (Ended::Duration, Some(d)) => {
+                        format!("-d {} s ended the recording", d.as_secs_f64())
+                    }
+                    _ => "the recording was stopped".to_string(),
+                };
+                notes.push(format!(
+                    "{why} while the command ({}) was still running; vmscope stopped it ({})",
+                    opts.command.unwrap_or_default().join(" "),
+                    match c.status.map(|s| s - 128) {
+                        Some(libc::SIGTERM) => "SIGTERM".to_string(),
+                        Some(libc::SIGKILL) => "SIGKILL, 2 s after SIGTERM".to_string(),
+                        Some(s) if s > 0 => format!("it ended on signal {s}"),
+                        _ => format!("it exited with {}", c.status.unwrap_or(0)),
+                    }
+                ));
             }
         }
-        if last_flush.elapsed() >= opts.flush_interval {
-            writer.flush(&conv.take_delta())?;
-            agents.flush(&mut writer, &conv)?;
-            mark_ended_vms(&mut writer, &vm_detail, &mut agents, t0)?;
-            writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
-            progress(t0.elapsed(), conv.stats().samples);
-            last_flush = Instant::now();
-        }
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        if opts.duration.is_some_and(|d| t0.elapsed() >= d) {
-            break;
-        }
-        if let Some(c) = child.as_mut() {
-            if let Some(st) = c.try_wait() {
-                status = Some(st);
-                break;
+        writer.flush(&conv.take_delta())?;
+        cost.host_step(rec, duration.as_secs_f64())?;
+        if let Some(p) = pollers.take() {
+            for ev in p.stop().try_iter() {
+                guest_cost(&mut cost, &ev, t0);
+                agents.take(ev, writer, &vm_detail, &mut notes)?;
             }
         }
-        if let Target::Pids(p) = &target {
-            if child.is_none() && p.iter().all(|pid| !ProcRoot::system().exists(*pid)) {
-                break;
-            }
+        agents.flush(writer, &conv)?;
+        notes.extend(cost.finish(writer)?);
+        let mut all_warnings = conv.symbolizer_mut().warnings();
+        all_warnings.sort();
+        all_warnings.dedup();
+        writer.set_meta("warnings", &all_warnings.join("\n"))?;
+        writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
+        writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
+        let stats = conv.stats().clone();
+        Ok(RecordSummary {
+            output: PathBuf::new(),
+            samples: stats.samples,
+            lost: stats.lost,
+            duration,
+            command_status: status,
+            notes,
+        })
+    }
+}
+
+/// Note what an agent's delta says its profiling cost.
+fn guest_cost(cost: &mut crate::cost::CostBook, ev: &GuestEvent, t0: Instant) {
+    if let GuestEvent::Delta { domain, delta } = ev {
+        if let Some(step) = delta.cost {
+            cost.guest_step(domain, step, t0.elapsed().as_secs_f64());
         }
     }
-    let duration = t0.elapsed();
-    rec.disable()?;
-    buf.clear();
-    rec.read(Duration::from_millis(0), &mut buf)?;
-    conv.push_batch(buf.drain(..));
-    if let Some(mut c) = child.take() {
-        if status.is_none() {
-            status = c.kill_and_wait();
-        }
-    }
-    writer.flush(&conv.take_delta())?;
-    if let Some(p) = pollers.take() {
-        for ev in p.stop().try_iter() {
-            agents.take(ev, &mut writer, &vm_detail, &mut notes)?;
-        }
-    }
-    agents.flush(&mut writer, &conv)?;
-    let mut all_warnings = conv.symbolizer_mut().warnings();
-    all_warnings.sort();
-    all_warnings.dedup();
-    writer.set_meta("warnings", &all_warnings.join("\n"))?;
-    writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
-    writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
-    let stats = conv.stats().clone();
-    writer.finish(true)?;
-    Ok(RecordSummary {
-        output: opts.output,
-        samples: stats.samples,
-        lost: stats.lost,
-        duration,
-        command_status: status,
-        notes,
-    })
 }
 
 /// What the agents sent, waiting for the next flush, and their totals.
 #[derive(Default)]
 struct AgentBook {
     delta: Profile,
-    /// (domain, event) → (busy period, samples) measured in the guest.
-    busy: HashMap<(Arc<str>, u32), (u64, u64)>,
-    lost: HashMap<Arc<str>, u64>,
+    /// What the agents measured (busy period, samples, lost samples).
+    totals: crate::live::AgentTotals,
     /// VMs whose QEMU process was seen to exit.
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
@@ -501,29 +747,7 @@ impl AgentBook {
     ) -> Result<(), EngineError> {
         match ev {
             GuestEvent::Delta { domain, delta } => {
-                *self.lost.entry(domain.clone()).or_default() += delta.lost;
-                for r in delta.rows {
-                    // The guest's idle task is not host CPU: kept in the
-                    // agent's rows, left out of the scale.
-                    if r.process != "swapper" {
-                        let b = self.busy.entry((domain.clone(), r.event)).or_default();
-                        b.0 += r.period;
-                        b.1 += r.samples;
-                    }
-                    self.delta.add(
-                        AggKey {
-                            event: r.event,
-                            domain: domain.clone(),
-                            context: r.context,
-                            process: r.process.into(),
-                            image: r.image.into(),
-                            symbol: r.symbol.into(),
-                            stack: r.stack.into(),
-                        },
-                        r.samples,
-                        r.period,
-                    );
-                }
+                self.totals.absorb(&domain, delta, &mut self.delta);
             }
             GuestEvent::Lost { domain, at, why } => {
                 notes.push(format!("VM {domain}: agent lost at {at:.1} s: {why}"));
@@ -548,7 +772,7 @@ impl AgentBook {
 
     fn flush(&mut self, writer: &mut SessionWriter, conv: &Converter) -> Result<(), EngineError> {
         writer.flush_agent(&self.delta.take())?;
-        for ((domain, event), (busy, samples)) in &self.busy {
+        for ((domain, event), (busy, samples)) in &self.totals.busy {
             let host = conv
                 .stats()
                 .guest_period
@@ -561,7 +785,7 @@ impl AgentBook {
                 host_period: host,
                 agent_period: *busy,
                 agent_samples: *samples,
-                agent_lost: self.lost.get(domain).copied().unwrap_or(0),
+                agent_lost: self.totals.lost.get(domain).copied().unwrap_or(0),
                 factor: if *busy > 0 {
                     host as f64 / *busy as f64
                 } else {

@@ -5,9 +5,10 @@
 //! kernel IPs resolve with the VM's kallsyms, host-kernel IPs in the vCPU
 //! thread are the VM's vmm-kernel time, QEMU's own code is vmm-user.
 
-use vmscope_engine::import::{import, ImportOptions};
+use vmscope_engine::import::{import, ImportInput, ImportOptions};
 use vmscope_model::{CpuMode, ThreadMap, ThreadRole};
 use vmscope_perfdata::testutil::{MmapSpec, PerfDataBuilder, SampleSpec};
+use vmscope_store::output::{OutputOptions, SessionOutput};
 use vmscope_store::{Field, Session, View};
 use vmscope_symbols::SymbolizerOptions;
 
@@ -81,8 +82,8 @@ fn guest_modes_attribute_to_the_vm_owning_the_vcpu_thread() {
     let out = dir.path().join("s.db");
     let empty = tempfile::tempdir().unwrap();
     let s = import(
-        &data,
-        &out,
+        &ImportInput::File(data.clone()),
+        SessionOutput::prepare(&out, &OutputOptions::default(), "test").unwrap(),
         ImportOptions {
             symbolizer: SymbolizerOptions {
                 kallsyms: Some(empty.path().join("none")),
@@ -129,8 +130,8 @@ fn guest_modes_without_a_vm_map_get_a_pid_domain() {
     let out = dir.path().join("s.db");
     let empty = tempfile::tempdir().unwrap();
     import(
-        &data,
-        &out,
+        &ImportInput::File(data.clone()),
+        SessionOutput::prepare(&out, &OutputOptions::default(), "test").unwrap(),
         ImportOptions {
             symbolizer: SymbolizerOptions {
                 kallsyms: Some(empty.path().join("none")),

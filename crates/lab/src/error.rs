@@ -77,6 +77,9 @@ pub enum LabError {
     /// The state file is unreadable.
     #[error("lab state {}: {message}", path.display())]
     State { path: PathBuf, message: String },
+    /// A cancel request (a signal) stopped the work; see [`crate::cancel`].
+    #[error("interrupted by {} while {during}", crate::cancel::signal_name(*signal))]
+    Interrupted { signal: i32, during: String },
 }
 
 impl LabError {

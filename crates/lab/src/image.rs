@@ -6,6 +6,7 @@
 //! under `<cache>/images/<sha256 of the inputs>`; builds take a file lock so
 //! concurrent builders (parallel tests) build once.
 
+use crate::cancel::Cancel;
 use crate::cpio::Cpio;
 use crate::error::{LabError, Result};
 use crate::spec::FileSpec;
@@ -248,9 +249,22 @@ fn newest_kernel_package() -> Result<String> {
 
 /// Fetch (once) and unpack the Debian cloud kernel into `<cache>/kernels/`.
 pub fn fetch_kernel(cache: &Path, package: Option<&str>) -> Result<Kernel> {
+    fetch_kernel_cancellable(cache, package, &Cancel::new())
+}
+
+/// [`fetch_kernel`] that stops (killing apt-get or dpkg-deb) when `cancel` is set.
+pub fn fetch_kernel_cancellable(
+    cache: &Path,
+    package: Option<&str>,
+    cancel: &Cancel,
+) -> Result<Kernel> {
     let kdir = cache.join("kernels");
     std::fs::create_dir_all(&kdir).map_err(|e| LabError::io("create", &kdir, e))?;
-    let _lock = util::lock_file(&kdir.join(".lock"))?;
+    let _lock = util::lock_file_cancellable(
+        &kdir.join(".lock"),
+        cancel,
+        "waiting for another process fetching the guest kernel",
+    )?;
     let package = match package {
         Some(p) => p.to_string(),
         None => match newest_kernel_package() {
@@ -277,11 +291,12 @@ pub fn fetch_kernel(cache: &Path, package: Option<&str>) -> Result<Kernel> {
         let _ = std::fs::remove_dir_all(&dl);
         std::fs::create_dir_all(&dl).map_err(|e| LabError::io("create", &dl, e))?;
         let apt_get = util::require_tool("apt-get", "apt")?;
-        util::run(
+        util::run_cancellable(
             &format!("downloading guest kernel {package}"),
             Command::new(apt_get)
                 .current_dir(&dl)
                 .args(["download", &package]),
+            cancel,
         )?;
         let deb = std::fs::read_dir(&dl)
             .map_err(|e| LabError::io("read", &dl, e))?
@@ -297,9 +312,10 @@ pub fn fetch_kernel(cache: &Path, package: Option<&str>) -> Result<Kernel> {
         let dpkg_deb = util::require_tool("dpkg-deb", "dpkg")?;
         let tmp = pdir.join("root.tmp");
         let _ = std::fs::remove_dir_all(&tmp);
-        util::run(
+        util::run_cancellable(
             &format!("unpacking {}", deb.display()),
             Command::new(dpkg_deb).arg("-x").arg(&deb).arg(&tmp),
+            cancel,
         )?;
         std::fs::rename(&tmp, &root).map_err(|e| LabError::io("rename", &tmp, e))?;
         let _ = std::fs::remove_dir_all(&dl);
@@ -343,6 +359,8 @@ pub struct ImageOptions {
     pub cache_dir: PathBuf,
     pub agent: Option<PathBuf>,
     pub kernel_package: Option<String>,
+    /// Stops a build under way (downloads and waits for other builders).
+    pub cancel: Cancel,
 }
 
 /// Build the guest image, or return the cached one with the same inputs.
@@ -355,7 +373,12 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
             busybox.display()
         )));
     }
-    let kernel = fetch_kernel(&opts.cache_dir, opts.kernel_package.as_deref())?;
+    let kernel = fetch_kernel_cancellable(
+        &opts.cache_dir,
+        opts.kernel_package.as_deref(),
+        &opts.cancel,
+    )?;
+    opts.cancel.check("building the guest image")?;
     let modules = crate::modules::resolve(&kernel.modules_dir)?;
     let init = init_script();
 
@@ -394,7 +417,12 @@ pub fn build_image(opts: &ImageOptions) -> Result<GuestImage> {
     let hash = h.hex();
 
     let dir = images.join(&hash[..16]);
-    let _lock = util::lock_file(&images.join(".lock"))?;
+    opts.cancel.check("building the guest image")?;
+    let _lock = util::lock_file_cancellable(
+        &images.join(".lock"),
+        &opts.cancel,
+        "waiting for another process building the guest image",
+    )?;
     let short = hash[..16].to_string();
     let write_stamp = || {
         let _ = std::fs::create_dir_all(images.join("stamps"));

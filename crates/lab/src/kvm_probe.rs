@@ -65,7 +65,11 @@ pub(crate) fn kvm_verdict(
             ));
         }
     }
-    let _lock = util::lock_file(&opts.cache_dir.join("accel").join(".lock"))?;
+    let _lock = util::lock_file_cancellable(
+        &opts.cache_dir.join("accel").join(".lock"),
+        &opts.cancel,
+        "waiting for another process probing KVM",
+    )?;
     if let Ok(text) = std::fs::read_to_string(&cache) {
         if let Ok(v) = serde_json::from_str::<KvmVerdict>(&text) {
             return Ok((
@@ -82,6 +86,8 @@ pub(crate) fn kvm_verdict(
         ),
     );
     let (usable, reason) = probe_kvm(spec, opts, st, boot, qemu_bin)?;
+    // An interrupted probe decides nothing: cache no verdict.
+    opts.cancel.check("probing KVM")?;
     let verdict = KvmVerdict {
         usable,
         reason: reason.clone(),
@@ -143,6 +149,7 @@ fn probe_kvm(
         &pidfile,
         &log,
         Duration::from_secs(10),
+        &opts.cancel,
     ) {
         Err(e) => (false, format!("KVM probe VM did not start: {e}")),
         Ok((_q, pid)) => {
@@ -158,7 +165,7 @@ fn probe_kvm(
                 }),
             )?;
             let left = opts.kvm_probe_timeout.saturating_sub(start.elapsed());
-            if let Ok((_, secs)) = wait_hello(&vs, left) {
+            if let Ok((_, secs)) = wait_hello(&vs, left, &opts.cancel) {
                 (true, format!("KVM probe: agent hello after {secs:.1} s"))
             } else {
                 let qlog = qemu::log_tail(&log, 2);

@@ -3,6 +3,7 @@
 //! pinning, and waiting for every guest agent's hello. Every resource goes
 //! through the state file (see [`crate::state`]) before it is created.
 
+use crate::cancel::Cancel;
 use crate::error::{LabError, Result};
 use crate::image::{self, GuestImage, ImageOptions};
 use crate::kvm_probe;
@@ -40,6 +41,9 @@ pub struct LabOptions {
     pub kvm_cpu: String,
     /// Print progress lines to stderr.
     pub verbose: bool,
+    /// Set (by a signal handler) to stop `up` half-way: it returns
+    /// [`LabError::Interrupted`] after tearing down what it made.
+    pub cancel: Cancel,
 }
 
 impl Default for LabOptions {
@@ -54,6 +58,7 @@ impl Default for LabOptions {
             kvm_probe_timeout: Duration::from_secs(12),
             kvm_cpu: std::env::var("VMSCOPE_KVM_CPU").unwrap_or_else(|_| "host".into()),
             verbose: false,
+            cancel: Cancel::new(),
         }
     }
 }
@@ -247,6 +252,7 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
             cache_dir: opts.cache_dir.clone(),
             agent: opts.agent.clone(),
             kernel_package: opts.kernel_package.clone(),
+            cancel: opts.cancel.clone(),
         })?;
         opts.say(
             &spec.name,
@@ -269,6 +275,7 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
         }
     };
 
+    opts.cancel.check("preparing the guest image")?;
     std::fs::create_dir_all(&run_dir)
         .map_err(|e| LabError::io("create run directory", &run_dir, e))?;
     let mut st = LabState::new(&spec.name, &run_dir);
@@ -287,6 +294,15 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
         Err(e) => {
             st.phase = Phase::Failed;
             let _ = st.save();
+            // A signal also reaches the host commands under way (same
+            // terminal); their failure is the interruption, not the cause.
+            let e = match (&e, opts.cancel.requested()) {
+                (LabError::Interrupted { .. }, _) | (_, None) => e,
+                (_, Some(signal)) => LabError::Interrupted {
+                    signal,
+                    during: format!("bringing lab {} up ({e})", spec.name),
+                },
+            };
             opts.say(&spec.name, &format!("failed ({e}); tearing down"));
             let rep = state::teardown(&mut st);
             if !rep.errors.is_empty() {
@@ -295,7 +311,21 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
                     message: format!("{e}; and teardown left: {}", rep.errors.join("; ")),
                 });
             }
-            Err(e)
+            match e {
+                LabError::Interrupted { signal, during } => Err(LabError::Interrupted {
+                    signal,
+                    during: format!(
+                        "{during}; removed everything this lab up had made ({} resources{})",
+                        rep.removed.len(),
+                        if rep.already_gone.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", {} already gone", rep.already_gone.len())
+                        }
+                    ),
+                }),
+                e => Err(e),
+            }
         }
     }
 }
@@ -372,6 +402,8 @@ fn bring_up(
     };
     let mut qmps = Vec::new();
     for (vi, vm) in spec.vms.iter().enumerate() {
+        opts.cancel
+            .check(&format!("starting VM {} of lab {}", vm.name, spec.name))?;
         qmps.push(starter.start_vm(st, vi, vm)?);
     }
 
@@ -389,6 +421,7 @@ fn bring_up(
     // Hellos, all VMs in parallel.
     opts.say(&spec.name, "waiting for the guest agents");
     let timeout = opts.hello_timeout;
+    let cancel = &opts.cancel;
     let results: Vec<(usize, Result<(AgentHello, f64)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = st
             .vms
@@ -397,11 +430,19 @@ fn bring_up(
             .filter(|(_, v)| v.agent_socket.is_some())
             .map(|(i, v)| {
                 let v = v.clone();
-                s.spawn(move || (i, wait_hello(&v, timeout)))
+                s.spawn(move || (i, wait_hello(&v, timeout, cancel)))
             })
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
+    for (_, r) in &results {
+        if let Err(LabError::Interrupted { signal, .. }) = r {
+            return Err(LabError::Interrupted {
+                signal: *signal,
+                during: format!("waiting for the guest agents of lab {}", spec.name),
+            });
+        }
+    }
     let mut failed = Vec::new();
     let mut errors = Vec::new();
     for (i, r) in results {
@@ -438,12 +479,21 @@ fn bring_up(
     Ok(())
 }
 
-/// Wait for a VM's agent hello; returns it with the seconds since QEMU started.
-pub(crate) fn wait_hello(vm: &VmState, timeout: Duration) -> Result<(AgentHello, f64)> {
+/// Wait for a VM's agent hello; returns it with the seconds since QEMU
+/// started. A cancel request ends the wait within 50 ms: each attempt runs
+/// in a thread of its own, left to end by itself (QEMU's teardown closes
+/// its socket).
+pub(crate) fn wait_hello(
+    vm: &VmState,
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<(AgentHello, f64)> {
     let start = Instant::now();
     let started = std::fs::metadata(&vm.qmp).and_then(|m| m.modified()).ok();
     let mut last_err = None;
+    let during = format!("waiting for the agent of VM {}", vm.name);
     while start.elapsed() < timeout {
+        cancel.check(&during)?;
         if !vm_running(vm) {
             return Err(LabError::Vm {
                 vm: vm.name.clone(),
@@ -454,7 +504,24 @@ pub(crate) fn wait_hello(vm: &VmState, timeout: Duration) -> Result<(AgentHello,
             });
         }
         let left = timeout.saturating_sub(start.elapsed());
-        match connect_agent(vm, left.min(Duration::from_secs(10))) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v = vm.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(connect_agent(&v, left.min(Duration::from_secs(10))));
+        });
+        let attempt = loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(r) => break r,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => cancel.check(&during)?,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(LabError::Agent {
+                        vm: vm.name.clone(),
+                        message: "the connection attempt ended without an answer".into(),
+                    })
+                }
+            }
+        };
+        match attempt {
             Ok((_, h)) => {
                 let secs = started
                     .and_then(|t| t.elapsed().ok())
@@ -464,7 +531,7 @@ pub(crate) fn wait_hello(vm: &VmState, timeout: Duration) -> Result<(AgentHello,
             }
             Err(e) => {
                 last_err = Some(e);
-                std::thread::sleep(Duration::from_millis(100));
+                cancel.sleep(Duration::from_millis(100), &during)?;
             }
         }
     }

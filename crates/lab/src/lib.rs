@@ -12,11 +12,14 @@
 //!   really runs guests here.
 //! - [`state`]: the state file and idempotent teardown.
 //! - [`names`]: bridge, tap and volume names derived from the lab name.
+//! - [`cancel`]: the cancel flag the long waits of `up` check (a signal
+//!   during `up` tears down what it made).
 //!
 //! Other crates boot labs with [`up`], read running labs with
 //! [`load_state`], talk to guests with [`connect_agent`] and clean up with
 //! [`down`].
 
+pub mod cancel;
 pub mod cpio;
 pub mod error;
 pub mod image;
@@ -31,6 +34,7 @@ mod start;
 pub mod state;
 pub mod util;
 
+pub use cancel::Cancel;
 pub use error::LabError;
 pub use lab::{
     connect_agent, down, find_vm, list_labs, load_state, load_state_in, state_path, up, vm_running,

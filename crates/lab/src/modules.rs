@@ -305,6 +305,7 @@ mod real_kernel {
                 cache_dir: caches[0].clone(),
                 agent: None,
                 kernel_package: None,
+                ..Default::default()
             });
             if let Err(e) = built {
                 vmscope_testkit::skip(&format!(

@@ -187,10 +187,12 @@ pub fn wait_qmp(
     pidfile: &Path,
     log: &Path,
     timeout: Duration,
+    cancel: &crate::cancel::Cancel,
 ) -> Result<(Qmp, u32)> {
     let start = Instant::now();
     let mut pid: Option<u32> = None;
     loop {
+        cancel.check(&format!("waiting for VM {vm}'s QEMU to start"))?;
         if pid.is_none() {
             pid = std::fs::read_to_string(pidfile)
                 .ok()

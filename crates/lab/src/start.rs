@@ -390,6 +390,7 @@ impl Starter<'_> {
             pidfile,
             &log,
             Duration::from_secs(15),
+            &self.opts.cancel,
         )?;
         st.vms[vi].pid = Some(pid);
         st.created(

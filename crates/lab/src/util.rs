@@ -2,6 +2,7 @@
 //! that say which package to install, finding tools on PATH, a SHA-256 for
 //! content-addressed caching, and advisory file locks.
 
+use crate::cancel::Cancel;
 use crate::error::{LabError, Result};
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -59,6 +60,73 @@ pub fn run(context: &str, cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
+/// [`run`], killing the command (and its process group) and returning
+/// [`LabError::Interrupted`] when `cancel` is set meanwhile.
+pub fn run_cancellable(context: &str, cmd: &mut Command, cancel: &Cancel) -> Result<Output> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    cancel.check(context)?;
+    let rendered = render(cmd);
+    let fail = |detail: String| LabError::Command {
+        context: context.to_string(),
+        command: rendered.clone(),
+        detail,
+    };
+    // Its own process group: a terminal's Ctrl-C reaches vmscope, which
+    // decides, instead of killing the command under it half-way.
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    // Drain both pipes in threads so a chatty command never blocks.
+    let drain = |p: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out_t = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err_t = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| fail(e.to_string()))? {
+            break st;
+        }
+        if cancel.requested().is_some() {
+            // SAFETY: signalling the process group we created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            return Err(cancel.check(context).unwrap_err());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = Output {
+        status,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    };
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(fail(format!("{} ({})", stderr.trim(), out.status)));
+    }
+    Ok(out)
+}
+
 /// An exclusive advisory lock held until dropped.
 pub struct FileLock {
     _file: File,
@@ -81,6 +149,32 @@ pub fn lock_file(path: &Path) -> Result<FileLock> {
         return Err(LabError::io("lock", path, std::io::Error::last_os_error()));
     }
     Ok(FileLock { _file: file })
+}
+
+/// [`lock_file`], giving up with [`LabError::Interrupted`] when `cancel`
+/// is set while another process holds the lock.
+pub fn lock_file_cancellable(path: &Path, cancel: &Cancel, during: &str) -> Result<FileLock> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| LabError::io("create", parent, e))?;
+    }
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| LabError::io("open lock", path, e))?;
+    loop {
+        // SAFETY: flock on a valid, owned descriptor.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(FileLock { _file: file });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(LabError::io("lock", path, e));
+        }
+        cancel.sleep(std::time::Duration::from_millis(100), during)?;
+    }
 }
 
 /// Whether the effective user is root.

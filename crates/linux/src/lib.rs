@@ -20,6 +20,7 @@ pub mod procfs;
 pub mod recorder;
 mod ring;
 pub mod sched;
+pub mod selfcost;
 pub mod softirq;
 pub mod sys;
 pub mod taskstats;

@@ -63,6 +63,16 @@ pub struct Recorder {
     cpus: Vec<u32>,
     /// Every event fd; the ring owners are among them.
     fds: Vec<OwnedFd>,
+    /// How `fds[i]` takes a new rate, if it samples at a frequency.
+    freq_fd: Vec<RateControl>,
+    /// Per event index: hrtimer events whose rate was changed, as
+    /// (since, period ns) in time order. The kernel keeps stamping their
+    /// samples with the period they were created with (`last_period` is not
+    /// updated by PERF_EVENT_IOC_PERIOD), so samples taken after a change
+    /// get the period in force when they were taken here.
+    period_changes: Vec<Vec<(u64, u64)>>,
+    /// How each event (by index) takes a new rate.
+    event_ctl: Vec<RateControl>,
     /// One ring per CPU; `pollfds[i]` polls `rings[i]`'s owner fd.
     rings: Vec<Ring>,
     pollfds: Vec<libc::pollfd>,
@@ -237,6 +247,33 @@ fn threads_of(pid: u32) -> Result<Vec<u32>, LinuxError> {
         .map_err(|_| LinuxError::NoSuchProcess(pid))
 }
 
+/// How an event's rate is changed while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RateControl {
+    /// A fixed period the user gave: never changed.
+    Fixed,
+    /// A frequency the kernel keeps adjusting the period for: the ioctl
+    /// takes the new frequency.
+    Frequency,
+    /// cpu-clock and task-clock: hrtimer events whose frequency the kernel
+    /// turns into a fixed period in ns when the event is created
+    /// (perf_swevent_init_hrtimer clears attr.freq), so the ioctl takes a
+    /// period in ns.
+    HrtimerPeriod,
+}
+
+impl RateControl {
+    fn of(ev: &EventSpec) -> RateControl {
+        match (ev.rate, ev.kind) {
+            (SampleRate::Period(_), _) => RateControl::Fixed,
+            (SampleRate::Frequency(_), EventKind::CpuClock | EventKind::TaskClock) => {
+                RateControl::HrtimerPeriod
+            }
+            (SampleRate::Frequency(_), _) => RateControl::Frequency,
+        }
+    }
+}
+
 impl Recorder {
     /// Open every event on every online CPU (and thread, for
     /// [`Target::Pids`]), disabled; [`Recorder::enable`] starts sampling.
@@ -283,6 +320,9 @@ impl Recorder {
         let mut rec = Recorder {
             cpus: cpus.clone(),
             fds: Vec::new(),
+            freq_fd: Vec::new(),
+            period_changes: vec![Vec::new(); opts.events.len()],
+            event_ctl: opts.events.iter().map(RateControl::of).collect(),
             rings: Vec::new(),
             pollfds: Vec::new(),
             hung_up: 0,
@@ -374,6 +414,7 @@ impl Recorder {
                         }
                     }
                     rec.fds.push(fd);
+                    rec.freq_fd.push(RateControl::of(ev));
                 }
             }
         }
@@ -398,6 +439,46 @@ impl Recorder {
         self.ioctl_all("PERF_EVENT_IOC_ENABLE", ioctls::ENABLE)?;
         self.enabled = true;
         Ok(())
+    }
+
+    /// Change the rate of every event that samples at a frequency to `hz`
+    /// (PERF_EVENT_IOC_PERIOD: the frequency itself, or for cpu-clock and
+    /// task-clock the period of `hz` in ns); events with a fixed period are
+    /// left alone. Returns how many event fds changed.
+    pub fn set_frequency(&mut self, hz: u64) -> Result<usize, LinuxError> {
+        let mut n = 0;
+        let hz = hz.max(1);
+        let since = clock_monotonic_ns();
+        for (fd, ctl) in self.fds.iter().zip(&self.freq_fd) {
+            let mut v = match ctl {
+                RateControl::Fixed => continue,
+                RateControl::Frequency => hz,
+                RateControl::HrtimerPeriod => 1_000_000_000 / hz,
+            };
+            // The kernel reads the new value through a pointer
+            // (copy_from_user of a u64); the binding declares the argument
+            // as a plain u64, so the pointer is passed as one.
+            // SAFETY: fd is an open perf fd; v outlives the call.
+            if unsafe { ioctls::PERIOD(fd.as_raw_fd(), (&raw mut v) as u64) } < 0 {
+                return Err(LinuxError::Sys {
+                    what: "PERF_EVENT_IOC_PERIOD",
+                    source: io::Error::last_os_error(),
+                });
+            }
+            n += 1;
+        }
+        for (changes, ctl) in self.period_changes.iter_mut().zip(&self.event_ctl) {
+            if *ctl == RateControl::HrtimerPeriod {
+                changes.push((since, 1_000_000_000 / hz));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether any event samples at a frequency ([`Recorder::set_frequency`]
+    /// can change it).
+    pub fn has_frequency_events(&self) -> bool {
+        self.freq_fd.iter().any(|f| *f != RateControl::Fixed)
     }
 
     /// Stop sampling; what is already in the rings can still be read.
@@ -451,7 +532,20 @@ impl Recorder {
         staged.sort_by_key(|&(t, _)| t);
         let n = staged.partition_point(|&(t, _)| t <= cutoff);
         out.reserve(n);
+        let first = out.len();
         out.extend(staged.drain(..n).map(|(_, r)| r));
+        if self.period_changes.iter().any(|c| !c.is_empty()) {
+            for r in &mut out[first..] {
+                if let Record::Sample(s) = r {
+                    if let Some(changes) = self.period_changes.get(s.event as usize) {
+                        let i = changes.partition_point(|&(since, _)| since <= s.time);
+                        if i > 0 {
+                            s.period = changes[i - 1].1;
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Online CPUs that have a ring, in ring order.

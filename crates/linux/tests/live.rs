@@ -481,3 +481,62 @@ fn taskstats_exit_records_hold_the_run_time() {
         e.run_ns
     );
 }
+
+/// A busy thread's samples at 1000 Hz, then after `set_frequency(100)`:
+/// the period each sample stands for grows tenfold (cpu-clock's period is
+/// in ns: 1 ms, then 10 ms) and the thread gets fewer samples per unit of
+/// its CPU time.
+#[test]
+fn set_frequency_changes_the_rate_of_a_running_recording() {
+    if !is_root() {
+        return;
+    }
+    let busy = Busy::start();
+    let opts = RingOptions {
+        events: vec![cpu_clock(1000)],
+        target: Target::AllCpus,
+        callchain: false,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    assert!(rec.has_frequency_events());
+    let before = record_for(&mut rec, Duration::from_millis(400));
+    assert_eq!(rec.set_frequency(100).unwrap(), rec.fd_count());
+    let after = record_for(&mut rec, Duration::from_millis(400));
+    let tid = busy.tid;
+    drop(busy);
+    let median = |v: Vec<&SampleRecord>| {
+        let mut p: Vec<u64> = v.iter().map(|s| s.period).collect();
+        p.sort_unstable();
+        assert!(!p.is_empty(), "no samples of the busy thread");
+        p[p.len() / 2]
+    };
+    eprintln!(
+        "samples: {} then {}",
+        samples_of(&before, tid).len(),
+        samples_of(&after, tid).len()
+    );
+    let p1 = median(samples_of(&before, tid));
+    let p2 = median(samples_of(&after, tid));
+    assert!(
+        (900_000..=1_100_000).contains(&p1),
+        "1000 Hz: period {p1} ns"
+    );
+    assert!(
+        (9_000_000..=11_000_000).contains(&p2),
+        "100 Hz: period {p2} ns"
+    );
+    // A fixed period is never changed.
+    let mut fixed = Recorder::open(&RingOptions {
+        events: vec![EventSpec {
+            kind: EventKind::CpuClock,
+            rate: SampleRate::Period(250_000),
+        }],
+        target: Target::AllCpus,
+        callchain: false,
+        ring_pages: 0,
+    })
+    .unwrap();
+    assert!(!fixed.has_frequency_events());
+    assert_eq!(fixed.set_frequency(100).unwrap(), 0);
+}

@@ -9,6 +9,7 @@
 //! symbolizers, stores and printers consume the types here and nothing else.
 
 pub mod attribution;
+pub mod budget;
 pub mod event;
 pub mod process;
 pub mod profile;

@@ -28,6 +28,10 @@ pub enum PerfDataError {
     /// The structure of the file contradicts itself.
     #[error("{file}: corrupt perf.data: {what}")]
     Corrupt { file: String, what: String },
+    /// `perf record` was killed (or crashed) before it wrote the file
+    /// header's final sizes: the data size field is still 0.
+    #[error("{file}: the perf record that wrote it did not finish properly (its header's data size is 0, so perf was killed or crashed before closing the file); record again and stop perf with Ctrl-C or SIGTERM, not SIGKILL")]
+    Unfinished { file: String },
 }
 
 impl PerfDataError {
@@ -39,7 +43,8 @@ impl PerfDataError {
             | PerfDataError::BadMagic { file }
             | PerfDataError::Unsupported { file, .. }
             | PerfDataError::Truncated { file, .. }
-            | PerfDataError::Corrupt { file, .. } => file,
+            | PerfDataError::Corrupt { file, .. }
+            | PerfDataError::Unfinished { file } => file,
         }
     }
 }

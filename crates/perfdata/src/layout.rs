@@ -276,6 +276,28 @@ impl<R: Read + Seek> Checker<'_, R> {
     }
 }
 
+/// Whether a feature table of `n` entries at `at` lies in the file and
+/// every section it names does too.
+fn feature_table_fits<R: Read + Seek>(c: &mut Checker<'_, R>, at: u64, n: usize) -> bool {
+    if n == 0 {
+        return at == c.file_len;
+    }
+    let table = Section {
+        offset: at,
+        size: n as u64 * 16,
+    };
+    let Ok(bytes) = c.read_section(table, "feature table") else {
+        return false;
+    };
+    (0..n).all(|i| {
+        Section::at(&bytes, i * 16, c.e).is_some_and(|s| {
+            s.offset
+                .checked_add(s.size)
+                .is_some_and(|end| s.offset >= at && end <= c.file_len)
+        })
+    })
+}
+
 /// Walk an `EVENT_DESC` feature section; returns its attrs.
 fn check_event_desc(s: &[u8], e: Endian, ctx: &Ctx) -> Result<Vec<RawAttr>, PerfDataError> {
     let bad = |what: &str| ctx.corrupt(format!("EVENT_DESC feature section: {what}"));
@@ -389,6 +411,19 @@ pub(crate) fn check<R: Read + Seek>(
         })
         .collect();
 
+    // perf writes the header's final sizes when it closes the file; a
+    // killed `perf record` leaves the data size 0 with records after it,
+    // where the feature table would be (perf refuses such files the same
+    // way). A file whose data section is really empty has a sound feature
+    // table there.
+    if data.size == 0
+        && file_len > data.offset
+        && !feature_table_fits(&mut c, data.offset, features.len())
+    {
+        return Err(PerfDataError::Unfinished {
+            file: ctx.file.clone(),
+        });
+    }
     if !(ATTR_SIZE_MIN..=ATTR_SIZE_MAX).contains(&attr_size) {
         return Err(ctx.corrupt(format!("attr size {attr_size} in the file header")));
     }

@@ -193,3 +193,18 @@ fn a_panicking_sink_is_not_swallowed() {
     });
     assert!(r.is_err());
 }
+
+#[test]
+fn a_killed_perf_record_is_named_as_such() {
+    // What `perf record` leaves when it is SIGKILLed: the header's data size
+    // is still 0 and the feature table is garbage past the real data.
+    let mut bytes = fixture_bytes();
+    bytes[48..56].copy_from_slice(&0u64.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "killed.data", &bytes);
+    let msg = err_of(&p);
+    assert!(
+        msg.contains("did not finish properly") && msg.contains("data size is 0"),
+        "{msg}"
+    );
+}

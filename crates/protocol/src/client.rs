@@ -77,6 +77,9 @@ pub struct ProfileConfig {
     pub frequency: u64,
     /// Record call stacks.
     pub callchain: bool,
+    /// The agent's overhead budget in parts per million of the guest's CPU
+    /// (10000 = 1 %; `None`: a fixed rate).
+    pub budget_ppm: Option<u32>,
 }
 
 impl Default for ProfileConfig {
@@ -86,6 +89,7 @@ impl Default for ProfileConfig {
             events: vec![DEFAULT_PROFILE_EVENT.to_string()],
             frequency: DEFAULT_PROFILE_FREQUENCY,
             callchain: false,
+            budget_ppm: None,
         }
     }
 }
@@ -118,6 +122,8 @@ pub struct ProfileDelta {
     pub more: bool,
     /// The session is over and everything has been received.
     pub last: bool,
+    /// What profiling cost the guest over the delta (agents of protocol 3).
+    pub cost: Option<crate::message::ProfilerCost>,
 }
 
 impl ProfileDelta {
@@ -129,6 +135,14 @@ impl ProfileDelta {
         self.t_ns = other.t_ns;
         self.more = other.more;
         self.last = other.last;
+        self.cost = match (self.cost, other.cost) {
+            (Some(a), Some(b)) => Some(crate::message::ProfilerCost {
+                cost_ns: a.cost_ns + b.cost_ns,
+                capacity_ns: a.capacity_ns + b.capacity_ns,
+                rate_hz: b.rate_hz,
+            }),
+            (a, b) => b.or(a),
+        };
     }
 }
 
@@ -358,6 +372,7 @@ impl<T: Transport> AgentClient<T> {
             events: config.events.clone(),
             frequency: config.frequency,
             callchain: config.callchain,
+            budget_ppm: config.budget_ppm,
         };
         match self.request(&req, timeout)? {
             Response::ProfileReady { cpus, events, t_ns } => {
@@ -405,6 +420,7 @@ impl<T: Transport> AgentClient<T> {
                 t_ns,
                 more,
                 last,
+                cost,
             } => Ok(ProfileDelta {
                 seq,
                 rows,
@@ -413,6 +429,7 @@ impl<T: Transport> AgentClient<T> {
                 t_ns,
                 more,
                 last,
+                cost,
             }),
             other => Err(unexpected("profile_data", &other)),
         }

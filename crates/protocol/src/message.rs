@@ -165,6 +165,16 @@ impl ProfileRow {
     }
 }
 
+/// What a profiler cost over one delta: its own CPU plus the interrupt time
+/// its samples added, against the CPU it observed (wall time × CPUs), and
+/// the rate in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfilerCost {
+    pub cost_ns: u64,
+    pub capacity_ns: u64,
+    pub rate_hz: u64,
+}
+
 /// A message with its envelope fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope<T> {
@@ -238,6 +248,12 @@ pub enum Request {
         /// Record call stacks.
         #[serde(default)]
         callchain: bool,
+        /// Keep the agent's own cost (its CPU and its sampling interrupts)
+        /// within this share of the guest's CPU, in parts per million (1 %
+        /// is 10000), by lowering the rate (protocol 3; older agents ignore
+        /// it and never send `cost`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_ppm: Option<u32>,
     },
     /// What the session sampled since the previous poll; answered `profile_data`.
     ProfilePoll {},
@@ -345,6 +361,9 @@ pub enum Response {
         /// The session is over and everything has been sent.
         #[serde(default)]
         last: bool,
+        /// What profiling cost the guest over the delta (protocol 3).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost: Option<ProfilerCost>,
     },
     /// Answer to [`Request::GetKallsyms`].
     Kallsyms {
@@ -497,13 +516,21 @@ impl Message for Request {
             | Request::ProfileStop {}
             | Request::CloseStream {} => Ok(()),
             Request::ProfileStart {
-                events, frequency, ..
+                events,
+                frequency,
+                budget_ppm,
+                ..
             } => {
                 check_events(events)?;
                 if *frequency == 0 || *frequency > MAX_PROFILE_FREQUENCY {
                     return Err(format!(
                         "frequency {frequency} outside 1..={MAX_PROFILE_FREQUENCY}"
                     ));
+                }
+                if let Some(b) = budget_ppm {
+                    if *b == 0 || *b >= 1_000_000 {
+                        return Err(format!("budget_ppm {b} outside 1..1000000"));
+                    }
                 }
                 Ok(())
             }

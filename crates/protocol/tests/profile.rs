@@ -33,6 +33,7 @@ fn data(rows: Vec<ProfileRow>) -> Response {
         t_ns: 1,
         more: false,
         last: false,
+        cost: None,
     }
 }
 
@@ -81,6 +82,7 @@ fn profile_start_fields_have_defaults() {
             events: vec!["cpu-clock".into()],
             frequency: DEFAULT_PROFILE_FREQUENCY,
             callchain: false,
+            budget_ppm: None,
         }
     );
     d.push(&frame_json(r#"{"v":2,"id":2,"type":"profile_poll"}"#));
@@ -110,6 +112,7 @@ fn profile_start_limits() {
             events: events.clone(),
             frequency,
             callchain: false,
+            budget_ppm: None,
         };
         assert!(encode_request(1, &req).is_err(), "{events:?} {frequency}");
         let body = serde_json::json!({
@@ -305,6 +308,7 @@ fn client_profile_session_collects_every_part() {
         t_ns: seq * 100,
         more,
         last,
+        cost: None,
     };
     let script = vec![
         Response::ProfileReady {
@@ -342,7 +346,8 @@ fn client_profile_session_collects_every_part() {
             Request::ProfileStart {
                 events: vec!["cpu-clock".into()],
                 frequency: 1000,
-                callchain: false
+                callchain: false,
+                budget_ppm: None,
             },
             Request::ProfilePoll {},
             Request::ProfileStop {},

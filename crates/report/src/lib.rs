@@ -27,6 +27,8 @@ pub enum ReportError {
     UnknownEvent { wanted: String, have: String },
     #[error("unknown format '{0}'; formats: table, json, csv, collapsed")]
     UnknownFormat(String),
+    #[error("no domain '{wanted}' in this session; it has: {have}")]
+    UnknownDomain { wanted: String, have: String },
     #[error("writing the report: {0}")]
     Io(#[from] std::io::Error),
     #[error("writing CSV: {0}")]
@@ -146,6 +148,10 @@ pub struct Report {
     pub scales: Vec<ScaleSummary>,
     /// Intervals kept by `stat -o` / `account -o`, summarized.
     pub intervals: Vec<intervals::IntervalSummary>,
+    /// Why there are no rows when a filter matched nothing, with the values
+    /// that do exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Coordinated profiling of one active VM for one event.
@@ -172,12 +178,34 @@ pub struct DomainSummary {
     pub detail: String,
 }
 
+/// A domain filter must name a domain of the session: else an error that
+/// lists the domains it has.
+pub fn check_domain(session: &Session, view: View, domain: &str) -> Result<(), ReportError> {
+    let have = session.values(view, Field::Domain)?;
+    if have.iter().any(|d| d == domain) {
+        return Ok(());
+    }
+    Err(ReportError::UnknownDomain {
+        wanted: domain.to_string(),
+        have: if have.is_empty() {
+            "no domain at all".into()
+        } else {
+            have.join(", ")
+        },
+    })
+}
+
 /// Build a report from a session.
 pub fn build(
     session: &Session,
     opts: &ReportOptions,
     want_stacks: bool,
 ) -> Result<Report, ReportError> {
+    for (f, v) in &opts.filter {
+        if *f == Field::Domain {
+            check_domain(session, opts.view, v)?;
+        }
+    }
     let meta = session.meta()?;
     let events = session.events()?;
     let lost = session.lost()?;
@@ -272,6 +300,27 @@ pub fn build(
             .then_with(|| b.samples.cmp(&a.samples))
             .then_with(|| a.values.cmp(&b.values))
     });
+    let note = if rows.is_empty() && !opts.filter.is_empty() {
+        let mut parts = Vec::new();
+        for (f, v) in &opts.filter {
+            let have = session.values(opts.view, *f)?;
+            if !have.iter().any(|h| h == v) {
+                parts.push(format!(
+                    "no row has {} '{v}'; {}s with samples: {}",
+                    f.name(),
+                    f.name(),
+                    if have.is_empty() {
+                        "none".into()
+                    } else {
+                        have.join(", ")
+                    }
+                ));
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    } else {
+        None
+    };
     let before = rows.len();
     rows.retain(|r| r.percent.first().copied().unwrap_or(0.0) >= opts.min_percent);
     if let Some(n) = opts.limit {
@@ -329,7 +378,15 @@ pub fn build(
         }
         .into(),
         scales,
-        intervals: intervals::summarize(&session.intervals(None)?),
+        // The profilers' own cost steps are shown in the header
+        // (`profiler_*` metadata), not as interval tables.
+        intervals: intervals::summarize(
+            &session
+                .intervals(None)?
+                .into_iter()
+                .filter(|r| r.kind != "profiler")
+                .collect::<Vec<_>>(),
+        ),
         file: session.path().display().to_string(),
         meta,
         domains,
@@ -338,6 +395,7 @@ pub fn build(
         rows,
         omitted_rows,
         stacks,
+        note,
     })
 }
 

@@ -62,7 +62,17 @@ pub fn header_lines(r: &Report) -> Vec<String> {
         if clean { ", stopped cleanly" } else { "" }
     ));
     if !clean {
-        v.push("# WARNING   the recorder did not stop cleanly (killed or crashed): samples of its last second (after the last flush) are missing".into());
+        let stop = m("stop_reason");
+        v.push(if stop.is_empty() {
+            "# WARNING   the recorder did not stop cleanly (killed or crashed): samples of its last second (after the last flush) are missing".into()
+        } else {
+            format!("# WARNING   the recording stopped early: {stop}")
+        });
+        if r.file.ends_with(".partial") {
+            v.push(
+                "# WARNING   this is the partial file of a recording that never completed".into(),
+            );
+        }
     }
     if !m("command").is_empty() {
         v.push(format!("# command   {}", m("command")));
@@ -143,6 +153,13 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             v.push(format!("# agent     {vm}: {why}"));
         }
     }
+    // What profiling cost each domain (its own CPU and interrupts over the
+    // CPU it observed, the rate used, the budget).
+    for (k, line) in &r.meta {
+        if let Some(domain) = k.strip_prefix("profiler_") {
+            v.push(format!("# cost      {domain}: {line}"));
+        }
+    }
     if r.view != "merged" {
         v.push(format!(
             "# view      {} measurements only (unscaled)",
@@ -217,7 +234,10 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         writeln!(out, "{}", line(c))?;
     }
     if r.rows.is_empty() {
-        writeln!(out, "(no samples)")?;
+        match &r.note {
+            Some(n) => writeln!(out, "(no samples: {n})")?,
+            None => writeln!(out, "(no samples)")?,
+        }
     }
     if r.omitted_rows > 0 {
         writeln!(

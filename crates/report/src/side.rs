@@ -101,6 +101,7 @@ pub fn build_side_by_side(
     limit: usize,
     view: View,
 ) -> Result<SideBySide, ReportError> {
+    crate::check_domain(session, view, domain)?;
     let events = session.events()?;
     let ev = match event {
         Some(want) => events

@@ -17,10 +17,17 @@ use crate::account::AccountInterval;
 use crate::vmstat::{CellKind, StatInterval};
 use std::collections::HashMap;
 use std::path::Path;
+use vmscope_store::output::{OutputOptions, SessionOutput};
 use vmscope_store::{IntervalRow, SessionWriter, StoreError};
 
-/// A session file that receives intervals as they are measured.
+/// A session file that receives intervals as they are measured. It is
+/// written the way every session is (vmscope_store::output): the target is
+/// checked before anything starts, one writer holds its lock, the intervals
+/// go to `FILE.partial`, and [`IntervalSession::finish`] renames it over
+/// `FILE`. Dropped without `finish` (an error), the partial file stays
+/// (it holds the intervals measured so far) and `FILE` is untouched.
 pub struct IntervalSession {
+    output: SessionOutput,
     writer: SessionWriter,
     kind: &'static str,
 }
@@ -28,13 +35,18 @@ pub struct IntervalSession {
 impl IntervalSession {
     /// Create the session `path` for intervals of `kind` (`stat` or
     /// `account`), noting `command` and `meta` in it.
+    /// `force` lets it replace a regular file that is not a session.
     pub fn create(
         path: &Path,
         kind: &'static str,
         command: &str,
         meta: &[(String, String)],
+        force: bool,
     ) -> Result<IntervalSession, StoreError> {
-        let writer = SessionWriter::create(path)?;
+        let mut output = SessionOutput::prepare(path, &OutputOptions::new(force, &[]), command)?;
+        let writer = output.create_writer()?;
+        // From the first interval on, the partial file is worth keeping.
+        output.keep_partial(true);
         writer.set_meta("source", kind)?;
         writer.set_meta("command", command)?;
         let proc = vmscope_linux::ProcRoot::system();
@@ -49,7 +61,11 @@ impl IntervalSession {
         for (k, v) in meta {
             writer.set_meta(k, v)?;
         }
-        Ok(IntervalSession { writer, kind })
+        Ok(IntervalSession {
+            output,
+            writer,
+            kind,
+        })
     }
 
     /// A row of interval `t` at `(cpu, domain, vcpu)`.
@@ -163,9 +179,9 @@ impl IntervalSession {
         self.writer.add_intervals(&rows)
     }
 
-    /// Mark the session complete.
-    pub fn finish(self) -> Result<(), StoreError> {
-        self.writer.finish(true)
+    /// Mark the session complete and put it in place of the target.
+    pub fn finish(self) -> Result<std::path::PathBuf, StoreError> {
+        self.output.commit(self.writer, true)
     }
 }
 
@@ -180,7 +196,8 @@ mod tests {
     fn stat_and_account_intervals_read_back_in_base_units() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("i.db");
-        let mut s = IntervalSession::create(&path, "stat", "vmscope stat -o i.db", &[]).unwrap();
+        let mut s =
+            IntervalSession::create(&path, "stat", "vmscope stat -o i.db", &[], false).unwrap();
         let iv = StatInterval {
             time_s: 3.0,
             interval_s: 2.0,

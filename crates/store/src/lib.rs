@@ -2,12 +2,17 @@
 //!
 //! This crate owns the schema and its version, the [`SessionWriter`] that
 //! recorders and importers use (deltas added up in one transaction per flush,
-//! at least once a second), and the [`Session`] reader that reports use. It
-//! knows nothing of perf, /proc or printing. The `sqlite3` CLI reads the files:
+//! at least once a second), the [`Session`] reader that reports use (which
+//! validates a session once when it opens it), and [`output`]: how every
+//! command writes a file (checked paths, one writer per session, atomic
+//! replacement; docs/architecture.md §7.1). It knows nothing of perf, /proc
+//! or printing. The `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
 mod intervals;
+pub mod output;
 mod schema;
+mod validate;
 
 pub use intervals::IntervalRow;
 
@@ -21,13 +26,13 @@ use vmscope_model::{AggKey, Context, Domain, Profile, ProfileRow, Role, SessionE
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{path}: cannot write the session file: {source}")]
+    #[error("{path}: cannot write: {source}")]
     NotWritable {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: no such session file")]
-    Missing { path: PathBuf },
+    #[error("{path}: no such session file{}", hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default())]
+    Missing { path: PathBuf, hint: Option<String> },
     #[error("{path}: not a vmscope session file ({reason})")]
     NotASession { path: PathBuf, reason: String },
     #[error("{path}: session schema version {found} is newer than this vmscope understands ({supported}); upgrade vmscope")]
@@ -36,16 +41,67 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
-    #[error("{path}: session file is corrupt: {source}")]
+    #[error("{path}: session file is corrupt: {}", sqlite_text(error))]
     Corrupt {
         path: PathBuf,
-        source: rusqlite::Error,
+        error: rusqlite::Error,
     },
-    #[error("{path}: {source}")]
+    #[error("{path}: {}", sqlite_text(error))]
     Sql {
         path: PathBuf,
-        source: rusqlite::Error,
+        error: rusqlite::Error,
     },
+    /// An output path that must not be written (see [`output`]).
+    #[error("{path} {reason}")]
+    OutputRefused { path: PathBuf, reason: String },
+    /// Another process is writing this session.
+    #[error("{path} is being written by {}; wait for it to end, or write to another file", writer_text(*pid, command))]
+    Locked {
+        path: PathBuf,
+        pid: Option<u32>,
+        command: String,
+    },
+    /// The file system filled up while the session was written.
+    #[error("{path}: no space left on the file system ({fs}); the session needed more than the {} it had reached", output::bytes(*written))]
+    DiskFull {
+        path: PathBuf,
+        fs: String,
+        written: u64,
+    },
+    /// A session whose tables were damaged after it was written.
+    #[error("{path}: damaged session: table '{table}' {what}")]
+    Damaged {
+        path: PathBuf,
+        table: &'static str,
+        what: String,
+    },
+}
+
+impl StoreError {
+    /// Whether this is a full file system.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StoreError::DiskFull { .. })
+    }
+}
+
+/// SQLite's own message, once (rusqlite's Display of a failure and its
+/// source repeat it, then add the generic text of the result code).
+fn sqlite_text(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(code, Some(msg)) if !msg.is_empty() => {
+            let _ = code;
+            msg.clone()
+        }
+        other => other.to_string(),
+    }
+}
+
+fn writer_text(pid: Option<u32>, command: &str) -> String {
+    match (pid, command.is_empty()) {
+        (Some(p), false) => format!("process {p} ({command})"),
+        (Some(p), true) => format!("process {p}"),
+        (None, _) => "another process".into(),
+    }
 }
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -168,9 +224,18 @@ pub struct GroupRow {
 }
 
 fn sql_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
-    move |source| StoreError::Sql {
-        path: path.to_path_buf(),
-        source,
+    move |error| {
+        if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            return StoreError::DiskFull {
+                path: path.to_path_buf(),
+                fs: output::describe_fs(path),
+                written: output::session_bytes(path),
+            };
+        }
+        StoreError::Sql {
+            path: path.to_path_buf(),
+            error,
+        }
     }
 }
 
@@ -199,7 +264,9 @@ pub struct SessionWriter {
 }
 
 impl SessionWriter {
-    /// Create (or replace) the session file at `path`.
+    /// Create (or replace) the session file at `path`. Low level: commands
+    /// write sessions through [`output::SessionOutput`], which checks the
+    /// path, locks it and replaces it atomically.
     pub fn create(path: &Path) -> Result<SessionWriter> {
         // Probe writability first so the error names the path, not SQLite.
         let probe = path.with_extension("vmscope-probe");
@@ -464,6 +531,39 @@ impl SessionWriter {
         Ok(())
     }
 
+    /// Mark the session's stop (clean or not), fold the whole WAL into the
+    /// main file and close it, so no `-wal`/`-shm` file stays behind and the
+    /// file can be renamed on its own ([`output::SessionOutput::commit`]).
+    /// A reader holding the WAL open is waited for (up to 10 s).
+    pub fn close(self, clean: bool) -> Result<()> {
+        self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
+        let path = self.path.clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // (busy, frames in the log, frames checkpointed)
+            let (busy, log, done): (i64, i64, i64) = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .map_err(sql_err(&path))?;
+            if busy == 0 && log == done {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(StoreError::NotWritable {
+                    path,
+                    source: std::io::Error::other(
+                        "a reader kept the write-ahead log open for 10 s; the session is complete but its log could not be folded in",
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.conn.close().map_err(|(_, e)| sql_err(&path)(e))?;
+        Ok(())
+    }
+
     /// Mark the session complete and checkpoint the WAL into the main file.
     pub fn finish(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
@@ -472,6 +572,22 @@ impl SessionWriter {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         Ok(())
     }
+}
+
+/// `file:/abs/path?immutable=1`, the path percent-encoded as SQLite's URI
+/// syntax wants.
+fn immutable_uri(path: &Path) -> String {
+    let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut uri = String::from("file:");
+    for b in abs.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(b) {
+            uri.push(char::from(*b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 /// A session opened for reading.
@@ -485,6 +601,13 @@ impl Session {
         if !path.exists() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
+                hint: output::partial_note(path),
+            });
+        }
+        if path.is_dir() {
+            return Err(StoreError::NotASession {
+                path: path.to_path_buf(),
+                reason: "it is a directory".into(),
             });
         }
         // Check the header ourselves: SQLite's "file is not a database" is vague.
@@ -508,26 +631,35 @@ impl Session {
             }
         }
         // Read-write open so a session left with a WAL by a killed recorder is
-        // recovered; fall back to read-only for files we may not write.
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .or_else(|_| {
-            Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-        })
-        .map_err(|source| StoreError::Corrupt {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let version: i64 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|source| StoreError::Corrupt {
+        // recovered; fall back to read-only for files we may not write (or
+        // on a full file system, where the WAL index cannot be created).
+        let open = |flags: OpenFlags| -> std::result::Result<(Connection, i64), rusqlite::Error> {
+            let conn = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+            let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            Ok((conn, version))
+        };
+        let wal_empty =
+            std::fs::metadata(format!("{}-wal", path.display())).map_or(true, |m| m.len() == 0);
+        let (conn, version) = open(OpenFlags::SQLITE_OPEN_READ_WRITE)
+            .or_else(|_| open(OpenFlags::SQLITE_OPEN_READ_ONLY))
+            .or_else(|e| {
+                // Everything is in the main file: read it as immutable, which
+                // needs no WAL index at all.
+                if !wal_empty {
+                    return Err(e);
+                }
+                let conn = Connection::open_with_flags(
+                    immutable_uri(path),
+                    OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | OpenFlags::SQLITE_OPEN_URI
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+                Ok((conn, version))
+            })
+            .map_err(|error| StoreError::Corrupt {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         let has_meta: Option<String> = conn
             .query_row(
@@ -536,9 +668,9 @@ impl Session {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(|source| StoreError::Corrupt {
+            .map_err(|error| StoreError::Corrupt {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         if has_meta.is_none() || version == 0 {
             return Err(StoreError::NotASession {
@@ -559,9 +691,9 @@ impl Session {
         // Integrity of what we read: a damaged page shows up here, not later.
         let ok: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(|source| StoreError::Corrupt {
+            .map_err(|error| StoreError::Corrupt {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         if ok != "ok" {
             return Err(StoreError::NotASession {
@@ -569,6 +701,7 @@ impl Session {
                 reason: format!("integrity check failed: {ok}"),
             });
         }
+        validate::session(&conn, path)?;
         Ok(Session {
             conn,
             path: path.to_path_buf(),
@@ -789,6 +922,26 @@ impl Session {
             .map_err(sql_err(&self.path))?;
         rows.collect::<std::result::Result<_, _>>()
             .map_err(sql_err(&self.path))
+    }
+
+    /// The distinct values of `field` among the view's rows (for a domain,
+    /// also every domain the session lists), sorted: what a filter that
+    /// matched nothing can offer instead.
+    pub fn values(&self, view: View, field: Field) -> Result<Vec<String>> {
+        let mut sql = format!("SELECT DISTINCT {} FROM {}", field.column(), view.source());
+        if field == Field::Domain {
+            sql.push_str(" UNION SELECT name FROM domains");
+        }
+        let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;
+        let rows = st
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql_err(&self.path))?;
+        let mut v: Vec<String> = rows
+            .collect::<std::result::Result<_, _>>()
+            .map_err(sql_err(&self.path))?;
+        v.sort();
+        v.dedup();
+        Ok(v)
     }
 
     /// Scale rows of active VMs.

@@ -148,6 +148,12 @@ fn merged_view_replaces_guest_rows_by_scaled_agent_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.db");
     let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(999),
+    }])
+    .unwrap();
     let k = |domain: &str, ctx: Context, process: &str, sym: &str| AggKey {
         event: 0,
         domain: domain.into(),

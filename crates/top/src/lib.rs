@@ -8,9 +8,10 @@
 //! terminal (ratatui) and what the keys do ([`View`]), and how it is written
 //! for scripts ([`write_text`], [`write_json`]: one document per interval,
 //! like `top -b`). Where the numbers come from is the caller's
-//! ([`FrameSource`]).
+//! ([`FrameSource`]); [`live::LiveTop`] measures this host.
 
 mod draw;
+pub mod live;
 
 pub use draw::{draw, MIN_HEIGHT, MIN_WIDTH};
 

@@ -1,0 +1,333 @@
+//! A live profiling session without a file: the host's rings, the
+//! converter and the active VMs' agents, read a step at a time. `record`
+//! writes what it yields to a session; `top` and `serve --profile` keep a
+//! rolling window of it. One place owns the order of things (rings opened,
+//! `/proc` synthesized, agents armed behind the barrier, rings enabled) and
+//! the agents' bookkeeping (busy time per VM and event, lost samples, lost
+//! agents), so every consumer scales guest rows the same way.
+
+use crate::guest::{arm_all, GuestDelta, GuestEvent, GuestPollers, GuestProfiler};
+use crate::plan::{arm_reason, SessionPlan, VmPlan};
+use crate::{Converter, ConverterStats, EngineError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmscope_linux::{ProcRoot, Recorder, Target};
+use vmscope_model::{AggKey, Domain, EventSpec, Profile, Record, Role};
+use vmscope_symbols::{Symbolizer, SymbolizerOptions};
+
+/// How a live session runs.
+pub struct LiveOptions {
+    pub events: Vec<EventSpec>,
+    pub callchain: bool,
+    pub symbolizer: SymbolizerOptions,
+    /// VMs, roles, agents ([`crate::plan::plan_session`]).
+    pub plan: SessionPlan,
+    /// How long the readiness barrier waits for each agent.
+    pub barrier_timeout: Duration,
+    /// How often each active VM's agent is polled.
+    pub poll_every: Duration,
+}
+
+/// Something a consumer may want to store or show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveEvent {
+    /// A VM's role after the barrier: active, or passive with the reason.
+    Armed {
+        domain: Domain,
+        detail: String,
+        plan: Option<VmPlan>,
+    },
+    /// A VM's agent stopped answering at `at` seconds.
+    AgentLost {
+        domain: Domain,
+        detail: String,
+        at: f64,
+        why: String,
+    },
+    /// A VM's QEMU process exited at `at` seconds.
+    VmEnded {
+        domain: Domain,
+        detail: String,
+        at: f64,
+    },
+}
+
+/// What the agents measured, cumulative since the session started.
+#[derive(Debug, Clone, Default)]
+pub struct AgentTotals {
+    /// (VM, event) → (busy period, samples) in the guest, idle task left out.
+    pub busy: HashMap<(Arc<str>, u32), (u64, u64)>,
+    /// Samples each VM's agent lost.
+    pub lost: HashMap<Arc<str>, u64>,
+}
+
+impl AgentTotals {
+    /// Count one agent delta of VM `domain` here and add its rows to
+    /// `rows`: what `record` stores and what the live view shows come from
+    /// this one place.
+    pub(crate) fn absorb(&mut self, domain: &Arc<str>, delta: GuestDelta, rows: &mut Profile) {
+        *self.lost.entry(domain.clone()).or_default() += delta.lost;
+        for r in delta.rows {
+            // The guest's idle task is not host CPU: kept in the agent's
+            // rows, left out of the scale.
+            if r.process != "swapper" {
+                let b = self.busy.entry((domain.clone(), r.event)).or_default();
+                b.0 += r.period;
+                b.1 += r.samples;
+            }
+            rows.add(
+                AggKey {
+                    event: r.event,
+                    domain: domain.clone(),
+                    context: r.context,
+                    process: r.process.into(),
+                    image: r.image.into(),
+                    symbol: r.symbol.into(),
+                    stack: r.stack.into(),
+                },
+                r.samples,
+                r.period,
+            );
+        }
+    }
+}
+
+/// A running live session.
+pub struct LiveSession {
+    rec: Recorder,
+    conv: Converter,
+    pollers: Option<GuestPollers>,
+    /// Agent rows since the last [`LiveSession::take_agent_delta`].
+    agent_delta: Profile,
+    totals: AgentTotals,
+    vm_detail: HashMap<String, (Domain, String)>,
+    ended: std::collections::HashSet<String>,
+    lost_at: HashMap<String, f64>,
+    events: Vec<LiveEvent>,
+    buf: Vec<Record>,
+    t0: Instant,
+    last_ended_check: Instant,
+    dump: bool,
+}
+
+impl LiveSession {
+    /// Start on `rec` (opened, not enabled) for `target`: synthesize the
+    /// existing processes, arm every active VM's agent (the barrier; a VM
+    /// whose agent is not ready continues passive, with the reason), then
+    /// enable the rings. The arm outcomes are the first events.
+    pub fn start(
+        mut rec: Recorder,
+        target: &Target,
+        opts: LiveOptions,
+    ) -> Result<LiveSession, EngineError> {
+        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
+        for vm in &opts.plan.unmonitored {
+            conv.set_unmonitored(vm);
+        }
+        for (vm, k) in opts.plan.guest_kallsyms {
+            conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
+        }
+        // Existing processes: maps and names from /proc.
+        let pids_filter: Option<Vec<u32>> = match target {
+            Target::AllCpus => None,
+            Target::Pids(p) => Some(p.clone()),
+        };
+        for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
+            conv.push(r);
+        }
+        conv.set_origin(vmscope_linux::clock_monotonic_ns());
+
+        let mut vm_detail: HashMap<String, (Domain, String)> = opts
+            .plan
+            .domains
+            .iter()
+            .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
+            .collect();
+        let mut events = Vec::new();
+        let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
+        for a in arm_all(
+            opts.plan.guests,
+            &opts.events,
+            opts.callchain,
+            opts.barrier_timeout,
+        ) {
+            let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
+                (
+                    Domain {
+                        name: a.domain.to_string(),
+                        role: Role::Active,
+                        pid: None,
+                    },
+                    String::new(),
+                )
+            });
+            let plan = match a.result {
+                Ok(g) => {
+                    dom.role = Role::Active;
+                    active.push(g);
+                    None
+                }
+                Err((_, why)) => {
+                    let (reason, fix) = arm_reason(&why, opts.barrier_timeout);
+                    dom.role = Role::Passive;
+                    Some(VmPlan {
+                        name: a.domain.to_string(),
+                        role: Role::Passive,
+                        reason: Some(reason),
+                        fix,
+                    })
+                }
+            };
+            vm_detail.insert(dom.name.clone(), (dom.clone(), det.clone()));
+            events.push(LiveEvent::Armed {
+                domain: dom,
+                detail: det,
+                plan,
+            });
+        }
+        rec.enable()?;
+        let t0 = Instant::now();
+        let pollers =
+            (!active.is_empty()).then(|| GuestPollers::spawn(active, opts.poll_every, t0));
+        Ok(LiveSession {
+            rec,
+            conv,
+            pollers,
+            agent_delta: Profile::new(),
+            totals: AgentTotals::default(),
+            vm_detail,
+            ended: std::collections::HashSet::new(),
+            lost_at: HashMap::new(),
+            events,
+            buf: Vec::with_capacity(4096),
+            t0,
+            last_ended_check: t0,
+            // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
+            dump: std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some(),
+        })
+    }
+
+    /// Read the rings once (waiting up to `wait` for data) and take what
+    /// the agents sent.
+    pub fn step(&mut self, wait: Duration) -> Result<(), EngineError> {
+        self.buf.clear();
+        self.rec.read(wait, &mut self.buf)?;
+        if self.dump {
+            for r in &self.buf {
+                eprintln!("{r:?}");
+            }
+        }
+        self.conv.push_batch(self.buf.drain(..));
+        if let Some(p) = &self.pollers {
+            let evs: Vec<GuestEvent> = p.events.try_iter().collect();
+            for ev in evs {
+                self.take_guest(ev);
+            }
+        }
+        if self.last_ended_check.elapsed() >= Duration::from_millis(500) {
+            self.mark_ended_vms();
+            self.last_ended_check = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Stop sampling: disable the rings, read what is left, collect every
+    /// agent's last rows.
+    pub fn stop(&mut self) -> Result<(), EngineError> {
+        self.rec.disable()?;
+        self.buf.clear();
+        self.rec.read(Duration::from_millis(0), &mut self.buf)?;
+        self.conv.push_batch(self.buf.drain(..));
+        if let Some(p) = self.pollers.take() {
+            for ev in p.stop().try_iter() {
+                self.take_guest(ev);
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's measurements since the previous call.
+    pub fn take_host_delta(&mut self) -> Profile {
+        self.conv.take_delta()
+    }
+
+    /// The agents' rows since the previous call.
+    pub fn take_agent_delta(&mut self) -> Profile {
+        self.agent_delta.take()
+    }
+
+    /// Events since the previous call (arm outcomes, lost agents, ended VMs).
+    pub fn take_events(&mut self) -> Vec<LiveEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// The converter's counters (samples, lost, guest time the host measured
+    /// per VM and event), cumulative.
+    pub fn stats(&self) -> &ConverterStats {
+        self.conv.stats()
+    }
+
+    /// What the agents measured, cumulative.
+    pub fn agent_totals(&self) -> &AgentTotals {
+        &self.totals
+    }
+
+    /// Host CPUs sampled.
+    pub fn cpus(&self) -> usize {
+        self.rec.cpus().len()
+    }
+
+    /// Seconds since sampling started.
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// Symbolizer warnings so far, sorted and deduplicated.
+    pub fn warnings(&mut self) -> Vec<String> {
+        let mut w = self.conv.symbolizer_mut().warnings();
+        w.sort();
+        w.dedup();
+        w
+    }
+
+    fn take_guest(&mut self, ev: GuestEvent) {
+        match ev {
+            GuestEvent::Delta { domain, delta } => {
+                self.totals.absorb(&domain, delta, &mut self.agent_delta);
+            }
+            GuestEvent::Lost { domain, at, why } => {
+                self.lost_at.insert(domain.to_string(), at);
+                // A VM already seen to have exited keeps that (earlier, firmer) mark.
+                if self.ended.contains(&*domain) {
+                    return;
+                }
+                if let Some((d, det)) = self.vm_detail.get(&*domain) {
+                    self.events.push(LiveEvent::AgentLost {
+                        domain: d.clone(),
+                        detail: det.clone(),
+                        at,
+                        why: why.to_string(),
+                    });
+                }
+            }
+            GuestEvent::Stopped { .. } => {}
+        }
+    }
+
+    /// VMs whose QEMU exited (their data so far stays).
+    fn mark_ended_vms(&mut self) {
+        let at = self.t0.elapsed().as_secs_f64();
+        for (name, (d, det)) in &self.vm_detail {
+            let Some(pid) = d.pid else { continue };
+            if !ProcRoot::system().exists(pid) && self.ended.insert(name.clone()) {
+                self.events.push(LiveEvent::VmEnded {
+                    domain: d.clone(),
+                    detail: det.clone(),
+                    at,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What a profiler costs the CPU it observes, measured by the profiler
+//! itself (the host recorder, or the agent inside a guest): its process's
+//! CPU time (every thread, from getrusage) plus the interrupt time above
+//! the level measured before sampling started (the kernel's own irq and
+//! softirq accounting in `/proc/stat`, where sampling interrupts land),
+//! against the capacity observed: wall time × CPUs sampled. The budget rule
+//! that uses it is `vmscope_model::budget`.
+
+use crate::ProcRoot;
+use std::time::Instant;
+
+/// A running measurement; [`SelfCost::step`] returns each step's cost.
+#[derive(Debug, Clone)]
+pub struct SelfCost {
+    proc: ProcRoot,
+    cpus: u32,
+    /// Count the calling thread's CPU only (a profiling session that runs
+    /// on its own thread in a process that does other work).
+    thread_only: bool,
+    t: Instant,
+    cpu_s: f64,
+    irq_s: f64,
+    /// Interrupt seconds per second before sampling started.
+    baseline_irq: f64,
+}
+
+/// CPU seconds (user + system) of this process, all threads.
+pub fn own_cpu_s() -> f64 {
+    rusage_cpu_s(libc::RUSAGE_SELF)
+}
+
+/// CPU seconds (user + system) of the calling thread.
+pub fn thread_cpu_s() -> f64 {
+    rusage_cpu_s(libc::RUSAGE_THREAD)
+}
+
+fn rusage_cpu_s(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(who, &raw mut ru) != 0 {
+            return 0.0;
+        }
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+impl SelfCost {
+    /// Start measuring a profiler that samples `cpus` CPUs, with `/proc`
+    /// at `proc`.
+    pub fn start(proc: ProcRoot, cpus: u32) -> SelfCost {
+        Self::begin(proc, cpus, false)
+    }
+
+    /// Like [`SelfCost::start`], counting only the calling thread's CPU;
+    /// every later call must come from the same thread.
+    pub fn start_thread(proc: ProcRoot, cpus: u32) -> SelfCost {
+        Self::begin(proc, cpus, true)
+    }
+
+    fn begin(proc: ProcRoot, cpus: u32, thread_only: bool) -> SelfCost {
+        let irq_s = irq_s(&proc);
+        let mut c = SelfCost {
+            proc,
+            cpus,
+            thread_only,
+            t: Instant::now(),
+            cpu_s: 0.0,
+            irq_s,
+            baseline_irq: 0.0,
+        };
+        c.cpu_s = c.cpu_now();
+        c
+    }
+
+    fn cpu_now(&self) -> f64 {
+        if self.thread_only {
+            thread_cpu_s()
+        } else {
+            own_cpu_s()
+        }
+    }
+
+    /// Call when sampling starts: the interrupt rate since
+    /// [`SelfCost::start`] becomes the level that is not profiling's (over
+    /// less than 50 ms it is too coarse and is taken as 0, which counts
+    /// every interrupt as profiling's: the safe side for a budget), and
+    /// the first step starts now.
+    pub fn sampling_starts(&mut self) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.t).as_secs_f64();
+        let irq = irq_s(&self.proc);
+        self.baseline_irq = if dt >= 0.05 {
+            ((irq - self.irq_s) / dt).max(0.0)
+        } else {
+            0.0
+        };
+        self.t = now;
+        self.irq_s = irq;
+        self.cpu_s = self.cpu_now();
+    }
+
+    /// (cost, capacity) in seconds since the previous step.
+    pub fn step(&mut self) -> (f64, f64) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.t).as_secs_f64();
+        let cpu = self.cpu_now();
+        let irq = irq_s(&self.proc);
+        let irq_extra = (irq - self.irq_s - self.baseline_irq * dt).max(0.0);
+        let cost = (cpu - self.cpu_s).max(0.0) + irq_extra;
+        self.t = now;
+        self.cpu_s = cpu;
+        self.irq_s = irq;
+        (cost, dt * f64::from(self.cpus))
+    }
+}
+
+/// Hard and soft interrupt seconds of every CPU so far (0 if unreadable).
+fn irq_s(proc: &ProcRoot) -> f64 {
+    proc.cpu_times()
+        .map(|s| s.all.irq + s.all.softirq)
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_work_is_counted_and_capacity_is_wall_times_cpus() {
+        let mut c = SelfCost::start(ProcRoot::system(), 2);
+        c.sampling_starts();
+        // Burn about 0.2 s of CPU in this process.
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_secs_f64() < 0.2 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let (cost, capacity) = c.step();
+        // CPU time is at least most of the busy loop (a loaded machine may
+        // preempt it; it cannot run more than the wall time).
+        assert!(cost > 0.02, "cost {cost}");
+        assert!(capacity >= 0.4, "capacity {capacity}");
+        assert!(cost <= capacity, "{cost} > {capacity}");
+    }
+}

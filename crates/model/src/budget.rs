@@ -1,0 +1,332 @@
+//! The overhead budget: what profiling costs the CPU it observes, and the
+//! rule that keeps a profiler's sampling rate within a share of that CPU
+//! the user sets (`--overhead-budget PCT`).
+//!
+//! A profiler (the host recorder, or a VM's agent) measures its own cost
+//! over each step: its process's CPU time plus the interrupt time its
+//! samples add (the guest's or host's own irq accounting above the level
+//! measured before sampling started), against the capacity it observes
+//! (wall time × the CPUs it samples). [`RateController::observe`] turns
+//! that into the next rate. Cost per sample is taken as proportional to the
+//! rate (ring reading, symbolization and interrupts are all per sample), so
+//! the new rate aims at a margin below the budget in one step; it rises
+//! again only when the cost has fallen well under the budget, and never
+//! above the rate the user asked for.
+//!
+//! Totals do not depend on the rate: every sample carries its period, and
+//! the merged view takes *how much* from the host and only *where* from the
+//! agent, so a lower rate costs resolution, not correctness.
+
+use serde::{Deserialize, Serialize};
+
+/// The lowest rate the controller goes to (Hz): below it a 10 s profile
+/// holds too few samples per CPU to rank functions.
+pub const MIN_RATE_HZ: u64 = 10;
+
+/// The part of the budget the controller aims at, so noise in one step's
+/// measurement does not push the next step over.
+const AIM: f64 = 0.8;
+/// Below this share of the budget the rate may rise again.
+const RAISE_BELOW: f64 = 0.5;
+
+/// A budget as a fraction of the observed CPU: `--overhead-budget 1` is
+/// 0.01. Valid budgets are above 0 % and below 100 %.
+pub fn parse_budget_pct(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('%');
+    let v: f64 = t
+        .parse()
+        .map_err(|_| format!("must be a percentage such as 1 or 0.5, not '{s}'"))?;
+    if !v.is_finite() || v <= 0.0 || v >= 100.0 {
+        return Err(format!(
+            "must be above 0 % and below 100 % of the CPU profiled, not {s}"
+        ));
+    }
+    Ok(v / 100.0)
+}
+
+/// One step's measurement: what profiling cost and what it observed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostStep {
+    /// Profiler CPU plus its interrupt time, seconds.
+    pub cost_s: f64,
+    /// Wall time × CPUs observed, seconds.
+    pub capacity_s: f64,
+    /// The rate in force during the step, Hz.
+    pub rate_hz: u64,
+}
+
+impl CostStep {
+    /// Cost as a fraction of the capacity (0 when nothing was observed).
+    pub fn fraction(&self) -> f64 {
+        if self.capacity_s > 0.0 {
+            (self.cost_s / self.capacity_s).max(0.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The whole session's cost for one profiler, for the report header.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CostSummary {
+    pub cost_s: f64,
+    pub capacity_s: f64,
+    /// The rate asked for, Hz (0: events with fixed periods only).
+    pub requested_hz: u64,
+    /// Lowest and highest rate used, and the rate at the end, Hz.
+    pub min_hz: u64,
+    pub max_hz: u64,
+    pub last_hz: u64,
+    /// The budget, as a fraction; `None` without `--overhead-budget`.
+    pub budget: Option<f64>,
+    /// The rate was lowered to stay within the budget.
+    pub lowered: bool,
+    /// Even the lowest rate cost more than the budget.
+    pub over_at_minimum: bool,
+}
+
+impl CostSummary {
+    /// Cost as a fraction of the capacity: the estimated slowdown of what
+    /// was profiled.
+    pub fn fraction(&self) -> f64 {
+        if self.capacity_s > 0.0 {
+            (self.cost_s / self.capacity_s).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Add one step.
+    pub fn add(&mut self, step: &CostStep) {
+        self.cost_s += step.cost_s.max(0.0);
+        self.capacity_s += step.capacity_s.max(0.0);
+        if step.rate_hz > 0 {
+            self.min_hz = if self.min_hz == 0 {
+                step.rate_hz
+            } else {
+                self.min_hz.min(step.rate_hz)
+            };
+            self.max_hz = self.max_hz.max(step.rate_hz);
+            self.last_hz = step.rate_hz;
+        }
+    }
+
+    /// One line: "0.42 % of 2 CPUs' time (0.25 s CPU over 30.0 s), 99 Hz".
+    pub fn describe(&self, cpus: Option<u32>) -> String {
+        let wall = match cpus {
+            Some(n) if n > 0 => format!(" over {:.1} s × {n} CPU", self.capacity_s / f64::from(n)),
+            _ => String::new(),
+        };
+        let mut s = format!(
+            "{:.2} % of the CPU it observed ({:.3} s{wall})",
+            100.0 * self.fraction(),
+            self.cost_s
+        );
+        if self.max_hz > 0 {
+            if self.min_hz == self.max_hz {
+                s.push_str(&format!(", {} Hz", self.last_hz));
+            } else {
+                s.push_str(&format!(
+                    ", {}-{} Hz (last {} Hz, asked {} Hz)",
+                    self.min_hz, self.max_hz, self.last_hz, self.requested_hz
+                ));
+            }
+        }
+        if let Some(b) = self.budget {
+            s.push_str(&format!("; budget {} %", percent(b)));
+            if self.over_at_minimum {
+                s.push_str(&format!(
+                    ": not met even at the lowest rate ({MIN_RATE_HZ} Hz)"
+                ));
+            } else if self.lowered {
+                s.push_str(": the rate was lowered to stay within it");
+            }
+        }
+        s
+    }
+}
+
+/// A fraction as a percentage with as many decimals as it needs (up to
+/// six): 0.01 → "1", 0.0025 → "0.25", 1e-6 → "0.0001".
+fn percent(f: f64) -> String {
+    let t = format!("{:.6}", 100.0 * f);
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Keeps one profiler's rate within its budget.
+#[derive(Debug, Clone)]
+pub struct RateController {
+    budget: f64,
+    max_hz: u64,
+    hz: u64,
+    summary: CostSummary,
+}
+
+impl RateController {
+    /// A controller for a profiler that starts at `requested_hz` (also the
+    /// highest rate it will use) with `budget` (a fraction, 0 < b < 1).
+    pub fn new(budget: f64, requested_hz: u64) -> RateController {
+        RateController {
+            budget,
+            max_hz: requested_hz.max(MIN_RATE_HZ),
+            hz: requested_hz,
+            summary: CostSummary {
+                requested_hz,
+                budget: Some(budget),
+                ..CostSummary::default()
+            },
+        }
+    }
+
+    /// The rate now in force.
+    pub fn rate(&self) -> u64 {
+        self.hz
+    }
+
+    /// What the session has cost so far.
+    pub fn summary(&self) -> &CostSummary {
+        &self.summary
+    }
+
+    /// Account one step measured at the current rate; returns the new rate
+    /// when it should change.
+    pub fn observe(&mut self, cost_s: f64, capacity_s: f64) -> Option<u64> {
+        let step = CostStep {
+            cost_s,
+            capacity_s,
+            rate_hz: self.hz,
+        };
+        self.summary.add(&step);
+        if capacity_s <= 0.0 || self.hz == 0 {
+            return None;
+        }
+        let frac = step.fraction();
+        let ideal = if frac > 0.0 {
+            self.hz as f64 * self.budget * AIM / frac
+        } else {
+            f64::INFINITY
+        };
+        let next = if frac > self.budget {
+            if self.hz <= MIN_RATE_HZ {
+                self.summary.over_at_minimum = true;
+            }
+            self.summary.lowered = true;
+            (ideal.floor() as u64).clamp(MIN_RATE_HZ, self.max_hz)
+        } else if frac < self.budget * RAISE_BELOW && self.hz < self.max_hz {
+            // Up at most twice as fast per step: the cost measured at a low
+            // rate predicts the cost at a high one only roughly.
+            let up = ideal.min(self.hz as f64 * 2.0);
+            (up.floor() as u64).clamp(self.hz, self.max_hz)
+        } else {
+            self.hz
+        };
+        if next == self.hz {
+            return None;
+        }
+        self.hz = next;
+        Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A profiler whose cost is `per_sample` CPU seconds per sample on
+    /// `cpus` CPUs, observed for 1 s steps.
+    fn simulate(
+        budget: f64,
+        start: u64,
+        per_sample: f64,
+        cpus: f64,
+        steps: usize,
+    ) -> RateController {
+        let mut c = RateController::new(budget, start);
+        for _ in 0..steps {
+            let cost = c.rate() as f64 * cpus * per_sample;
+            let _ = c.observe(cost, cpus);
+        }
+        c
+    }
+
+    #[test]
+    fn an_expensive_profiler_is_brought_within_its_budget_and_stays() {
+        // 99 Hz at 50 µs per sample on 2 CPUs: 0.5 % of the CPU, budget 0.2 %.
+        let c = simulate(0.002, 99, 50e-6, 2.0, 10);
+        let frac = c.rate() as f64 * 50e-6;
+        assert!(frac <= 0.002, "{} Hz costs {frac}", c.rate());
+        assert!(frac >= 0.002 * 0.5, "not lowered too far: {} Hz", c.rate());
+        assert!(c.summary().lowered);
+        assert!(!c.summary().over_at_minimum);
+        assert_eq!(c.summary().max_hz, 99);
+        assert!(c.summary().min_hz < 99);
+        // The first step was over budget, the rest within it.
+        let total = c.summary().fraction();
+        assert!(total < 0.005 && total > 0.001, "{total}");
+    }
+
+    #[test]
+    fn a_cheap_profiler_keeps_the_rate_asked_for() {
+        let c = simulate(0.01, 99, 10e-6, 2.0, 5);
+        assert_eq!(c.rate(), 99);
+        assert!(!c.summary().lowered);
+        assert_eq!((c.summary().min_hz, c.summary().max_hz), (99, 99));
+    }
+
+    #[test]
+    fn the_rate_rises_again_when_the_cost_falls_but_never_above_the_request() {
+        let mut c = RateController::new(0.01, 1000);
+        // A busy spell: 5 % at 1000 Hz.
+        assert_eq!(c.observe(0.05, 1.0), Some(160));
+        // Then the cost falls to almost nothing.
+        let mut last = c.rate();
+        for _ in 0..10 {
+            if let Some(r) = c.observe(0.0001, 1.0) {
+                assert!(r <= 2 * last, "rose from {last} to {r} in one step");
+                last = r;
+            }
+        }
+        assert_eq!(c.rate(), 1000);
+    }
+
+    #[test]
+    fn a_budget_that_cannot_be_met_is_said_and_the_lowest_rate_used() {
+        // A fixed cost of 10 % whatever the rate.
+        let mut c = RateController::new(0.01, 99);
+        for _ in 0..6 {
+            let _ = c.observe(0.1, 1.0);
+        }
+        assert_eq!(c.rate(), MIN_RATE_HZ);
+        assert!(c.summary().over_at_minimum);
+        assert!(c
+            .summary()
+            .describe(Some(1))
+            .contains("not met even at the lowest rate"));
+    }
+
+    #[test]
+    fn budgets_outside_0_to_100_are_refused() {
+        assert_eq!(parse_budget_pct("1").unwrap(), 0.01);
+        assert_eq!(parse_budget_pct("0.5%").unwrap(), 0.005);
+        for bad in ["0", "-1", "100", "150", "nan", "inf", "x", ""] {
+            assert!(parse_budget_pct(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn summary_lines_name_cost_rate_and_budget() {
+        let mut s = CostSummary {
+            requested_hz: 99,
+            ..CostSummary::default()
+        };
+        s.add(&CostStep {
+            cost_s: 0.02,
+            capacity_s: 2.0,
+            rate_hz: 99,
+        });
+        assert_eq!(
+            s.describe(Some(2)),
+            "1.00 % of the CPU it observed (0.020 s over 1.0 s × 2 CPU), 99 Hz"
+        );
+    }
+}

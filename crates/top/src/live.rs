@@ -1,0 +1,361 @@
+//! Frames measured on this host: a live profiling session (host rings at a
+//! low rate, active VMs' agents) for the functions, and the accountant for
+//! each domain's CPU, vCPU states and I/O. The functions come from a
+//! rolling window of the last few intervals; an active VM's guest rows are
+//! scaled to the guest time the host measured in that window, as a
+//! recording's merged view does.
+
+use crate::{DomainView, Frame, FrameSource, FunctionView, TopError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmscope_engine::live::{LiveEvent, LiveOptions, LiveSession};
+use vmscope_engine::plan::{plan_session, PlanRequest};
+use vmscope_linux::{Recorder, RingOptions, Target};
+use vmscope_model::{Context, EventSpec, Profile, Role};
+use vmscope_stat::account::{AccountOptions, Accountant};
+
+/// (context, process, symbol) → (samples, period) of one domain.
+type FunctionTotals = HashMap<(Context, String, String), (u64, f64)>;
+
+/// How `top` measures.
+pub struct LiveTopOptions {
+    pub interval: Duration,
+    /// Host and guest sampling rate, Hz.
+    pub frequency: u64,
+    /// How many intervals the functions cover.
+    pub window: usize,
+    /// Functions kept per domain.
+    pub functions: usize,
+    /// Roles asked for by name (`--vm NAME=ROLE`).
+    pub roles: Vec<(String, Role)>,
+}
+
+/// One interval's profile deltas.
+struct Slice {
+    host: Profile,
+    agent: Profile,
+    /// (VM, event 0) → host-measured guest period in the interval.
+    host_guest: HashMap<Arc<str>, u64>,
+    /// VM → agent busy period in the interval.
+    agent_busy: HashMap<Arc<str>, u64>,
+}
+
+/// Frames from this host.
+pub struct LiveTop {
+    session: LiveSession,
+    acc: Accountant,
+    opts: LiveTopOptions,
+    window: VecDeque<Slice>,
+    hostname: String,
+    /// Why each VM is not active, when it is not.
+    reasons: HashMap<String, String>,
+    roles: HashMap<String, Role>,
+    prev_host_guest: HashMap<Arc<str>, u64>,
+    prev_agent_busy: HashMap<Arc<str>, u64>,
+    prev_lost: u64,
+    prev_agent_lost: HashMap<Arc<str>, u64>,
+    notes: Vec<String>,
+    start: Instant,
+}
+
+fn err(e: impl std::fmt::Display) -> TopError {
+    TopError::Source(e.to_string())
+}
+
+impl LiveTop {
+    /// Plan the VMs, open the rings, arm the agents and take the
+    /// accountant's first sample.
+    pub fn start(opts: LiveTopOptions) -> Result<LiveTop, TopError> {
+        let plan = plan_session(PlanRequest {
+            roles: opts.roles.clone(),
+            hello_timeout: Duration::from_secs(3),
+            ..PlanRequest::default()
+        })
+        .map_err(err)?;
+        let mut reasons: HashMap<String, String> = plan
+            .vms
+            .iter()
+            .filter(|v| v.role != Role::Active)
+            .map(|v| (v.name.clone(), v.describe()))
+            .collect();
+        let mut roles: HashMap<String, Role> =
+            plan.vms.iter().map(|v| (v.name.clone(), v.role)).collect();
+        let events = vec![EventSpec::parse("cpu-clock", opts.frequency).map_err(err)?];
+        let rec = Recorder::open(&RingOptions {
+            events: events.clone(),
+            target: Target::AllCpus,
+            callchain: false,
+            ring_pages: 0,
+        })
+        .map_err(err)?;
+        let mut session = LiveSession::start(
+            rec,
+            &Target::AllCpus,
+            LiveOptions {
+                events,
+                callchain: false,
+                symbolizer: Default::default(),
+                plan,
+                barrier_timeout: Duration::from_secs(10),
+                poll_every: opts.interval.min(Duration::from_millis(500)),
+            },
+        )
+        .map_err(err)?;
+        for ev in session.take_events() {
+            if let LiveEvent::Armed { domain, plan, .. } = ev {
+                roles.insert(domain.name.clone(), domain.role);
+                if let Some(p) = plan {
+                    reasons.insert(domain.name.clone(), p.describe());
+                }
+            }
+        }
+        let mut acc = Accountant::new(AccountOptions::default());
+        acc.sample().map_err(err)?;
+        Ok(LiveTop {
+            session,
+            acc,
+            opts,
+            window: VecDeque::new(),
+            hostname: vmscope_linux::ProcRoot::system()
+                .sysctl("kernel.hostname")
+                .unwrap_or_default(),
+            reasons,
+            roles,
+            prev_host_guest: HashMap::new(),
+            prev_agent_busy: HashMap::new(),
+            prev_lost: 0,
+            prev_agent_lost: HashMap::new(),
+            notes: Vec::new(),
+            start: Instant::now(),
+        })
+    }
+
+    /// The interval's slice of the profile.
+    fn slice(&mut self) -> Slice {
+        let host = self.session.take_host_delta();
+        let agent = self.session.take_agent_delta();
+        let diff = |now: HashMap<Arc<str>, u64>, prev: &mut HashMap<Arc<str>, u64>| {
+            let d = now
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.saturating_sub(prev.get(k).copied().unwrap_or(0)),
+                    )
+                })
+                .collect();
+            *prev = now;
+            d
+        };
+        let host_now: HashMap<Arc<str>, u64> = self
+            .session
+            .stats()
+            .guest_period
+            .iter()
+            .filter(|((_, e), _)| *e == 0)
+            .map(|((d, _), v)| (d.clone(), *v))
+            .collect();
+        let agent_now: HashMap<Arc<str>, u64> = self
+            .session
+            .agent_totals()
+            .busy
+            .iter()
+            .filter(|((_, e), _)| *e == 0)
+            .map(|((d, _), v)| (d.clone(), v.0))
+            .collect();
+        Slice {
+            host,
+            agent,
+            host_guest: diff(host_now, &mut self.prev_host_guest),
+            agent_busy: diff(agent_now, &mut self.prev_agent_busy),
+        }
+    }
+
+    /// Top functions of every domain over the window.
+    fn functions(&self) -> HashMap<String, Vec<FunctionView>> {
+        // (domain) → (context, process, symbol) → (samples, period)
+        let mut per: HashMap<String, FunctionTotals> = HashMap::new();
+        let mut host_guest: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut agent_busy: HashMap<Arc<str>, u64> = HashMap::new();
+        for s in &self.window {
+            for (k, v) in &s.host_guest {
+                *host_guest.entry(k.clone()).or_default() += v;
+            }
+            for (k, v) in &s.agent_busy {
+                *agent_busy.entry(k.clone()).or_default() += v;
+            }
+        }
+        let active = |d: &str| self.roles.get(d) == Some(&Role::Active);
+        for s in &self.window {
+            for (k, c) in &s.host.rows {
+                if k.event != 0 {
+                    continue;
+                }
+                // An active VM's guest time comes from its agent.
+                if active(&k.domain)
+                    && matches!(
+                        k.context,
+                        Context::GuestTranslated | Context::GuestUser | Context::GuestKernel
+                    )
+                {
+                    continue;
+                }
+                let e = per
+                    .entry(k.domain.to_string())
+                    .or_default()
+                    .entry((k.context, k.process.to_string(), k.symbol.to_string()))
+                    .or_default();
+                e.0 += c.samples;
+                e.1 += c.period as f64;
+            }
+            for (k, c) in &s.agent.rows {
+                if k.event != 0 || &*k.process == "swapper" {
+                    continue;
+                }
+                let busy = agent_busy.get(&k.domain).copied().unwrap_or(0);
+                let factor = if busy > 0 {
+                    host_guest.get(&k.domain).copied().unwrap_or(0) as f64 / busy as f64
+                } else {
+                    0.0
+                };
+                let e = per
+                    .entry(k.domain.to_string())
+                    .or_default()
+                    .entry((k.context, k.process.to_string(), k.symbol.to_string()))
+                    .or_default();
+                e.0 += c.samples;
+                e.1 += c.period as f64 * factor;
+            }
+        }
+        per.into_iter()
+            .map(|(d, m)| {
+                let total: f64 = m.values().map(|v| v.1).sum();
+                let mut v: Vec<FunctionView> = m
+                    .into_iter()
+                    .filter(|(_, (_, p))| *p > 0.0)
+                    .map(|((ctx, process, symbol), (samples, p))| FunctionView {
+                        context: ctx.as_str().to_string(),
+                        process,
+                        symbol,
+                        samples,
+                        pct: if total > 0.0 { 100.0 * p / total } else { 0.0 },
+                    })
+                    .collect();
+                v.sort_by(|a, b| {
+                    b.pct
+                        .partial_cmp(&a.pct)
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then_with(|| a.symbol.cmp(&b.symbol))
+                });
+                v.truncate(self.opts.functions);
+                (d, v)
+            })
+            .collect()
+    }
+}
+
+impl FrameSource for LiveTop {
+    fn next_frame(&mut self) -> Result<Frame, TopError> {
+        let t0 = Instant::now();
+        while t0.elapsed() < self.opts.interval {
+            let left = self.opts.interval.saturating_sub(t0.elapsed());
+            self.session
+                .step(left.min(Duration::from_millis(100)))
+                .map_err(err)?;
+        }
+        for ev in self.session.take_events() {
+            match ev {
+                LiveEvent::AgentLost {
+                    domain, at, why, ..
+                } => {
+                    self.roles.insert(domain.name.clone(), Role::Passive);
+                    self.reasons.insert(
+                        domain.name.clone(),
+                        format!("passive: its agent was lost at {at:.1} s ({why})"),
+                    );
+                }
+                LiveEvent::VmEnded { domain, .. } => {
+                    self.notes.push(format!("VM {} exited", domain.name));
+                }
+                LiveEvent::Armed { .. } => {}
+            }
+        }
+        let slice = self.slice();
+        self.window.push_back(slice);
+        while self.window.len() > self.opts.window.max(1) {
+            self.window.pop_front();
+        }
+        let (iv, changes) = self.acc.sample().map_err(err)?;
+        let mut notes: Vec<String> = std::mem::take(&mut self.notes);
+        notes.extend(changes.iter().map(ToString::to_string));
+        let Some(iv) = iv else {
+            return Err(TopError::Source(
+                "the accountant has no interval yet".into(),
+            ));
+        };
+        let dt = iv.interval_s.max(1e-9);
+        let mut functions = self.functions();
+        let lost = self.session.stats().lost;
+        let host_lost = lost.saturating_sub(self.prev_lost);
+        self.prev_lost = lost;
+        let agent_lost = self.session.agent_totals().lost.clone();
+        let mut domains = vec![DomainView {
+            name: "host".into(),
+            role: "host".into(),
+            // What the host's CPUs did that no VM is charged for (from the
+            // idle side, so short-lived tasks count too).
+            cpu_pct: 100.0
+                * (iv.measured_host_s - iv.vms.iter().map(|v| v.total_s).sum::<f64>()).max(0.0)
+                / dt,
+            vcpus: 0,
+            run_pct: 0.0,
+            steal_pct: 0.0,
+            halted_pct: 0.0,
+            io_cpu_pct: 0.0,
+            io_ops_per_s: 0.0,
+            lost: host_lost,
+            reason: None,
+            functions: functions.remove("host").unwrap_or_default(),
+        }];
+        for v in &iv.vms {
+            let n = v.vcpus.len().max(1) as f64;
+            let lost_now = agent_lost.get(v.name.as_str()).copied().unwrap_or(0);
+            let lost_prev = self
+                .prev_agent_lost
+                .insert(Arc::from(v.name.as_str()), lost_now)
+                .unwrap_or(0);
+            domains.push(DomainView {
+                name: v.name.clone(),
+                role: self
+                    .roles
+                    .get(&v.name)
+                    .map_or("passive", |r| r.as_str())
+                    .to_string(),
+                cpu_pct: 100.0 * v.total_s / dt,
+                vcpus: v.vcpus.len() as u32,
+                run_pct: 100.0 * v.vcpu_run_s / dt / n,
+                steal_pct: 100.0 * v.vcpu_runnable_s / dt / n,
+                halted_pct: 100.0 * v.vcpu_blocked_s / dt / n,
+                io_cpu_pct: 100.0 * (v.direct_io_s + v.shared_io_s) / dt,
+                io_ops_per_s: v.io_ops as f64 / dt,
+                lost: lost_now.saturating_sub(lost_prev),
+                reason: self.reasons.get(&v.name).cloned(),
+                functions: functions.remove(&v.name).unwrap_or_default(),
+            });
+        }
+        Ok(Frame {
+            time_s: self.start.elapsed().as_secs_f64(),
+            interval_s: iv.interval_s,
+            hostname: self.hostname.clone(),
+            cpus: iv.cpu_busy_s.len() as u32,
+            host_busy_pct: if iv.capacity_s > 0.0 {
+                100.0 * iv.measured_host_s / iv.capacity_s
+            } else {
+                0.0
+            },
+            domains,
+            notes,
+        })
+    }
+}
