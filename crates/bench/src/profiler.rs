@@ -282,11 +282,17 @@ fn every_vm() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Host samples stored in a session being written, once it is readable.
+/// Host samples stored in a session being written, once it is readable:
+/// the recorder writes `PATH.partial` and renames it when it finishes.
 fn session_samples(path: &Path) -> Option<u64> {
-    if !path.exists() {
+    let partial = vmscope_store::output::partial_path(path);
+    let path = if partial.exists() {
+        partial.as_path()
+    } else if path.exists() {
+        path
+    } else {
         return None;
-    }
+    };
     let s = vmscope_store::Session::open(path).ok()?;
     let t = s.totals(vmscope_store::View::Host).ok()?;
     Some(t.values().map(|(n, _)| *n).sum())
