@@ -766,7 +766,9 @@ fn sweep_targets(
         for (i, step) in round {
             // A stop signal ends the run here; the lab this run started is
             // torn down when `session` is dropped on the way out.
-            opts.lab_options.cancel.check("taking the benchmark's samples")?;
+            opts.lab_options
+                .cancel
+                .check("taking the benchmark's samples")?;
             if plan.failed(i).is_some() {
                 continue;
             }
