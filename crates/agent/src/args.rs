@@ -36,7 +36,7 @@ pub const DEFAULT_NAME: &str = vmscope_protocol::AGENT_PORT;
 /// Usage text.
 pub const USAGE: &str = "\
 usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--allow-write] [--once] [--log FILE]
-       vmscope-agent demo [-d SECONDS] [-t THREADS]
+       vmscope-agent demo [-d SECONDS] [-t THREADS] [-u DUTY_PCT]
        vmscope-agent dd if=FILE [bs=SIZE] [count=N] [skip=N] [iflag=direct]
        vmscope-agent dd of=FILE [bs=SIZE] count=N [seek=N] [oflag=direct] [conv=fdatasync]
        vmscope-agent io run PATH mode=MODE bs=SIZE count=N [offset=BYTES]
@@ -58,7 +58,8 @@ Answers the vmscope host over a virtio-serial port.
 
 `demo` runs the known-answer workload (vmscope_demo_alpha/beta/gamma take
 50/30/20 % of its CPU) for SECONDS (default 10) on THREADS threads (default 1)
-and prints the rounds done and the rounds per second.
+and prints the rounds done and the rounds per second. With -u, each thread
+works DUTY_PCT % of every 100 ms and sleeps the rest (default 100).
 
 `dd` reads FILE (a disk such as /dev/vdb) in blocks of SIZE bytes (default
 512; suffixes k, M, G) and discards them: COUNT reads (default: to the end),
@@ -305,6 +306,8 @@ pub struct DemoOptions {
     pub seconds: f64,
     /// Worker threads.
     pub threads: usize,
+    /// Percent of every 100 ms each thread works (100: always).
+    pub duty: f64,
 }
 
 /// Parses the arguments after `demo`.
@@ -312,6 +315,7 @@ pub fn parse_demo<I: IntoIterator<Item = String>>(args: I) -> Result<DemoOptions
     let mut o = DemoOptions {
         seconds: 10.0,
         threads: 1,
+        duty: 100.0,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -329,6 +333,13 @@ pub fn parse_demo<I: IntoIterator<Item = String>>(args: I) -> Result<DemoOptions
                 o.threads = match v.parse::<usize>() {
                     Ok(n) if (1..=1024).contains(&n) => n,
                     _ => return Err(format!("-t wants 1..=1024 threads, not `{v}`")),
+                };
+            }
+            "-u" | "--duty" => {
+                let v = value("-u")?;
+                o.duty = match v.parse::<f64>() {
+                    Ok(p) if p > 0.0 && p <= 100.0 => p,
+                    _ => return Err(format!("-u wants a percentage in (0, 100], not `{v}`")),
                 };
             }
             other => return Err(format!("unknown demo argument `{other}`")),
@@ -542,14 +553,16 @@ mod tests {
             d(&[]).unwrap(),
             DemoOptions {
                 seconds: 10.0,
-                threads: 1
+                threads: 1,
+                duty: 100.0
             }
         );
         assert_eq!(
-            d(&["-d", "2.5", "-t", "3"]).unwrap(),
+            d(&["-d", "2.5", "-t", "3", "-u", "30"]).unwrap(),
             DemoOptions {
                 seconds: 2.5,
-                threads: 3
+                threads: 3,
+                duty: 30.0
             }
         );
         for bad in [
@@ -557,6 +570,9 @@ mod tests {
             &["-d", "x"],
             &["-t", "0"],
             &["-t"],
+            &["-u", "0"],
+            &["-u", "101"],
+            &["-u", "x"],
             &["-x"],
         ] {
             assert!(d(bad).is_err(), "{bad:?}");

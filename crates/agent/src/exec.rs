@@ -208,7 +208,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(t0.elapsed() < Duration::from_secs(5));
+        // Not a timing: a group left alive would hold the output open for
+        // the 30 s of its sleeps.
+        assert!(t0.elapsed() < Duration::from_secs(25));
     }
 
     #[test]

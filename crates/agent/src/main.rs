@@ -77,7 +77,7 @@ fn demo(args: impl Iterator<Item = String>) -> ExitCode {
         }
     };
     let t0 = std::time::Instant::now();
-    let rounds = vmscope_workload::run(Duration::from_secs_f64(o.seconds), o.threads);
+    let rounds = vmscope_workload::run_duty(Duration::from_secs_f64(o.seconds), o.threads, o.duty);
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "rounds {rounds} seconds {secs:.3} threads {} rounds_per_s {:.2}",

@@ -15,15 +15,31 @@ pub struct DemoArgs {
     #[arg(short = 't', long, default_value_t = 1,
           value_parser = crate::args::threads, allow_negative_numbers = true)]
     pub threads: usize,
+    /// Percent of every 100 ms each thread works; it sleeps the rest (a
+    /// partial load; 100 never sleeps).
+    #[arg(short = 'u', long, default_value_t = 100.0, value_parser = duty)]
+    pub duty: f64,
     /// Print the rounds completed (a throughput figure) when done.
     #[arg(long)]
     pub print_rounds: bool,
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    let rounds = vmscope_workload::run(Duration::from_secs_f64(args.seconds), args.threads);
+    let rounds = vmscope_workload::run_duty(
+        Duration::from_secs_f64(args.seconds),
+        args.threads,
+        args.duty,
+    );
     if args.print_rounds {
         println!("{rounds}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--duty`: a percentage above 0 (0 would be no workload at all).
+fn duty(s: &str) -> Result<f64, String> {
+    match crate::args::percent(s)? {
+        0.0 => Err("must be above 0 (0 % would run nothing)".into()),
+        v => Ok(v),
+    }
 }

@@ -1512,8 +1512,10 @@ fn fault_table() {
 }
 
 /// Sweep row c01: a second recorder (or an importer) pointed at a session
-/// another process is writing fails at once naming that process; the first
-/// recording is the one that ends up in the file.
+/// another process is writing fails at once naming that process (it fails
+/// while the first, which runs until stopped, is still recording: it did
+/// not wait for the lock); the first recording is the one that ends up in
+/// the file.
 #[test]
 fn one_writer_per_session() {
     if skip_unless(&[]) {
@@ -1522,13 +1524,12 @@ fn one_writer_per_session() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("same.db");
     let mut first = vmscope()
-        .args(["record", "-a", "-F", "499", "-d", "3", "-o"])
+        .args(["record", "-a", "-F", "499", "-d", "120", "-o"])
         .arg(&db)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     wait_for_samples(&db);
-    let t = std::time::Instant::now();
     let out = vmscope()
         .args(["record", "-a", "-d", "1", "-o"])
         .arg(&db)
@@ -1538,13 +1539,13 @@ fn one_writer_per_session() {
         &out,
         &[
             "same.db is being written by process",
-            "record -a -F 499 -d 3",
+            "record -a -F 499 -d 120",
         ],
     );
     assert!(err.contains(&first.id().to_string()), "{err}");
     assert!(
-        t.elapsed().as_secs_f64() < 5.0,
-        "the second recorder waited"
+        first.try_wait().unwrap().is_none(),
+        "the second recorder waited for the first to end"
     );
     let out = vmscope()
         .arg("import")
@@ -1561,11 +1562,13 @@ fn one_writer_per_session() {
         err.contains("a partial recording") || err.contains("under way"),
         "{err}"
     );
+    // SAFETY: kill(2) on our own child, which is still running (above).
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
     let st = first.wait().unwrap();
-    assert!(st.success());
+    assert!(st.success(), "{st:?}");
     let v = report_json(&db, &[]);
     assert!(
-        v["meta"]["command"].as_str().unwrap().contains("-d 3"),
+        v["meta"]["command"].as_str().unwrap().contains("-d 120"),
         "{}",
         v["meta"]
     );

@@ -9,8 +9,12 @@
 //! `stat`'s per-VM vCPU time against `pidstat -t` and its per-CPU totals
 //! against `/proc/stat` (within 5 points), `account`'s reconciliation of
 //! VMs, unattributed time (measured on its own, with a host task burning a
-//! CPU) and `/proc/stat` (within 1 % per 2 s interval and over the run), and `serve` scraped by a real Prometheus whose PromQL
-//! `rate()` of the busy VM's vCPU run time is above zero.
+//! CPU) and `/proc/stat` (within 1 % per 2 s interval and over the run), and
+//! `serve` scraped by a real Prometheus whose PromQL `rate()` of the busy
+//! VM's vCPU run time agrees with the vCPU threads' schedstat read by the
+//! test (within 0.15 CPU-seconds/s). stat's per-VM vCPU time is also held
+//! to that schedstat over its own window (within 5 points); its per-CPU
+//! totals against `/proc/stat` are an internal invariant (stat's input).
 //!
 //! Tests print `SKIP: <reason>` when what they need is missing (a failure
 //! under CI, which installs everything: see vmscope-testkit).
@@ -554,12 +558,9 @@ kind = "tap"
         .map(|(_, c)| c)
         .sum();
     eprintln!("source: {source}");
-    if let Some(w) = window {
-        eprintln!(
-            "busy VM vCPU time by its schedstat over stat's window: {:.1} %",
-            100.0 * run_after.saturating_sub(run_before) as f64 / 1e9 / w
-        );
-    }
+    let w = window.expect("stat printed all its intervals");
+    let sched_vm = 100.0 * run_after.saturating_sub(run_before) as f64 / 1e9 / w;
+    eprintln!("busy VM vCPU time by its schedstat over stat's window: {sched_vm:.1} %");
     eprintln!(
         "busy VM vCPU time: stat {stat_vm:.1} % vs pidstat {pid_vm:.1} % (diff {:.1} points)",
         stat_vm - pid_vm
@@ -602,6 +603,17 @@ kind = "tap"
         (stat_vm - pid_vm).abs() <= 5.0,
         "stat vs pidstat beyond 5 points"
     );
+    // The exact reference: the vCPU threads' own run time, read by this
+    // test over stat's window. stat scales its slices to the same counter
+    // per interval, so this checks its windows and averaging; pidstat
+    // (utime + stime ticks, above) is the reference stat never reads.
+    assert!(
+        (stat_vm - sched_vm).abs() <= 5.0,
+        "stat {stat_vm:.1} % vs the vCPU threads' schedstat {sched_vm:.1} % beyond 5 points"
+    );
+    // /proc/stat is stat's own input (its CPU totals are held to it) and
+    // no other per-CPU busy time exists here (no /proc/schedstat): this
+    // checks that the fit kept them, an internal invariant.
     assert!(worst <= 5.0, "stat vs /proc/stat beyond 5 points\n{text}");
 
     // 2. account: reconciliation per interval, with a host task outside
@@ -748,8 +760,12 @@ kind = "tap"
     let q = "/api/v1/query?query=rate(vmscope_vcpu_run_seconds_total%5B5s%5D)";
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut last = String::new();
-    let rate = loop {
+    // The busy VM's vCPU run time by schedstat, read here once a second:
+    // the reference for the rate Prometheus computes.
+    let mut readings: Vec<(Instant, u64)> = Vec::new();
+    let (rate, sched_rate) = loop {
         std::thread::sleep(Duration::from_secs(1));
+        readings.push((Instant::now(), vcpu_run_ns(busy_pid, &busy_vcpus)));
         if let Some(body) = http_get(&paddr, q) {
             last = body.clone();
             if let Ok(v) = serde_json::from_str::<Value>(&body) {
@@ -758,16 +774,42 @@ kind = "tap"
                         .find(|r| r["metric"]["domain"] == "busy")
                         .and_then(|r| r["value"][1].as_str().and_then(|x| x.parse::<f64>().ok()))
                 });
-                if let Some(r) = found.filter(|r| *r > 0.0) {
-                    break r;
+                // After 10 s of scrapes the 5 s window of rate() is full
+                // (its first scrapes start from serve's first interval);
+                // the last six readings span the same 5 s.
+                if let (Some(r), true) = (found.filter(|r| *r > 0.0), readings.len() >= 10) {
+                    let (t1, r1) = readings[readings.len() - 1];
+                    let (t0, r0) = readings[readings.len() - 6];
+                    break (r, (r1 - r0) as f64 / 1e9 / (t1 - t0).as_secs_f64());
                 }
             }
         }
         assert!(Instant::now() < deadline, "no rate from Prometheus: {last}");
     };
     eprintln!(
-        "Prometheus: rate(vmscope_vcpu_run_seconds_total[5s]) of busy = {rate:.3} CPU-seconds/s"
+        "Prometheus: rate(vmscope_vcpu_run_seconds_total[5s]) of busy = {rate:.3} CPU-seconds/s, \
+         its vCPU threads' schedstat over the last 5 s: {sched_rate:.3}"
     );
+    // The VM burns its vCPU steadily; rate() extrapolates its 5 s window
+    // and lags by up to a scrape, hence 0.15 CPU-seconds/s.
+    assert!(
+        (rate - sched_rate).abs() <= 0.15,
+        "Prometheus rate {rate:.3} vs schedstat {sched_rate:.3} CPU-seconds/s"
+    );
+}
+
+/// Read requests QEMU counted on every disk of a VM (`query-blockstats`
+/// over its QMP socket, read by the test itself).
+fn qmp_reads(sock: &Path) -> u64 {
+    let mut q = vmscope_discover::qmp::Qmp::connect(sock, Duration::from_secs(20)).expect("QMP");
+    let v = q
+        .execute("query-blockstats", None)
+        .expect("query-blockstats");
+    v.as_array()
+        .expect("a list of disks")
+        .iter()
+        .filter_map(|d| d["stats"]["rd_operations"].as_u64())
+        .sum()
 }
 
 /// `vmscope account`'s JSON intervals.
@@ -804,12 +846,27 @@ fn tap_bytes(vm: &Value) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Every interval's shared charge follows the rule charge_i = N_i × T / ΣN.
+/// Every interval's shared charge follows the rule charge_i = N_i × T / ΣN,
+/// with T/ΣN computed here from the interval's shared time and the VMs'
+/// operations (not taken from account's `cost_per_op_s`, which must equal
+/// it), and the charges add up to T whenever some VM did I/O.
 fn assert_charge_rule(intervals: &[Value]) {
     for iv in intervals {
-        let cost = f(iv, "cost_per_op_s");
         let vms = iv["vms"].as_array().unwrap();
+        let ops: f64 = vms.iter().map(|v| f(v, "io_ops")).sum();
+        let shared = f(iv, "shared_io_s");
+        let cost = if ops > 0.0 { shared / ops } else { 0.0 };
+        assert!(
+            (f(iv, "cost_per_op_s") - cost).abs() <= 1e-9 + 1e-6 * cost,
+            "cost per operation is not T/ΣN = {shared} s / {ops}: {iv}"
+        );
         let charged: f64 = vms.iter().map(|v| f(v, "shared_io_s")).sum();
+        if ops > 0.0 {
+            assert!(
+                (charged - shared).abs() <= 1e-6 + 1e-6 * shared,
+                "charges {charged} s do not add up to the shared time {shared} s: {iv}"
+            );
+        }
         for v in vms {
             let want = f(v, "io_ops") * cost;
             assert!(
@@ -850,7 +907,12 @@ fn run_residual(intervals: &[Value], what: &str) -> f64 {
 /// of a raw disk in one VM. `account` must show the I/O operations and the
 /// charges the paper's Tables 1 and 2 show: more operations per byte for the
 /// small transfers, and more operations and CPU charged per second for the
-/// small blocks.
+/// small blocks. The set-up fixes the answer for (b): the throttle holds the
+/// bytes per second, so 512-byte reads make 8x the requests (asserted within
+/// 15 %); QEMU's own request count (query-blockstats, read by the test)
+/// equals dd's, and the charge per request computed with it agrees with
+/// account's within 15 %. The charge rule is checked with T/ΣN computed
+/// from each interval's fields.
 #[test]
 fn lab_cherkasova_io_charging() {
     let common::LabEnv { cache, run, agent } = need_lab!("lr", &[("pidstat", "sysstat")]);
@@ -869,9 +931,17 @@ fn lab_cherkasova_io_charging() {
     )
     .unwrap();
     assert!(text.contains("name = \"io-charging\"\n"));
+    // Throttled to 128 KiB/s rather than the lab file's 512 KiB/s: on a
+    // loaded 2-CPU host a TCG guest's 512-byte O_DIRECT reads top out near
+    // 900 per second (0.45 MiB/s) at a load average of 7, near 300 at 11,
+    // so at 512 KiB/s the small blocks were bound by the CPU, not by the
+    // disk, and the 8x the set-up stands for did not hold (6.7x measured).
+    // 128 KiB/s needs 256 reads per second.
+    assert!(text.contains("max_bytes_per_s = 524288\n"));
     std::fs::write(
         &spec,
-        text.replace("name = \"io-charging\"\n", "name = \"ci-io\"\n"),
+        text.replace("name = \"io-charging\"\n", "name = \"ci-io\"\n")
+            .replace("max_bytes_per_s = 524288\n", "max_bytes_per_s = 131072\n"),
     )
     .unwrap();
     let lab = Lab {
@@ -1037,9 +1107,9 @@ fn lab_cherkasova_io_charging() {
         "the 1 KiB VM's operations per byte are not well above the 70 KiB VM's: {per_kib:?}"
     );
 
-    // (b) Raw-disk reads in web1k, 512 B then 4 KiB, O_DIRECT, 2 MiB each
+    // (b) Raw-disk reads in web1k, 512 B then 4 KiB, O_DIRECT, 512 KiB each
     // under one `account` run; the intervals wholly inside each read are
-    // compared. The disk is throttled to 512 KiB/s, so both runs are
+    // compared. The disk is throttled to 128 KiB/s, so both runs are
     // bandwidth-bound like the paper's disk (13 MB/s there) and move the
     // same bytes per second: the 512-byte run needs 8x the requests.
     let mut account = Command::new(VMSCOPE)
@@ -1058,9 +1128,11 @@ fn lab_cherkasova_io_charging() {
         .clone()
         .expect("web1k's disk is in the guest");
     let if_arg = format!("if={disk}");
+    let qmp = state.vm("web1k").unwrap().qmp.clone();
     let mut windows = Vec::new();
-    for (bs, count) in [(512u32, 4096u32), (4096, 512)] {
+    for (bs, count) in [(512u32, 1024u32), (4096, 128)] {
         std::thread::sleep(Duration::from_millis(300));
+        let reads_before = qmp_reads(&qmp);
         let start = t0.elapsed().as_secs_f64();
         let out = lab
             .cmd(&[
@@ -1077,6 +1149,7 @@ fn lab_cherkasova_io_charging() {
             .output()
             .unwrap();
         let end = t0.elapsed().as_secs_f64();
+        let reads = qmp_reads(&qmp) - reads_before;
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && text.contains(&format!("{count}+0 records in")),
@@ -1084,10 +1157,21 @@ fn lab_cherkasova_io_charging() {
             String::from_utf8_lossy(&out.stderr)
         );
         eprintln!(
-            "dd bs={bs} in web1k ({start:.1}-{end:.1} s): {}",
+            "dd bs={bs} in web1k ({start:.1}-{end:.1} s, QEMU counted {reads} reads): {}",
             text.trim().replace('\n', "; ")
         );
-        windows.push((bs, start, end));
+        // One O_DIRECT read, one request on the virtual disk: QEMU's own
+        // count (read here, not by account) is dd's.
+        assert!(
+            reads >= u64::from(count) && reads <= u64::from(count) + u64::from(count) / 100 + 2,
+            "dd bs={bs}: {count} reads, QEMU counted {reads} requests"
+        );
+        // dd's own clock: the requests' rate the throttle allowed.
+        let dd_secs: f64 = text
+            .split_once("bytes read, ")
+            .and_then(|(_, r)| r.split_whitespace().next()?.parse().ok())
+            .expect("dd's seconds");
+        windows.push((bs, start, end, reads as f64 / dd_secs));
     }
     let mut rest = Vec::new();
     acc_out.read_to_end(&mut rest).unwrap();
@@ -1101,7 +1185,7 @@ fn lab_cherkasova_io_charging() {
     );
     eprintln!("| block | intervals | disk ops/s | MiB/s | vCPU run s/s | direct I/O s/s | shared charge ms/s | I/O charge s/s |");
     let mut rows = Vec::new();
-    for (bs, start, end) in windows {
+    for (bs, start, end, qmp_rate) in windows {
         let inside: Vec<&Value> = intervals
             .iter()
             .filter(|iv| {
@@ -1154,9 +1238,18 @@ fn lab_cherkasova_io_charging() {
             1e3 * block_sirq / t
         );
         assert!(block_sirq > 0.0, "dd bs={bs}: no BLOCK softirq time");
+        // The same charged time over the requests QEMU counted (its rate
+        // during dd times the intervals' length), not account's count.
+        let per_op_qmp_us = 1e6 * sh / (qmp_rate * t);
+        eprintln!(
+            "dd bs={bs}: {:.0} requests/s by account, {qmp_rate:.0} by QEMU and dd's clock; \
+             charge per request {per_op_us:.2} us by account's count, {per_op_qmp_us:.2} us by QEMU's",
+            ops / t
+        );
         assert!(
-            (0.1..1000.0).contains(&per_op_us),
-            "dd bs={bs}: {per_op_us} us of shared I/O per request"
+            (per_op_us - per_op_qmp_us).abs() <= 0.15 * per_op_qmp_us,
+            "dd bs={bs}: {per_op_us:.2} us per request by account's count vs \
+             {per_op_qmp_us:.2} us by QEMU's"
         );
         // The bytes per request are the block size: one read, one request.
         let per_op = by / ops.max(1.0);
@@ -1165,8 +1258,8 @@ fn lab_cherkasova_io_charging() {
             "dd bs={bs}: {per_op:.0} bytes per disk request"
         );
         assert!(
-            (by / t - 524_288.0).abs() <= 0.3 * 524_288.0,
-            "dd bs={bs}: {:.0} B/s where the disk is throttled to 524288",
+            (by / t - 131_072.0).abs() <= 0.3 * 131_072.0,
+            "dd bs={bs}: {:.0} B/s where the disk is throttled to 131072",
             by / t
         );
         rows.push((ops / t, (dio + sh) / t));
@@ -1176,9 +1269,13 @@ fn lab_cherkasova_io_charging() {
         rows[0].0 / rows[1].0,
         rows[0].1 / rows[1].1
     );
+    // The throttle fixes the bytes per second, so 512-byte reads are 8x
+    // the requests of 4 KiB reads, within the throttle's steadiness over a
+    // few seconds (each run's bytes per second is checked above).
+    let ratio = rows[0].0 / rows[1].0;
     assert!(
-        rows[0].0 > 4.0 * rows[1].0,
-        "512-byte reads are not more operations per second: {rows:?}"
+        (ratio - 8.0).abs() <= 0.15 * 8.0,
+        "512-byte reads are {ratio:.2}x the operations per second of 4 KiB reads, not 8x: {rows:?}"
     );
     assert!(
         rows[0].1 > rows[1].1,

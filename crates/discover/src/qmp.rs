@@ -332,7 +332,8 @@ mod tests {
         let t = Instant::now();
         let e = Qmp::connect(&path, Duration::from_millis(200)).unwrap_err();
         assert!(matches!(e, DiscoverError::QmpTimeout { .. }), "{e}");
-        assert!(t.elapsed() < Duration::from_secs(2));
+        // Only to catch a wait that ignores the timeout, not a timing.
+        assert!(t.elapsed() < Duration::from_secs(30));
         assert!(e.to_string().contains(&path.display().to_string()));
         h.join().expect("fake qemu");
     }

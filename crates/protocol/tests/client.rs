@@ -82,14 +82,7 @@ fn serve(mut s: UnixStream, deaf: usize) -> Vec<Request> {
 fn client_talks_to_a_peer() {
     let (host, guest) = UnixStream::pair().unwrap();
     let peer = thread::spawn(move || serve(guest, 2));
-    let t0 = Instant::now();
     let (mut c, hello) = AgentClient::connect(host, Duration::from_secs(10)).unwrap();
-    // Two hellos went unanswered, so the third (after ~1 s) got through.
-    assert!(
-        t0.elapsed() >= Duration::from_millis(900),
-        "{:?}",
-        t0.elapsed()
-    );
     assert_eq!(hello.agent_version, "test");
     assert!(c.has_capability("ping"));
     assert!(!c.has_capability("exec"));
@@ -118,6 +111,12 @@ fn client_talks_to_a_peer() {
     assert!(c.ignored_frames() >= 4, "foreign-id answers were skipped");
     drop(c);
     let seen = peer.join().unwrap();
+    // Two hellos went unanswered, so the client sent a third.
+    let hellos = seen
+        .iter()
+        .filter(|r| matches!(r, Request::Hello { .. }))
+        .count();
+    assert_eq!(hellos, 3, "{seen:?}");
     let chunks: Vec<_> = seen
         .iter()
         .filter_map(|r| match r {
@@ -139,8 +138,13 @@ fn connect_times_out_when_nobody_answers() {
         Err(ProtocolError::Timeout { what }) => assert!(what.contains("hello")),
         other => panic!("{:?}", other.map(|(_, h)| h)),
     }
+    // Never before the time given (the contract); the upper bound is only
+    // there to catch a wait that ignores it.
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(1200) && took < Duration::from_secs(5));
+    assert!(
+        took >= Duration::from_millis(1200) && took < Duration::from_secs(60),
+        "{took:?}"
+    );
 }
 
 #[test]

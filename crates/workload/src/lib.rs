@@ -60,23 +60,52 @@ pub const EXPECTED: [(&str, f64); 3] = [
     ("vmscope_demo_gamma", 20.0),
 ];
 
+/// Length of one on/off cycle of [`run_duty`].
+pub const DUTY_PERIOD: Duration = Duration::from_millis(100);
+
 /// Run the mix on `threads` threads for `duration`; returns the rounds done
 /// (one round = one call of each function), a throughput figure for
 /// overhead measurements.
 pub fn run(duration: Duration, threads: usize) -> u64 {
-    let deadline = Instant::now() + duration;
+    run_duty(duration, threads, 100.0)
+}
+
+/// As [`run`], busy for `duty_pct` percent of every [`DUTY_PERIOD`] (by the
+/// clock) and asleep for the rest: a load of about `duty_pct` % of a CPU
+/// per thread where the thread gets a CPU whenever it asks. 100 (or more)
+/// never sleeps; 0 or less never works.
+pub fn run_duty(duration: Duration, threads: usize, duty_pct: f64) -> u64 {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let busy = DUTY_PERIOD.mul_f64((duty_pct / 100.0).clamp(0.0, 1.0));
     let handles: Vec<_> = (0..threads.max(1))
-        .map(|_| std::thread::spawn(move || worker(deadline)))
+        .map(|_| std::thread::spawn(move || worker(start, deadline, busy)))
         .collect();
     handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
 }
 
 /// One thread of the mix; the frame `worker` is the demo functions' caller.
+/// Works while the clock is in the first `busy` of its period (measured
+/// from `start`), sleeps to the next period otherwise.
 #[inline(never)]
-fn worker(deadline: Instant) -> u64 {
+fn worker(start: Instant, deadline: Instant, busy: Duration) -> u64 {
     let mut rounds = 0u64;
     let mut acc = 0u64;
-    while Instant::now() < deadline {
+    let always = busy >= DUTY_PERIOD;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        if !always {
+            let period = DUTY_PERIOD.as_nanos();
+            let into = now.duration_since(start).as_nanos() % period;
+            if into >= busy.as_nanos() {
+                let rest = Duration::from_nanos((period - into) as u64);
+                std::thread::sleep(rest.min(deadline - now));
+                continue;
+            }
+        }
         acc = acc.wrapping_add(vmscope_demo_alpha(acc));
         acc = acc.wrapping_add(vmscope_demo_beta(acc));
         acc = acc.wrapping_add(vmscope_demo_gamma(acc));
@@ -88,9 +117,43 @@ fn worker(deadline: Instant) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// One test at a time: the duty-cycle test reads the process's CPU time.
+    static ONE: Mutex<()> = Mutex::new(());
+
     #[test]
     fn runs_and_counts_rounds() {
+        let _one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = super::run(std::time::Duration::from_millis(50), 2);
         assert!(n > 0);
+    }
+
+    /// A duty cycle sleeps between bursts: over 1 s at 30 % the thread's
+    /// own CPU time (getrusage, not the clock) stays below 45 % of the run
+    /// (a busy machine lends it less than it asks for, never more), and
+    /// 0 % does no round at all. The lab test `coordinated.rs` checks the
+    /// load in a guest against pidstat.
+    #[test]
+    fn a_duty_cycle_sleeps_between_bursts() {
+        let _one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(super::run_duty(Duration::from_millis(300), 1, 0.0), 0);
+        let cpu = || {
+            // SAFETY: getrusage fills the struct it is given.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut u) };
+            let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+            t(u.ru_utime) + t(u.ru_stime)
+        };
+        let (c0, t0) = (cpu(), std::time::Instant::now());
+        let n = super::run_duty(Duration::from_secs(1), 1, 30.0);
+        let share = (cpu() - c0) / t0.elapsed().as_secs_f64();
+        assert!(n > 0);
+        assert!(share < 0.45, "30 % duty used {share:.2} of a CPU");
     }
 }
