@@ -41,6 +41,9 @@ usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--all
        vmscope-agent dd of=FILE [bs=SIZE] count=N [seek=N] [oflag=direct] [conv=fdatasync]
        vmscope-agent io run PATH mode=MODE bs=SIZE count=N [offset=BYTES]
        vmscope-agent io inspect PATH | io fill PATH size=BYTES [offset=BYTES] | io drop-caches
+       vmscope-agent net send to=IP:PORT [streams=N] [seconds=S] [connect-timeout=S]
+       vmscope-agent net recv listen=IP:PORT [streams=N] [buf=SIZE] [timeout=S] | net check-port listen=IP:PORT
+       vmscope-agent scale memwrite|cpu [threads=N] [seconds=S] [size=BYTES]
 
 Answers the vmscope host over a virtio-serial port.
   --name NAME     serve the virtio-serial port named NAME (default vmscope.agent),
@@ -73,6 +76,21 @@ one JSON line: bytes, wall_s, sync_s, user_s, sys_s (its own CPU). `inspect`
 prints what PATH is (size, logical block size, mounted, signatures) without
 writing; `fill` writes zeros over a region so reads do not hit holes;
 `drop-caches` syncs and drops the page cache.
+
+`net` is the engine of `vmscope bench net` (menon2005's sender and
+receiver): `send` opens N TCP streams to IP:PORT (retrying refused
+connections for connect-timeout, default 30 s) and sendfile()s a cached
+64 KiB file on each for S seconds (default 10); `recv` listens on IP:PORT,
+accepts N streams (within timeout, default 60 s) and recv()s each into a
+SIZE-byte buffer (default 64k) until its sender closes; `check-port` says
+whether IP:PORT can be listened on. Each prints one JSON line: role, bytes,
+wall_s (receiver: first to last byte), user_s, sys_s, streams, buf, calls.
+
+`scale` is the workload of `vmscope bench scale` (theurer2006): memwrite
+writes a value across a SIZE-byte buffer per thread (default 32M), pass
+after pass; cpu runs a register-only integer chain; N threads (default 1)
+for S seconds (default 5). One JSON line: work per thread and in all
+(bytes or iterations), wall_s, user_s, sys_s.
 ";
 
 /// Options of `vmscope-agent dd`: one engine run ([`vmscope_workload::io`]).

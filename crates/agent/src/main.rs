@@ -4,9 +4,11 @@
 //! docs/protocol.md. `vmscope-agent demo` runs the known-answer workload,
 //! `vmscope-agent dd` the block reads of cherkasova2005's disk experiment,
 //! `vmscope-agent io` the I/O engine of `vmscope bench io` (see
-//! `vmscope_workload::io`).
+//! `vmscope_workload::io`), `vmscope-agent net` and `vmscope-agent scale`
+//! the engines of `vmscope bench net` and `bench scale`.
 
 mod args;
+mod bench;
 mod exec;
 mod kallsyms;
 mod log;
@@ -176,6 +178,12 @@ fn main() -> ExitCode {
     }
     if argv.first().map(String::as_str) == Some("io") {
         return io(argv.into_iter().skip(1));
+    }
+    if argv.first().map(String::as_str) == Some("net") {
+        return bench::net_main(argv.into_iter().skip(1));
+    }
+    if argv.first().map(String::as_str) == Some("scale") {
+        return bench::scale_main(argv.into_iter().skip(1));
     }
     if argv.iter().any(|a| a == "--version") {
         println!("vmscope-agent {}", env!("CARGO_PKG_VERSION"));

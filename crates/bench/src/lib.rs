@@ -22,14 +22,22 @@
 //! lab VMs, with the host CPU each backend costs (cherkasova2005).
 
 pub mod chart;
+pub mod cpu;
+pub mod driver;
 pub mod error;
+pub mod guest;
 pub mod hygiene;
 pub mod io;
+pub mod lab_specs;
 pub mod manifest;
+pub mod net;
 pub mod output;
+pub mod overhead;
 pub mod peers;
+pub mod profiler;
 pub mod progress;
 pub mod row;
+pub mod scale;
 pub mod schedule;
 pub mod session;
 pub mod stats;

@@ -17,6 +17,8 @@ pub mod unit {
     pub const OPS_PER_S: &str = "ops/s";
     /// CPU seconds per GiB moved.
     pub const S_PER_GIB: &str = "s/GiB";
+    /// CPU seconds per Gbit (10^9 bits) moved.
+    pub const S_PER_GBIT: &str = "s/Gbit";
     /// CPU seconds per second (CPUs).
     pub const S_PER_S: &str = "s/s";
     pub const COUNT: &str = "count";

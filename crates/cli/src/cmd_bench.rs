@@ -28,6 +28,21 @@ enum BenchCommand {
     /// each backend costs.
     #[command(after_help = IO_HELP)]
     Io(IoArgs),
+    /// TCP throughput, menon2005's network experiment: a sendfile() sender and a recv()
+    /// receiver between the host and a lab VM (either way) or two VMs, over tap + bridge,
+    /// with the receive buffer swept, iperf3 side by side, and the host CPU per Gbit.
+    #[command(after_help = crate::cmd_bench_net::NET_HELP)]
+    Net(crate::cmd_bench_net::NetArgs),
+    /// Scaling, theurer2006's experiment: memwrite or cpu as N host processes, one host
+    /// process with N threads, N VMs of one vCPU and one VM of N vCPUs, N = 1..max, with the
+    /// scaling factor against N = 1.
+    #[command(after_help = crate::cmd_bench_net::SCALE_HELP)]
+    Scale(crate::cmd_bench_net::ScaleArgs),
+    /// The cost of profiling, theurer2006 Fig 2: one workload on the host or in a lab VM with
+    /// no profiler, `vmscope record -a` (VMs passive, then active) and `perf record -a` at the
+    /// same frequency; throughput loss of each with its 95 % interval.
+    #[command(after_help = crate::cmd_bench_net::OVERHEAD_HELP)]
+    Overhead(crate::cmd_bench_net::OverheadArgs),
 }
 
 const IO_HELP: &str = "\
@@ -47,7 +62,7 @@ with O_DIRECT; a device or file with a partition table or file system signature 
 --force-destroy-data names it. Exit status: 0, 1 when points failed (a VM died), 2 on bad input.";
 
 #[derive(Clone, Copy, ValueEnum)]
-enum FormatArg {
+pub(crate) enum FormatArg {
     Table,
     Json,
     Csv,
@@ -153,6 +168,16 @@ struct IoArgs {
     quiet: bool,
 }
 
+impl From<FormatArg> for Format {
+    fn from(f: FormatArg) -> Format {
+        match f {
+            FormatArg::Table => Format::Table,
+            FormatArg::Json => Format::Json,
+            FormatArg::Csv => Format::Csv,
+        }
+    }
+}
+
 // Lists, sizes and targets are parsed here rather than by clap's value
 // parsers, so a bad one is the usual single `vmscope: error:` line.
 
@@ -172,6 +197,9 @@ fn mode_list(s: &str) -> Result<Vec<Mode>, String> {
 pub fn run(a: BenchArgs) -> Result<ExitCode> {
     match a.command {
         BenchCommand::Io(a) => io(a),
+        BenchCommand::Net(a) => crate::cmd_bench_net::net(a),
+        BenchCommand::Scale(a) => crate::cmd_bench_net::scale(a),
+        BenchCommand::Overhead(a) => crate::cmd_bench_net::overhead(a),
     }
 }
 
@@ -220,11 +248,7 @@ fn io(a: IoArgs) -> Result<ExitCode> {
         lab_name: a.lab_name,
         lab_options: lab,
         keep_lab: a.keep_lab,
-        format: match a.format {
-            FormatArg::Table => Format::Table,
-            FormatArg::Json => Format::Json,
-            FormatArg::Csv => Format::Csv,
-        },
+        format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
         force: a.force,

@@ -6,6 +6,7 @@
 mod args;
 mod cmd_account;
 mod cmd_bench;
+mod cmd_bench_net;
 mod cmd_compare;
 mod cmd_demo;
 mod cmd_generate;
@@ -62,7 +63,9 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// The host and every VM live: CPU, vCPU states, I/O, top functions.
     Top(cmd_top::TopArgs),
-    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method).
+    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
+    /// (menon2005's network experiment), `bench scale` and `bench overhead` (theurer2006's scaling
+    /// experiment and cost of profiling).
     Bench(cmd_bench::BenchArgs),
 }
 

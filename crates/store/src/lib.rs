@@ -871,6 +871,20 @@ impl Session {
         Ok(rows)
     }
 
+    /// Adds or replaces a metadata key of a finished session (a benchmark
+    /// names the point it recorded this session for). Fails on a session
+    /// opened read-only.
+    pub fn annotate(&self, key: &str, value: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(sql_err(&self.path))?;
+        Ok(())
+    }
+
     pub fn meta(&self) -> Result<BTreeMap<String, String>> {
         let mut st = self
             .conn

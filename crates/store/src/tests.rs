@@ -401,3 +401,17 @@ fn bench_samples_round_trip() {
     let got = s.bench_samples().unwrap();
     assert_eq!(got, vec![row(1, None), row(2, Some("busy host"))]);
 }
+
+#[test]
+fn a_finished_session_takes_more_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, true);
+    let s = Session::open(&path).unwrap();
+    s.annotate("bench_point", "net host:g0 buf=65536").unwrap();
+    s.annotate("bench_point", "net host:g0 buf=4096").unwrap();
+    drop(s);
+    let m = Session::open(&path).unwrap().meta().unwrap();
+    assert_eq!(m["bench_point"], "net host:g0 buf=4096");
+    assert_eq!(m["clean_stop"], "1");
+}

@@ -4,9 +4,14 @@
 //! symbolizer (vmscope's, perf's, a guest agent's) names them alike.
 //!
 //! [`io`] is the dd-equivalent I/O engine of `vmscope bench io`, the same
-//! code on the host and in guests (`vmscope-agent io`, `vmscope-agent dd`).
+//! code on the host and in guests (`vmscope-agent io`, `vmscope-agent dd`);
+//! [`net`] the sender and receiver of `vmscope bench net` (`vmscope-agent
+//! net`); [`scale`] the memwrite and cpu workloads of `vmscope bench scale`
+//! (`vmscope-agent scale`).
 
 pub mod io;
+pub mod net;
+pub mod scale;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,693 @@
+//! `vmscope bench overhead`: what profiling costs (theurer2006 Fig 2). One
+//! workload point (the `cpu` or `memwrite` engine of `bench scale`, on the
+//! host or in a lab VM) runs with each profiler of
+//! [`crate::profiler::Kind`]: none, `vmscope record -a` with every VM
+//! passive (host side only), with every VM active (host plus the guests'
+//! agents sampling inside), and `perf record -a` at the same frequency.
+//! The loss of each is `1 - throughput / throughput without a profiler`,
+//! with an interval from both points' intervals.
+//!
+//! In a VM an active recorder uses the VM's agent channel (through a
+//! broker that may serve one client at a time), so the workload is started
+//! detached after `--delay` seconds, the profiler is started, and the
+//! workload's JSON line is read from a guest file once the profiler is
+//! stopped. A profiler that took longer than the delay to start sampling
+//! flags the sample (part of the run was not profiled). Under TCG the
+//! guest's sampling interrupts are emulated in software: the report says
+//! so next to the figure.
+
+use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
+use crate::guest::{Guest, VmFailure, AGENT};
+use crate::hygiene::{BusyRule, LoadMark, LoadProbe, LoadSample};
+use crate::manifest::Manifest;
+use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::profiler::{self, Kind, Stopped};
+use crate::progress::Progress;
+use crate::row::{unit, Point, Row};
+use crate::schedule::Step;
+use crate::stats::{StopRule, Summary};
+use crate::BenchError;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmscope_lab::LabOptions;
+use vmscope_workload::scale::{self as engine, ScaleRun, ScaleSpec, Workload};
+
+/// Everything `bench overhead` is asked to do.
+#[derive(Debug, Clone)]
+pub struct OverheadOptions {
+    pub workload: Workload,
+    /// Run the workload in this lab VM (else on the host).
+    pub vm: Option<String>,
+    pub threads: usize,
+    pub seconds: f64,
+    /// VM: seconds between starting the workload and its first instruction.
+    pub delay: f64,
+    pub buffer: u64,
+    pub kinds: Vec<Kind>,
+    pub freq: u64,
+    pub repeat: usize,
+    pub max_repeat: usize,
+    pub rel_ci: f64,
+    pub warmup: usize,
+    pub lab_options: LabOptions,
+    /// The `vmscope` binary the profiled runs start.
+    pub vmscope: PathBuf,
+    /// Sessions and perf.data files go here.
+    pub work_dir: PathBuf,
+    pub format: Format,
+    pub session: Option<PathBuf>,
+    pub busy: BusyRule,
+    pub busy_retries: usize,
+    pub seed: u64,
+    pub quiet: bool,
+    pub command_line: String,
+}
+
+impl Default for OverheadOptions {
+    fn default() -> Self {
+        OverheadOptions {
+            workload: Workload::Cpu,
+            vm: None,
+            threads: 1,
+            seconds: 5.0,
+            delay: 10.0,
+            buffer: engine::DEFAULT_BUFFER,
+            kinds: Kind::ALL.to_vec(),
+            freq: 1000,
+            repeat: 3,
+            max_repeat: 10,
+            rel_ci: 0.05,
+            warmup: 1,
+            lab_options: LabOptions::default(),
+            vmscope: PathBuf::from("vmscope"),
+            work_dir: std::env::temp_dir().join("vmscope-bench-overhead"),
+            format: Format::Table,
+            session: None,
+            busy: BusyRule::default(),
+            busy_retries: 2,
+            seed: 1,
+            quiet: false,
+            command_line: String::new(),
+        }
+    }
+}
+
+/// One sample.
+#[derive(Debug, Clone)]
+pub struct OverheadSample {
+    pub run: ScaleRun,
+    pub profiler: Option<Stopped>,
+    /// Seconds the profiler took to start sampling.
+    pub ready_s: f64,
+    pub load: LoadSample,
+    /// Why the sample is suspect besides a busy host.
+    pub note: Option<String>,
+}
+
+struct OverheadExperiment {
+    opts: OverheadOptions,
+    points: Vec<(Kind, Point)>,
+    guest: Option<Guest>,
+    probe: LoadProbe,
+    runs: usize,
+}
+
+fn failed(e: impl std::fmt::Display) -> VmFailure {
+    VmFailure::Failed(e.to_string())
+}
+
+impl OverheadExperiment {
+    fn argv(&self) -> Vec<String> {
+        vec![
+            AGENT.to_string(),
+            "scale".into(),
+            self.opts.workload.name().into(),
+            format!("threads={}", self.opts.threads),
+            format!("seconds={}", self.opts.seconds),
+            format!("size={}", self.opts.buffer),
+        ]
+    }
+
+    fn start(&mut self, kind: Kind) -> Result<(Option<profiler::Running>, f64), VmFailure> {
+        if kind == Kind::None {
+            return Ok((None, 0.0));
+        }
+        self.runs += 1;
+        let ext = if kind == Kind::Perf { "data" } else { "db" };
+        let t0 = Instant::now();
+        let r = profiler::start(&profiler::Spec {
+            kind,
+            freq: self.opts.freq,
+            vms: Vec::new(),
+            output: self
+                .opts
+                .work_dir
+                .join(format!("{}-{}.{ext}", kind.name(), self.runs % 2)),
+            vmscope: self.opts.vmscope.clone(),
+            ready_timeout: Duration::from_secs(120),
+            strict: false,
+        })
+        .map_err(|e| failed(format!("{kind}: {e}")))?;
+        Ok((Some(r), t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl Experiment for OverheadExperiment {
+    type Sample = OverheadSample;
+
+    fn points(&self) -> usize {
+        self.points.len()
+    }
+
+    fn name(&self, i: usize) -> String {
+        self.points[i].1.name.clone()
+    }
+
+    fn hash(&self, i: usize) -> String {
+        self.points[i].1.config_hash.clone()
+    }
+
+    fn vms(&self, _i: usize) -> Vec<String> {
+        self.guest.iter().map(|g| g.name().to_string()).collect()
+    }
+
+    fn run(&mut self, i: usize, _step: Step) -> Result<OverheadSample, VmFailure> {
+        let kind = self.points[i].0;
+        let own: Vec<u32> = self
+            .guest
+            .as_ref()
+            .and_then(|g| g.vm().pid)
+            .into_iter()
+            .collect();
+        let (run, prof, ready_s, mark, note): (ScaleRun, _, f64, LoadMark, Option<String>) =
+            if let Some(mut g) = self.guest.take() {
+                let r = (|| {
+                    if let Some(d) = g.dead() {
+                        return Err(VmFailure::Dead(d));
+                    }
+                    let out = "/tmp/vmscope-overhead.json";
+                    let script = format!(
+                        "rm -f {out} {out}.tmp; (sleep {}; {} > {out}.tmp 2>&1; mv {out}.tmp {out}) \
+                         </dev/null >/dev/null 2>&1 &",
+                        self.opts.delay,
+                        self.argv().join(" ")
+                    );
+                    g.sh(&script, Duration::from_secs(60))?;
+                    let started = Instant::now();
+                    // The recorder takes the agent channel while it runs.
+                    g.disconnect();
+                    let mark = self.probe.mark(&own);
+                    let (p, ready) = self.start(kind)?;
+                    let note = (ready > self.opts.delay).then(|| {
+                        format!(
+                            "the profiler took {ready:.1} s to start, more than the {:.1} s delay",
+                            self.opts.delay
+                        )
+                    });
+                    let end = started
+                        + Duration::from_secs_f64(self.opts.delay + self.opts.seconds + 0.5);
+                    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+                    let stopped = p
+                        .map(profiler::Running::stop)
+                        .transpose()
+                        .map_err(|e| failed(format!("{kind}: {e}")))?;
+                    // The workload may lag under an emulated vCPU: poll.
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    let line = loop {
+                        let o = g.sh(
+                            &format!("cat {out} 2>/dev/null || true"),
+                            Duration::from_secs(60),
+                        )?;
+                        if !o.stdout.trim().is_empty() {
+                            break o.stdout;
+                        }
+                        if Instant::now() > deadline {
+                            return Err(failed(format!(
+                                "VM {}: the workload wrote no result in {out}",
+                                g.name()
+                            )));
+                        }
+                        std::thread::sleep(Duration::from_millis(300));
+                    };
+                    let run: ScaleRun = serde_json::from_str(line.trim()).map_err(|e| {
+                        failed(format!(
+                            "VM {}: the workload's line: {e}: {line:.200}",
+                            g.name()
+                        ))
+                    })?;
+                    Ok((run, stopped, ready, mark, note))
+                })();
+                self.guest = Some(g);
+                r?
+            } else {
+                let mark = self.probe.mark(&own);
+                let (p, ready) = self.start(kind)?;
+                let run = engine::run(&ScaleSpec {
+                    workload: self.opts.workload,
+                    threads: self.opts.threads,
+                    duration: Duration::from_secs_f64(self.opts.seconds),
+                    buffer: self.opts.buffer,
+                })
+                .map_err(failed)?;
+                let stopped = p
+                    .map(profiler::Running::stop)
+                    .transpose()
+                    .map_err(|e| failed(format!("{kind}: {e}")))?;
+                (run, stopped, ready, mark, None)
+            };
+        let mut load = self.probe.since(&mark);
+        // The profiler is the experiment's own load, not other load.
+        if let Some(p) = &prof {
+            load.other_s = (load.other_s - p.cpu_s).max(0.0);
+        }
+        Ok(OverheadSample {
+            run,
+            profiler: prof,
+            ready_s,
+            load,
+            note,
+        })
+    }
+
+    fn value(&self, s: &OverheadSample) -> f64 {
+        s.run.rate()
+    }
+
+    fn load(&self, s: &OverheadSample) -> LoadSample {
+        s.load
+    }
+
+    fn rows(&self, i: usize, n: u32, s: &OverheadSample, flag: Option<String>) -> Vec<Row> {
+        let p = &self.points[i].1;
+        let u = format!("{}/s", self.opts.workload.work_unit());
+        let flag = match (flag, &s.note) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or_else(|| b.clone()),
+        };
+        let mut rows = vec![
+            p.row(n, "throughput", s.run.rate(), &u),
+            p.row(n, "wall_time", s.run.wall_s, unit::SECONDS),
+            p.row(n, "other_load", s.load.other_cpus(), unit::S_PER_S),
+        ];
+        if let Some(pr) = &s.profiler {
+            rows.extend([
+                p.row(n, "profiler_cpu", pr.cpu_s, unit::SECONDS),
+                p.row(n, "profiler_samples", pr.samples as f64, unit::COUNT),
+                p.row(n, "profiler_lost", pr.lost as f64, unit::COUNT),
+                p.row(n, "guest_samples", pr.guest_samples as f64, unit::COUNT),
+                p.row(n, "profiler_ready", s.ready_s, unit::SECONDS),
+            ]);
+        }
+        rows.into_iter().map(|r| r.flagged(flag.clone())).collect()
+    }
+}
+
+/// A profiler's throughput loss against no profiler.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Loss {
+    /// `1 - mean / mean without a profiler`.
+    pub loss: f64,
+    /// Half-width of its 95 % interval (both intervals, relative, in
+    /// quadrature).
+    pub ci95: f64,
+}
+
+/// The loss of `s` against `none`.
+pub fn loss(s: &Summary, none: &Summary) -> Option<Loss> {
+    if none.mean <= 0.0 || s.mean <= 0.0 {
+        return None;
+    }
+    let ratio = s.mean / none.mean;
+    let rel = |x: &Summary| {
+        if x.ci95.is_finite() {
+            x.ci95 / x.mean
+        } else {
+            f64::INFINITY
+        }
+    };
+    let r = (rel(s).powi(2) + rel(none).powi(2)).sqrt();
+    Some(Loss {
+        loss: 1.0 - ratio,
+        ci95: ratio * r,
+    })
+}
+
+/// What a run produced.
+pub struct OverheadOutcome {
+    pub accel: Option<String>,
+    pub kinds: Vec<Kind>,
+    pub results: Vec<PointOutcome<OverheadSample>>,
+    pub notes: Vec<String>,
+}
+
+impl OverheadOutcome {
+    pub fn failed_points(&self) -> usize {
+        self.results.iter().filter(|r| r.failed.is_some()).count()
+    }
+
+    pub fn loss(&self, k: Kind) -> Option<Loss> {
+        let idx = |k: Kind| self.kinds.iter().position(|x| *x == k);
+        let none = self.results.get(idx(Kind::None)?)?.summary()?;
+        let s = self.results.get(idx(k)?)?.summary()?;
+        loss(&s, &none)
+    }
+}
+
+/// Runs `bench overhead`; results go to `out` in `opts.format`.
+pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcome, BenchError> {
+    if !opts.kinds.contains(&Kind::None) {
+        return Err(BenchError::bad(
+            "--profilers must include none (the losses are against it)",
+        ));
+    }
+    if opts.kinds.len() < 2 {
+        return Err(BenchError::bad("--profilers needs a profiler besides none"));
+    }
+    if !(opts.seconds >= 0.1 && opts.seconds <= 3600.0) {
+        return Err(BenchError::bad(format!(
+            "--seconds {} must be 0.1 to 3600",
+            opts.seconds
+        )));
+    }
+    if opts.threads == 0 || opts.threads > engine::MAX_THREADS {
+        return Err(BenchError::bad(format!(
+            "--threads {} must be 1 to {}",
+            opts.threads,
+            engine::MAX_THREADS
+        )));
+    }
+    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
+        return Err(BenchError::bad(format!(
+            "--repeat {} must be at least 1 and at most --max-repeat {}",
+            opts.repeat, opts.max_repeat
+        )));
+    }
+    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
+        return Err(BenchError::bad(format!(
+            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
+            opts.rel_ci
+        )));
+    }
+    if opts.kinds.contains(&Kind::Perf) && vmscope_testkit_free_which("perf").is_none() {
+        return Err(BenchError::bad(
+            "perf is not installed (Debian package linux-perf); leave `perf` out of --profilers",
+        ));
+    }
+    let mut notes = Vec::new();
+    let (guest, accel) = match &opts.vm {
+        Some(name) => {
+            let (st, vm) = vmscope_lab::find_vm(&opts.lab_options, None, name)
+                .map_err(|e| BenchError::bad(format!("--vm {name}: {e}")))?;
+            if !vmscope_lab::vm_running(&vm) {
+                return Err(BenchError::bad(format!(
+                    "--vm {name}: the VM of lab {} is not running",
+                    st.name
+                )));
+            }
+            if st.accel != "kvm" {
+                notes.push(format!(
+                    "accel {}: the guest's sampling interrupts (active) are emulated in software \
+                     under TCG, so the active loss is larger than under KVM",
+                    st.accel
+                ));
+            }
+            (Some(Guest::new(&vm)), Some(st.accel))
+        }
+        None => (None, None),
+    };
+    std::fs::create_dir_all(&opts.work_dir).map_err(|e| BenchError::Output {
+        what: "work directory",
+        path: opts.work_dir.clone(),
+        message: e.to_string(),
+    })?;
+    let mut facts: Vec<(&str, String)> = Vec::new();
+    if let Some(a) = &accel {
+        facts.push(("accel", a.clone()));
+    }
+    let manifest = Arc::new(Manifest::host(&opts.command_line).with(&facts));
+    let place = opts
+        .vm
+        .clone()
+        .map_or("host".to_string(), |v| format!("vm:{v}"));
+    let points: Vec<(Kind, Point)> = opts
+        .kinds
+        .iter()
+        .map(|&k| {
+            let config: BTreeMap<String, String> = [
+                ("workload", opts.workload.name().to_string()),
+                ("where", place.clone()),
+                ("threads", opts.threads.to_string()),
+                ("seconds", opts.seconds.to_string()),
+                ("profiler", k.name().to_string()),
+                ("freq", opts.freq.to_string()),
+            ]
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b))
+            .collect();
+            (
+                k,
+                Point::new(
+                    "overhead",
+                    format!("{} {place} {}", opts.workload, k.name()),
+                    config,
+                    manifest.clone(),
+                    &["accel"],
+                ),
+            )
+        })
+        .collect();
+    let mut e = OverheadExperiment {
+        opts: opts.clone(),
+        points,
+        guest,
+        probe: LoadProbe::default(),
+        runs: 0,
+    };
+    let progress = Progress::new(0, opts.quiet);
+    let drive_opts = DriveOptions {
+        warmup: opts.warmup,
+        rule: StopRule {
+            min_samples: opts.repeat,
+            max_samples: opts.max_repeat,
+            rel_ci: opts.rel_ci,
+        },
+        seed: opts.seed,
+        busy: opts.busy,
+        busy_retries: opts.busy_retries,
+        record: None,
+    };
+    let mut sink = match opts.format {
+        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
+        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
+            &mut *out,
+            &[
+                "workload", "where", "threads", "seconds", "profiler", "freq",
+            ],
+        )?)),
+        Format::Table => Sink::None,
+    };
+    let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, &progress)?;
+    progress.finish();
+    let outcome = OverheadOutcome {
+        accel,
+        kinds: opts.kinds.clone(),
+        results,
+        notes,
+    };
+    let u = format!("{}/s", opts.workload.work_unit());
+    if let Sink::Json(_) = &sink {
+        for ((k, p), r) in e.points.iter().zip(&outcome.results) {
+            let s = r.summary();
+            let prof = |f: &dyn Fn(&Stopped) -> f64| {
+                let v: Vec<f64> = r
+                    .samples
+                    .iter()
+                    .filter_map(|x| x.profiler.as_ref().map(f))
+                    .collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            };
+            sink.record(&serde_json::json!({
+                "type": "summary",
+                "experiment": "overhead",
+                "point": p.name,
+                "config": p.config,
+                "config_hash": p.config_hash,
+                "profiler": k.name(),
+                "describe": k.describe(opts.freq),
+                "metric": "throughput",
+                "unit": u,
+                "n": s.map(|s| s.n).unwrap_or(0),
+                "mean": s.map(|s| s.mean),
+                "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
+                "cv": s.map(|s| s.cv),
+                "loss": outcome.loss(*k).map(|l| l.loss),
+                "loss_ci95": outcome.loss(*k).and_then(|l| l.ci95.is_finite().then_some(l.ci95)),
+                "profiler_cpu_s": prof(&|x| x.cpu_s),
+                "profiler_samples": prof(&|x| x.samples as f64),
+                "profiler_lost": prof(&|x| x.lost as f64),
+                "guest_samples": prof(&|x| x.guest_samples as f64),
+                "verdict": r.verdict,
+                "flagged_samples": r.flagged(),
+                "failed": r.failed,
+                "manifest": p.manifest,
+            }))?;
+        }
+        for n in &outcome.notes {
+            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
+        }
+    }
+    drop(sink);
+    match opts.format {
+        Format::Json => {}
+        Format::Csv => {
+            if !opts.quiet {
+                let _ = print_text(&mut std::io::stderr(), &e.points, &outcome, opts);
+            }
+        }
+        Format::Table => print_text(out, &e.points, &outcome, opts)?,
+    }
+    if let Some(path) = &opts.session {
+        crate::session::store_rows_at(
+            path,
+            &opts.command_line,
+            &rows,
+            &[
+                ("command", "bench overhead".to_string()),
+                ("command_line", opts.command_line.clone()),
+            ],
+        )?;
+    }
+    Ok(outcome)
+}
+
+/// `perf` on PATH.
+fn vmscope_testkit_free_which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(tool))
+            .find(|f| f.is_file())
+    })
+}
+
+fn print_text(
+    out: &mut dyn Write,
+    points: &[(Kind, Point)],
+    o: &OverheadOutcome,
+    opts: &OverheadOptions,
+) -> std::io::Result<()> {
+    let (div, u) = match opts.workload {
+        Workload::MemWrite => (f64::from(1u32 << 30), "GiB/s"),
+        Workload::Cpu => (1e6, "M iterations/s"),
+    };
+    let mut t = table(&[
+        "Profiler".to_string(),
+        format!("Throughput ({u})"),
+        format!("±95 % ({u})"),
+        "n".to_string(),
+        "Loss (%)".to_string(),
+        "±95 % (%)".to_string(),
+        "Profiler CPU (s)".to_string(),
+        "Samples".to_string(),
+        "Lost".to_string(),
+        "Note".to_string(),
+    ]);
+    for ((k, _), r) in points.iter().zip(&o.results) {
+        let s = r.summary();
+        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let l = o.loss(*k);
+        let mean_prof = |g: &dyn Fn(&Stopped) -> f64| {
+            let v: Vec<f64> = r
+                .samples
+                .iter()
+                .filter_map(|x| x.profiler.as_ref().map(g))
+                .collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let mut note = r.failed.clone().unwrap_or_default();
+        if r.flagged() > 0 {
+            note = format!("{note} {} flagged", r.flagged()).trim().to_string();
+        }
+        t.add_row(vec![
+            k.describe(opts.freq),
+            f(s.map(|s| s.mean / div), 3),
+            f(
+                s.map(|s| {
+                    if s.ci95.is_finite() {
+                        s.ci95 / div
+                    } else {
+                        0.0
+                    }
+                }),
+                3,
+            ),
+            s.map_or(0, |s| s.n).to_string(),
+            f(l.filter(|_| *k != Kind::None).map(|l| l.loss * 100.0), 1),
+            f(
+                l.filter(|_| *k != Kind::None)
+                    .and_then(|l| l.ci95.is_finite().then_some(l.ci95 * 100.0)),
+                1,
+            ),
+            f(mean_prof(&|x| x.cpu_s), 3),
+            f(mean_prof(&|x| (x.samples + x.guest_samples) as f64), 0),
+            f(mean_prof(&|x| (x.lost + x.guest_lost) as f64), 0),
+            note,
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    for n in &o.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_and_its_interval() {
+        let none = Summary::of(&[100.0, 100.0, 100.0]).unwrap();
+        let s = Summary::of(&[90.0, 90.0, 90.0]).unwrap();
+        let l = loss(&s, &none).unwrap();
+        assert!((l.loss - 0.1).abs() < 1e-12 && l.ci95 == 0.0, "{l:?}");
+        let noisy = Summary::of(&[80.0, 100.0]).unwrap();
+        let l = loss(&noisy, &none).unwrap();
+        assert!((l.loss - 0.1).abs() < 1e-12 && l.ci95 > 0.5, "{l:?}");
+        assert!(loss(&s, &Summary::of(&[0.0]).unwrap()).is_none());
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let bad = |o: OverheadOptions| match run(&o, &mut Vec::new()) {
+            Err(BenchError::BadInput(m)) => m,
+            other => panic!("{:?}", other.err()),
+        };
+        let o = OverheadOptions {
+            quiet: true,
+            ..Default::default()
+        };
+        assert!(bad(OverheadOptions {
+            kinds: vec![Kind::Perf],
+            ..o.clone()
+        })
+        .contains("none"));
+        assert!(bad(OverheadOptions {
+            kinds: vec![Kind::None],
+            ..o.clone()
+        })
+        .contains("besides none"));
+        assert!(bad(OverheadOptions {
+            threads: 0,
+            ..o.clone()
+        })
+        .contains("--threads"));
+        assert!(bad(OverheadOptions {
+            vm: Some("netbench-no-such-vm".into()),
+            ..o.clone()
+        })
+        .contains("netbench-no-such-vm"));
+    }
+}
