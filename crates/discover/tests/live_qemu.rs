@@ -31,7 +31,9 @@ fn find_in_path(bin: &str) -> Option<PathBuf> {
 #[test]
 fn live_tcg_qemu_with_qmp() {
     if find_in_path(QEMU).is_none() {
-        eprintln!("skipping live_tcg_qemu_with_qmp: {QEMU} is not installed");
+        vmscope_testkit::skip(&format!(
+            "{QEMU} is not installed (apt-get install qemu-system-x86)"
+        ));
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -155,7 +157,9 @@ fn live_tcg_qemu_with_qmp() {
 #[test]
 fn live_unnamed_threads_need_qmp() {
     if find_in_path(QEMU).is_none() {
-        eprintln!("skipping live_unnamed_threads_need_qmp: {QEMU} is not installed");
+        vmscope_testkit::skip(&format!(
+            "{QEMU} is not installed (apt-get install qemu-system-x86)"
+        ));
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

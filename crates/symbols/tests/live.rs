@@ -15,12 +15,12 @@ fn live_kallsyms_finds_schedule() {
     let k = match Kallsyms::from_path(Path::new("/proc/kallsyms")) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("skipping: {e}");
+            vmscope_testkit::skip(&format!("/proc/kallsyms unreadable: {e}"));
             return;
         }
     };
     if k.is_restricted() {
-        eprintln!("skipping: /proc/kallsyms is restricted (not root or kptr_restrict)");
+        vmscope_testkit::skip("/proc/kallsyms is restricted (not root or kptr_restrict)");
         return;
     }
     assert!(k.len() > 1000, "only {} symbols", k.len());
@@ -136,7 +136,7 @@ fn agrees_with_perf_script_on_every_sample() {
         .arg(&src)
         .output();
     if !gcc.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!("skipping: gcc failed or missing");
+        vmscope_testkit::skip("gcc failed or missing (scripts/setup.sh installs gcc)");
         return;
     }
     let rec = Command::new("perf")
@@ -149,14 +149,16 @@ fn agrees_with_perf_script_on_every_sample() {
     match &rec {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            eprintln!(
-                "skipping: perf record failed: {}",
+            vmscope_testkit::skip(&format!(
+                "perf record failed: {}",
                 String::from_utf8_lossy(&o.stderr)
-            );
+            ));
             return;
         }
         Err(e) => {
-            eprintln!("skipping: perf not runnable: {e}");
+            vmscope_testkit::skip(&format!(
+                "perf not runnable (scripts/setup.sh installs linux-perf): {e}"
+            ));
             return;
         }
     }
