@@ -9,8 +9,10 @@ pub enum BenchError {
     /// An option or target the benchmark cannot use, found before any I/O.
     #[error("{0}")]
     BadInput(String),
-    /// A lab could not be brought up, found or torn down.
-    #[error(transparent)]
+    /// A lab could not be brought up, found or torn down (or a stop signal
+    /// interrupted the run). Not transparent: the lab error stays in the
+    /// source chain, where the binary finds an interruption's signal.
+    #[error("{0}")]
     Lab(#[from] vmscope_lab::LabError),
     /// A VM did not answer or its command failed.
     #[error("VM {vm}: {message}")]

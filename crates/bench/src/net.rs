@@ -672,22 +672,10 @@ pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchEr
     engine::check_port(SocketAddr::from(([0, 0, 0, 0], opts.port)))
         .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
     let progress = Progress::new(0, opts.quiet);
-    let mut session = None;
-    if let Some(spec) = &spec {
-        progress.set_message(format!("lab {}: starting (or reusing) its VMs", spec.name));
-        let s = LabSession::open(spec, &opts.lab_options, opts.keep_lab)?;
-        progress.note(&format!(
-            "lab {}: {} (accel {})",
-            s.state.name,
-            if s.owned {
-                "brought up"
-            } else {
-                "already up, reused"
-            },
-            s.state.accel
-        ));
-        session = Some(s);
-    }
+    let session = spec
+        .as_ref()
+        .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
+        .transpose()?;
     let r = run_in(opts, session.as_ref().map(|s| &s.state), &progress, out);
     progress.finish();
     if let Some(s) = session {

@@ -154,15 +154,7 @@ fn error_line(e: &anyhow::Error) -> String {
 /// 2 for every error, 128 + the signal for an interrupted command.
 fn exit_code(e: &anyhow::Error) -> u8 {
     for c in e.chain() {
-        // A lab error inside a benchmark's error is transparent: look
-        // through it.
-        let lab = c.downcast_ref::<vmscope_lab::LabError>().or_else(|| {
-            match c.downcast_ref::<vmscope_bench::BenchError>() {
-                Some(vmscope_bench::BenchError::Lab(l)) => Some(l),
-                _ => None,
-            }
-        });
-        let signal = match (lab, c.downcast_ref::<signals::Interrupted>()) {
+        let signal = match (c.downcast_ref(), c.downcast_ref::<signals::Interrupted>()) {
             (Some(vmscope_lab::LabError::Interrupted { signal, .. }), _) => *signal,
             (_, Some(i)) => i.signal,
             _ => continue,

@@ -71,6 +71,30 @@ impl LabSession {
         })
     }
 
+    /// [`LabSession::open`], saying on `progress` what it is doing and
+    /// whether the lab was brought up or reused (the network and scaling
+    /// benchmarks).
+    pub fn open_shown(
+        spec: &LabSpec,
+        opts: &LabOptions,
+        keep: bool,
+        progress: &crate::progress::Progress,
+    ) -> Result<LabSession, BenchError> {
+        progress.set_message(format!("lab {}: starting (or reusing) its VMs", spec.name));
+        let s = LabSession::open(spec, opts, keep)?;
+        progress.note(&format!(
+            "lab {}: {} (accel {})",
+            s.state.name,
+            if s.owned {
+                "brought up"
+            } else {
+                "already up, reused"
+            },
+            s.state.accel
+        ));
+        Ok(s)
+    }
+
     /// Tears the lab down if this run brought it up and it is not kept.
     pub fn close(mut self) -> Result<(), BenchError> {
         self.closed = true;
