@@ -1402,6 +1402,19 @@ fn table() -> Vec<Row> {
             &["must be a positive whole number of seconds"],
         ),
         row("sv12", "serve --profile-frequency 99", 2, &["--profile"]),
+        row(
+            "sv13",
+            "serve --profile --overhead-budget 0",
+            2,
+            &["--overhead-budget", "above 0 % and below 100 %"],
+        ),
+        row("sv14", "serve --overhead-budget 1", 2, &["--profile"]),
+        row(
+            "sv15",
+            "serve --profile --overhead-budget 1 --no-overhead-budget",
+            2,
+            &["--no-overhead-budget", "--overhead-budget"],
+        ),
         // demo, vms
         row("d01", "demo -d 0", 2, &[positive_secs]),
         row(
