@@ -671,12 +671,24 @@ pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchEr
     // The port must be free on the host before anything starts.
     engine::check_port(SocketAddr::from(([0, 0, 0, 0], opts.port)))
         .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
     let session = spec
         .as_ref()
         .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
         .transpose()?;
-    let r = run_in(opts, session.as_ref().map(|s| &s.state), &progress, out);
+    let r = run_in(
+        opts,
+        session.as_ref().map(|s| &s.state),
+        session_out,
+        &progress,
+        out,
+    );
     progress.finish();
     if let Some(s) = session {
         s.close()?;
@@ -726,6 +738,7 @@ fn resolve_vm(
 fn run_in(
     opts: &NetOptions,
     lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<NetOutcome, BenchError> {
@@ -893,6 +906,7 @@ fn run_in(
             vmscope: opts.vmscope.clone(),
             experiment: "net".into(),
         }),
+        cancel: opts.lab_options.cancel.clone(),
     };
     let mut sink = match opts.format {
         Format::Json => Sink::Json(JsonLines::new(&mut *out)),
@@ -944,10 +958,9 @@ fn run_in(
         }
         Format::Table => print_text(out, &outcome)?,
     }
-    if let Some(path) = &opts.session {
-        crate::session::store_rows_at(
-            path,
-            &opts.command_line,
+    if let Some(o) = session_out {
+        crate::session::store_rows(
+            o,
             &rows,
             &[
                 ("command", "bench net".to_string()),

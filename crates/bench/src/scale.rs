@@ -441,12 +441,24 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
     } else {
         None
     };
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
     let session = spec
         .as_ref()
         .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
         .transpose()?;
-    let r = run_in(opts, session.as_ref().map(|s| &s.state), &progress, out);
+    let r = run_in(
+        opts,
+        session.as_ref().map(|s| &s.state),
+        session_out,
+        &progress,
+        out,
+    );
     progress.finish();
     if let Some(s) = session {
         s.close()?;
@@ -457,6 +469,7 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
 fn run_in(
     opts: &ScaleOptions,
     lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<ScaleOutcome, BenchError> {
@@ -555,6 +568,7 @@ fn run_in(
         busy: opts.busy,
         busy_retries: opts.busy_retries,
         record: None,
+        cancel: opts.lab_options.cancel.clone(),
     };
     let mut sink = match opts.format {
         Format::Json => Sink::Json(JsonLines::new(&mut *out)),
@@ -617,10 +631,9 @@ fn run_in(
         }
         Format::Table => print_text(out, &outcome, opts.workload)?,
     }
-    if let Some(path) = &opts.session {
-        crate::session::store_rows_at(
-            path,
-            &opts.command_line,
+    if let Some(o) = session_out {
+        crate::session::store_rows(
+            o,
             &rows,
             &[
                 ("command", "bench scale".to_string()),

@@ -409,6 +409,9 @@ struct Row {
     unchanged: Vec<&'static str>,
     absent: Vec<&'static str>,
     root: bool,
+    /// Refused before the work starts: done within this many seconds,
+    /// where running the work first would take minutes.
+    within_s: Option<u64>,
 }
 
 fn row(id: &'static str, args: &str, code: i32, words: &[&'static str]) -> Row {
@@ -423,6 +426,7 @@ fn row(id: &'static str, args: &str, code: i32, words: &[&'static str]) -> Row {
         unchanged: Vec::new(),
         absent: Vec::new(),
         root: false,
+        within_s: None,
     }
 }
 
@@ -449,6 +453,10 @@ impl Row {
     }
     fn root(mut self) -> Row {
         self.root = true;
+        self
+    }
+    fn within(mut self, secs: u64) -> Row {
+        self.within_s = Some(secs);
         self
     }
 }
@@ -810,6 +818,31 @@ fn table() -> Vec<Row> {
             &["/dev/null is a character device"],
         )
         .unchanged(&["/dev/null"]),
+        // bench scale, net, overhead -o: checked before anything runs (the
+        // sweeps asked for take minutes)
+        row(
+            "bo3",
+            "bench scale --mode host-procs --max 1 --seconds 60 --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"])
+        .within(30),
+        row(
+            "bo4",
+            "bench overhead --seconds 60 --profilers none,host-only --quiet -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .within(30),
+        row(
+            "bo5",
+            "bench net --path host:nonesuch --seconds 60 --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file"],
+        )
+        .unchanged(&["notes.txt"])
+        .within(30),
         // top: the numbers it takes
         row(
             "t01",
@@ -1456,10 +1489,19 @@ fn fault_table() {
             Some(f) => cmd.stdin(std::fs::File::open(d.join(f)).unwrap()),
             None => cmd.stdin(std::process::Stdio::null()),
         };
+        let t = std::time::Instant::now();
         let out = cmd.output().unwrap();
+        let took = t.elapsed();
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let mut bad = Vec::new();
+        if let Some(s) = r.within_s {
+            if took.as_secs() >= s {
+                bad.push(format!(
+                    "took {took:?}: not refused before the work (limit {s} s)"
+                ));
+            }
+        }
         if out.status.code() != Some(r.code) {
             bad.push(format!("exit {:?}, want {}", out.status.code(), r.code));
         }
