@@ -365,14 +365,20 @@ impl Worker {
         } else {
             0
         };
-        let mut meter = Meter {
-            cost,
-            ctl: cfg
-                .budget
-                .filter(|_| rate_hz > 0)
-                .map(|b| RateController::new(b, rate_hz)),
-            rate_hz,
+        // Under a budget the controller starts below the rate asked for
+        // (slow start) and climbs while the cost allows.
+        let ctl = cfg
+            .budget
+            .filter(|_| rate_hz > 0)
+            .map(|b| RateController::new(b, rate_hz));
+        let rate_hz = match &ctl {
+            Some(c) if c.rate() != rate_hz => {
+                rec.set_frequency(c.rate()).map_err(linux_error)?;
+                c.rate()
+            }
+            _ => rate_hz,
         };
+        let mut meter = Meter { cost, ctl, rate_hz };
         meter.cost.sampling_starts();
         rec.enable().map_err(linux_error)?;
         log!(

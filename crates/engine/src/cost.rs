@@ -45,26 +45,37 @@ impl CostBook {
     /// Start measuring the host recorder `rec` (call before the agents are
     /// armed: until [`CostBook::sampling_starts`], interrupt time is the
     /// host's own level). `budget` is a fraction of the host's CPU.
-    pub(crate) fn new(rec: &Recorder, requested_hz: u64, budget: Option<f64>) -> CostBook {
+    /// Under a budget the recorder is set to the controller's starting
+    /// rate here (before it is enabled).
+    pub(crate) fn new(
+        rec: &mut Recorder,
+        requested_hz: u64,
+        budget: Option<f64>,
+    ) -> Result<CostBook, EngineError> {
         let cpus = rec.cpus().len() as u32;
-        let host_rate = if rec.has_frequency_events() {
+        let asked = if rec.has_frequency_events() {
             requested_hz
         } else {
             0
         };
-        CostBook {
+        let ctl = budget
+            .filter(|_| asked > 0)
+            .map(|b| RateController::new(b, asked));
+        let host_rate = ctl.as_ref().map_or(asked, RateController::rate);
+        if host_rate != asked {
+            rec.set_frequency(host_rate)?;
+        }
+        Ok(CostBook {
             meter: SelfCost::start(ProcRoot::system(), cpus),
-            ctl: budget
-                .filter(|_| host_rate > 0)
-                .map(|b| RateController::new(b, host_rate)),
-            host: ProfilerCost::new("host", host_rate, budget, Some(cpus)),
+            ctl,
+            host: ProfilerCost::new("host", asked, budget, Some(cpus)),
             host_rate,
             host_last_t: 0.0,
             vms: BTreeMap::new(),
             steps: Vec::new(),
             budget,
             requested_hz,
-        }
+        })
     }
 
     /// Sampling starts now.

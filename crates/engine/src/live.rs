@@ -173,7 +173,7 @@ impl LiveSession {
         // What profiling costs, from here (the interrupt level until
         // sampling starts is the host's own).
         let requested_hz = crate::cost::requested_hz(&opts.events);
-        let mut cost = CostBook::new(&rec, requested_hz, opts.overhead_budget);
+        let mut cost = CostBook::new(&mut rec, requested_hz, opts.overhead_budget)?;
         let mut guests = opts.plan.guests;
         for g in &mut guests {
             g.set_overhead_budget(opts.overhead_budget);
