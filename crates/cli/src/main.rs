@@ -17,6 +17,7 @@ mod cmd_report;
 mod cmd_serve;
 mod cmd_stat;
 mod cmd_top;
+mod cmd_topo;
 mod cmd_vms;
 mod signals;
 
@@ -63,6 +64,8 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// The host and every VM live: CPU, vCPU states, I/O, top functions.
     Top(cmd_top::TopArgs),
+    /// NUMA nodes, and the nodes of each VM's vCPUs and memory (flags remote memory).
+    Topo(cmd_topo::TopoArgs),
     /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
     /// (menon2005's network experiment), `bench scale` and `bench overhead` (theurer2006's scaling
     /// experiment and cost of profiling).
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::Account(a) => cmd_account::run(a),
         Command::Serve(a) => cmd_serve::run(a),
         Command::Top(a) => cmd_top::run(a),
+        Command::Topo(a) => cmd_topo::run(a),
         Command::Bench(a) => cmd_bench::run(a),
     };
     match result {

@@ -563,6 +563,29 @@ fn fixtures(dir: &Path) {
     std::fs::hard_link(dir.join("perf1.data"), dir.join("perf1-link.data")).unwrap();
     std::os::unix::fs::symlink("notes.txt", dir.join("notes-link")).unwrap();
     w("not-exec.sh", b"#!/bin/sh\necho hi\n");
+    // /sys trees with garbage in a NUMA node's files (topo rows).
+    for (tree, cpulist, meminfo) in [
+        (
+            "numa-bad-cpus",
+            "0-x\n",
+            "Node 0 MemTotal: 1024 kB\nNode 0 MemFree: 512 kB\n",
+        ),
+        (
+            "numa-bad-mem",
+            "0-1\n",
+            "Node 0 MemTotal: many kB\nNode 0 MemFree: 512 kB\n",
+        ),
+    ] {
+        std::fs::create_dir_all(dir.join(tree).join("devices/system/node/node0")).unwrap();
+        w(
+            &format!("{tree}/devices/system/node/node0/cpulist"),
+            cpulist.as_bytes(),
+        );
+        w(
+            &format!("{tree}/devices/system/node/node0/meminfo"),
+            meminfo.as_bytes(),
+        );
+    }
     let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: mkfifo on a valid C string.
     assert_eq!(unsafe { libc_mkfifo(fifo.as_ptr(), 0o644) }, 0);
@@ -1460,6 +1483,56 @@ fn table() -> Vec<Row> {
         row("m01", "vms --qmp-timeout 0", 2, &[positive_secs]),
         row("m02", "vms --qmp-timeout -1", 2, &[positive_secs]).not_words(&no_clap_tip),
         row("m03", "vms --format yaml", 2, &["invalid value 'yaml'"]),
+        // topo: roots, garbage in /sys, options
+        row(
+            "t01",
+            "topo --sys-root no-such-sys",
+            2,
+            &[
+                "--sys-root no-such-sys",
+                "cannot read no-such-sys",
+                "No such file",
+            ],
+        ),
+        row(
+            "t02",
+            "topo --proc-root no-such-proc",
+            2,
+            &["cannot list processes", "no-such-proc", "No such file"],
+        ),
+        row(
+            "t03",
+            "topo --sys-root numa-bad-cpus",
+            2,
+            &[
+                "numa-bad-cpus/devices/system/node/node0/cpulist",
+                "bad CPU number 'x'",
+            ],
+        ),
+        row(
+            "t04",
+            "topo --sys-root numa-bad-mem",
+            2,
+            &[
+                "numa-bad-mem/devices/system/node/node0/meminfo",
+                "MemTotal",
+                "'many kB'",
+            ],
+        ),
+        row("t05", "topo --format yaml", 2, &["invalid value 'yaml'"]),
+        row(
+            "t06",
+            "topo --remote-threshold 150",
+            2,
+            &["--remote-threshold", "must be a percentage", "150"],
+        ),
+        row(
+            "t07",
+            "topo --remote-threshold -5",
+            2,
+            &["must be a percentage"],
+        )
+        .not_words(&no_clap_tip),
     ]
 }
 

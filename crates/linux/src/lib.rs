@@ -8,6 +8,8 @@
 //! - [`procfs`]: the one rooted `/proc` reader of every crate ([`ProcRoot`]),
 //!   its cached paths for per-interval sampling, and records synthesized
 //!   from a `/proc` tree;
+//! - [`numa`]: NUMA nodes from `/sys`, threads' allowed CPUs and
+//!   processes' memory by node from `/proc` (`vmscope topo`);
 //! - [`sys`]: rooted `/sys` readers (online CPUs, interface counters) and
 //!   the record clock.
 //!
@@ -16,6 +18,7 @@
 
 mod decode;
 mod error;
+pub mod numa;
 pub mod procfs;
 pub mod recorder;
 mod ring;

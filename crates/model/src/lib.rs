@@ -11,6 +11,7 @@
 pub mod attribution;
 pub mod budget;
 pub mod event;
+pub mod numa;
 pub mod process;
 pub mod profile;
 pub mod record;
