@@ -123,6 +123,11 @@ impl<S> PointOutcome<S> {
     }
 }
 
+/// The mean of `f` over a point's kept samples (`None` without samples).
+pub fn mean_of<S>(r: &PointOutcome<S>, f: impl Fn(&S) -> f64) -> Option<f64> {
+    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
+}
+
 /// Each point's outcome and every row written.
 pub type Driven<S> = (Vec<PointOutcome<S>>, Vec<Row>);
 

@@ -21,16 +21,18 @@
 
 use crate::chart::{bytes_tick, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{self, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
+use crate::driver::{mean_of, self, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
+pub use crate::netlab::Check;
+use crate::netlab::{host_ip, no_tap, print_checks, tap_ip};
 use crate::output::{table, CsvRows, Format, JsonLines};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{StopRule, Summary};
+use crate::stats::{finite, StopRule, Summary};
 use crate::units::short_iec;
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -587,37 +589,7 @@ impl NetOutcome {
     }
 }
 
-/// A yes/no line with its numbers.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Check {
-    pub claim: String,
-    pub holds: bool,
-    pub detail: String,
-    /// The engine's mean over iperf3's.
-    pub ratio: f64,
-}
-
-fn host_ip(st: &LabState) -> Option<IpAddr> {
-    st.bridge_address
-        .as_deref()
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
-}
-
-fn tap_ip(vm: &VmState) -> Option<IpAddr> {
-    vm.nics
-        .iter()
-        .filter(|n| n.kind == "tap")
-        .find_map(|n| n.guest_ip.as_deref().and_then(|a| a.parse().ok()))
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(tool))
-            .find(|f| f.is_file())
-    })
-}
+use vmscope_lab::util::which;
 
 /// Runs `bench net`; results go to `out` in `opts.format`.
 pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchError> {
@@ -710,11 +682,7 @@ fn resolve_vm(
         )));
     }
     if tap_ip(&vm).is_none() {
-        return Err(BenchError::bad(format!(
-            "VM {name} of lab {} has no tap NIC (user networking cannot carry the test: \
-             the host cannot reach the guest); give it `[[vm.nic]] kind = \"tap\"` in its spec",
-            st.name
-        )));
+        return Err(BenchError::bad(no_tap(name, &st.name)));
     }
     if !labs.iter().any(|l| l.name == st.name) {
         labs.push(st);
@@ -921,10 +889,7 @@ fn run_in(
             sink.record(&summary_json(pt, r))?;
         }
         for c in &outcome.checks {
-            sink.record(&serde_json::json!({
-                "type": "check", "claim": c.claim, "holds": c.holds,
-                "verdict": if c.holds { "yes" } else { "no" }, "detail": c.detail, "ratio": c.ratio,
-            }))?;
+            sink.record(&c.json())?;
         }
         for c in &outcome.charts {
             sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
@@ -956,10 +921,6 @@ fn run_in(
         )?;
     }
     Ok(outcome)
-}
-
-fn mean_of(r: &PointOutcome<NetSample>, f: impl Fn(&NetSample) -> f64) -> Option<f64> {
-    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
 }
 
 fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value {
@@ -1033,14 +994,6 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
         });
     }
     out
-}
-
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
 }
 
 fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
@@ -1164,15 +1117,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
         ]);
     }
     writeln!(out, "{t}")?;
-    for c in &o.checks {
-        writeln!(
-            out,
-            "{}: {} ({})",
-            if c.holds { "yes" } else { "no" },
-            c.claim,
-            c.detail
-        )?;
-    }
+    print_checks(out, &o.checks)?;
     for c in &o.charts {
         writeln!(out, "chart: {}", c.display())?;
     }

@@ -17,7 +17,7 @@
 
 use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
+use crate::driver::{mean_of, self, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
@@ -26,7 +26,7 @@ use crate::output::{table, CsvRows, Format, JsonLines};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{StopRule, Summary};
+use crate::stats::{finite, StopRule, Summary};
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -629,18 +629,6 @@ fn run_in(
         )?;
     }
     Ok(outcome)
-}
-
-fn mean_of(r: &PointOutcome<ScaleSample>, f: impl Fn(&ScaleSample) -> f64) -> Option<f64> {
-    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
-}
-
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
 }
 
 fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, BenchError> {

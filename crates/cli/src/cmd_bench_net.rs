@@ -7,7 +7,6 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::net::NetOptions;
 use vmscope_bench::units::parse_size_list;
@@ -122,15 +121,7 @@ pub struct NetArgs {
 }
 
 pub fn net(a: NetArgs) -> Result<ExitCode> {
-    let mut lab = LabOptions::default();
-    if let Some(d) = a.run_dir {
-        lab.run_root = d;
-    }
-    if let Some(d) = a.cache_dir {
-        lab.cache_dir = d;
-    }
-    lab.hello_timeout = Duration::from_secs(a.hello_timeout);
-    lab.verbose = !a.quiet;
+    let lab = crate::cmd_bench_web::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
     let opts = NetOptions {
         paths: a.paths,
         recv_bufs: parse_size_list(&a.recv_buf, "--recv-buf").map_err(anyhow::Error::msg)?,
@@ -265,15 +256,7 @@ pub struct ScaleArgs {
 pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
     use vmscope_bench::scale::{Mode, ScaleOptions};
     use vmscope_workload::scale::Workload;
-    let mut lab = LabOptions::default();
-    if let Some(d) = a.run_dir {
-        lab.run_root = d;
-    }
-    if let Some(d) = a.cache_dir {
-        lab.cache_dir = d;
-    }
-    lab.hello_timeout = Duration::from_secs(a.hello_timeout);
-    lab.verbose = !a.quiet;
+    let lab = crate::cmd_bench_web::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
     let workload = Workload::parse(&a.workload).ok_or_else(|| {
         anyhow::anyhow!(
             "--workload: unknown workload `{}` (memwrite, cpu)",
