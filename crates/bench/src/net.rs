@@ -21,7 +21,7 @@
 
 use crate::chart::{bytes_tick, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{mean_of, self, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;

@@ -17,7 +17,7 @@
 
 use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{mean_of, self, DriveOptions, Experiment, PointOutcome, Sink};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;

@@ -26,8 +26,8 @@ use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
 use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure};
-use crate::hygiene::{BusyRule, LoadSample};
 use crate::httperf;
+use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
 use crate::netlab::{no_tap, print_checks, tap_ip, Check};
@@ -126,12 +126,20 @@ impl Default for WebOptions {
 /// `A..B:STEP` (A, A+STEP, ... up to B) and/or a comma list, requests/s;
 /// sorted, without repeats.
 pub fn parse_rates(text: &str) -> Result<Vec<u32>, String> {
-    let bad = |why: &str| format!("--rate {text}: {why} (want A..B:STEP and/or a list, such as 100..1000:100)");
+    let bad = |why: &str| {
+        format!("--rate {text}: {why} (want A..B:STEP and/or a list, such as 100..1000:100)")
+    };
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim) {
         if let Some((a, rest)) = part.split_once("..") {
-            let (b, step) = rest.split_once(':').ok_or_else(|| bad("a range needs :STEP"))?;
-            let n = |s: &str| s.trim().parse::<u32>().map_err(|_| bad(&format!("`{s}` is not a whole number")));
+            let (b, step) = rest
+                .split_once(':')
+                .ok_or_else(|| bad("a range needs :STEP"))?;
+            let n = |s: &str| {
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| bad(&format!("`{s}` is not a whole number")))
+            };
             let (a, b, step) = (n(a)?, n(b)?, n(step)?);
             if step == 0 || a == 0 || b < a {
                 return Err(bad("a range needs 0 < A <= B and STEP > 0"));
@@ -290,7 +298,16 @@ impl Runner<'_> {
         let Server::Host { busybox, dir } = &self.server else {
             return Ok(None);
         };
-        let mut c = Command::new(busybox)
+        let mut cmd = Command::new(busybox);
+        // SAFETY: prctl(2) only, between fork and exec: the server dies
+        // with this process, also when it is killed.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut c = cmd
             .args(["httpd", "-f", "-p"])
             .arg(format!("127.0.0.1:{}", self.opts.port))
             .arg("-h")
@@ -341,17 +358,30 @@ impl Runner<'_> {
         );
         let pids = self.pids();
         let mut httpd = self.start_host_httpd()?;
+        let group = httpd.as_ref().and_then(|c| CpuGroup::around(c.id()));
+        let group_start = group.as_ref().and_then(CpuGroup::cpu_s);
         let mark = self.probe.mark(&pids);
         let out = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::null())
             .output();
         // The host's server is stopped and reaped before the reading, so
-        // its CPU (and its connection children's) counts as this run's.
+        // its own CPU counts as this run's (this process's children); its
+        // connection processes, reaped by nobody, are the rest of its
+        // group's usage.
+        let mut extra = 0.0;
         if let Some(c) = httpd.as_mut() {
+            let main = proc_cpu_s(c.id());
+            let total = group.as_ref().and_then(CpuGroup::cpu_s);
+            if let (Some(main), Some(t0), Some(t1)) = (main, group_start, total) {
+                extra = (t1 - t0 - main).max(0.0);
+            }
             stop(c);
         }
-        let host = self.probe.since(&mark);
+        drop(group);
+        let mut host = self.probe.since(&mark);
+        host.load.own_s += extra;
+        host.load.other_s = (host.load.other_s - extra).max(0.0);
         let out = out.map_err(|e| VmFailure::Failed(format!("running {}: {e}", self.httperf)))?;
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         if let Some(d) = self.dead() {
@@ -400,6 +430,70 @@ fn stop(c: &mut Child) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = c.wait();
+}
+
+/// A CPU-accounting cgroup around the host's httpd. busybox httpd forks a
+/// process per connection and lets the kernel reap it (SIGCHLD ignored),
+/// so that work reaches no parent's `cutime` and would count as other
+/// load; the group's usage counts it. cgroup v1 `cpuacct` where mounted,
+/// else v2's `cpu.stat`; `None` where neither can be made.
+struct CpuGroup {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl CpuGroup {
+    fn around(pid: u32) -> Option<CpuGroup> {
+        let name = format!("vmscope-web-{}-{pid}", std::process::id());
+        for (root, v1) in [
+            ("/sys/fs/cgroup/cpuacct", true),
+            ("/sys/fs/cgroup/unified", false),
+            ("/sys/fs/cgroup", false),
+        ] {
+            let probe = if v1 { "cpuacct.usage" } else { "cgroup.controllers" };
+            if !Path::new(root).join(probe).exists() {
+                continue;
+            }
+            let dir = Path::new(root).join(&name);
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            if std::fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok() {
+                return Some(CpuGroup { dir, v1 });
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+        None
+    }
+
+    /// CPU seconds of the group's processes, dead ones included.
+    fn cpu_s(&self) -> Option<f64> {
+        if self.v1 {
+            let t = std::fs::read_to_string(self.dir.join("cpuacct.usage")).ok()?;
+            t.trim().parse::<f64>().ok().map(|ns| ns / 1e9)
+        } else {
+            let t = std::fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+            t.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .map(|us| us / 1e6)
+        }
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        // Its processes are gone by now (the server is stopped first).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A process's CPU seconds with its reaped children.
+fn proc_cpu_s(pid: u32) -> Option<f64> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let t = std::fs::read_to_string(&path).ok()?;
+    let c = vmscope_linux::procfs::parse_process_cpu(&t, &path).ok()?;
+    Some((c.utime + c.stime + c.cutime + c.cstime) as f64 / vmscope_linux::procfs::clk_tck())
 }
 
 /// The shared loop sees one point at a time: a rate's result decides
@@ -455,13 +549,38 @@ impl Experiment for OnePoint<'_, '_> {
             p.row(n, "replies_2xx", r.status_2xx as f64, unit::COUNT),
             p.row(n, "requests", r.requests as f64, unit::COUNT),
             p.row(n, "errors", r.errors.total as f64, unit::COUNT),
-            p.row(n, "errors_client_timo", r.errors.client_timo as f64, unit::COUNT),
-            p.row(n, "errors_connrefused", r.errors.connrefused as f64, unit::COUNT),
-            p.row(n, "errors_connreset", r.errors.connreset as f64, unit::COUNT),
-            p.row(n, "errors_fd_unavail", r.errors.fd_unavail as f64, unit::COUNT),
+            p.row(
+                n,
+                "errors_client_timo",
+                r.errors.client_timo as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_connrefused",
+                r.errors.connrefused as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_connreset",
+                r.errors.connreset as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_fd_unavail",
+                r.errors.fd_unavail as f64,
+                unit::COUNT,
+            ),
             p.row(n, "duration", r.duration_s, unit::SECONDS),
             p.row(n, "conn_time_avg", r.conn_time_avg_ms / 1e3, unit::SECONDS),
-            p.row(n, "conn_time_median", r.conn_time_median_ms / 1e3, unit::SECONDS),
+            p.row(
+                n,
+                "conn_time_median",
+                r.conn_time_median_ms / 1e3,
+                unit::SECONDS,
+            ),
             p.row(n, "response_time", r.response_ms / 1e3, unit::SECONDS),
             p.row(n, "httperf_cpu", r.cpu_s, unit::SECONDS),
             p.row(n, "host_busy", s.host.load.host_busy_s, unit::SECONDS),
@@ -583,9 +702,10 @@ fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
         let mut spec = crate::lab_specs::load(c, None)
             .map_err(|e| BenchError::bad(format!("--config {c}: {e}")))?;
         let label = spec.name.clone();
-        let vm = spec.vms.first().ok_or_else(|| {
-            BenchError::bad(format!("--config {c}: lab {} has no VM", spec.name))
-        })?;
+        let vm = spec
+            .vms
+            .first()
+            .ok_or_else(|| BenchError::bad(format!("--config {c}: lab {} has no VM", spec.name)))?;
         if !vm.nics.iter().any(|n| n.kind == NicKind::Tap) {
             return Err(BenchError::bad(format!(
                 "--config {c}: {}",
@@ -613,6 +733,7 @@ fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
 /// Runs `bench web`; results go to `out` in `opts.format`.
 pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchError> {
     check_bad(opts)?;
+    let configs = configs(opts)?;
     let httperf = match &opts.httperf {
         Some(p) if p.is_file() => p.clone(),
         Some(p) => {
@@ -621,11 +742,9 @@ pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchEr
                 p.display()
             )))
         }
-        None => vmscope_lab::util::which("httperf").ok_or_else(|| {
-            BenchError::bad("httperf is not installed (Debian package httperf)")
-        })?,
+        None => vmscope_lab::util::which("httperf")
+            .ok_or_else(|| BenchError::bad("httperf is not installed (Debian package httperf)"))?,
     };
-    let configs = configs(opts)?;
     let has_host = configs.iter().any(|c| c.spec.is_none());
     let busybox = if has_host {
         Some(vmscope_lab::util::which("busybox").ok_or_else(|| {
@@ -946,12 +1065,7 @@ fn web_point(
 }
 
 /// Writes the file and starts busybox httpd (daemonized) in the guest.
-fn start_guest_httpd(
-    g: &mut Guest,
-    port: u16,
-    size: u64,
-    uri: &str,
-) -> Result<(), VmFailure> {
+fn start_guest_httpd(g: &mut Guest, port: u16, size: u64, uri: &str) -> Result<(), VmFailure> {
     if g.listening()?.contains(&port) {
         return Err(VmFailure::Failed(format!(
             "VM {}: port {port} is in use in the guest (choose another --port)",
@@ -997,7 +1111,11 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
         format!(
             "{} {m:.1} ± {ci:.1} req/s{}",
             o.configs[i].label,
-            if sat { "" } else { " (not saturated: a lower bound)" }
+            if sat {
+                ""
+            } else {
+                " (not saturated: a lower bound)"
+            }
         )
     };
     let mut pair = |a: usize, b: usize, claim: String| {
@@ -1219,7 +1337,10 @@ mod tests {
 
     #[test]
     fn rates_parse_and_bad_ones_are_named() {
-        assert_eq!(parse_rates("100..500:100").unwrap(), [100, 200, 300, 400, 500]);
+        assert_eq!(
+            parse_rates("100..500:100").unwrap(),
+            [100, 200, 300, 400, 500]
+        );
         assert_eq!(parse_rates("50,10..30:10,20").unwrap(), [10, 20, 30, 50]);
         for bad in ["", "100..50:10", "1..9", "x", "0", "10..20:0"] {
             let e = parse_rates(bad).unwrap_err();
@@ -1324,7 +1445,10 @@ mod tests {
                 configs: vec![spec.display().to_string()],
                 ..base.clone()
             });
-            assert!(m.contains("user networking") && m.contains("kind = \"tap\""), "{m}");
+            assert!(
+                m.contains("user networking") && m.contains("kind = \"tap\""),
+                "{m}"
+            );
             // A port in use on the host.
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let port = l.local_addr().unwrap().port();
