@@ -253,7 +253,8 @@ impl WebSample {
     /// dropped nothing.
     pub fn generator_limited(&self, follow: f64) -> bool {
         self.run.errors.fd_unavail > 0
-            || (self.run.request_rate < follow * self.offered as f64 && self.run.errors.total == 0)
+            || (self.run.request_rate < follow * f64::from(self.offered)
+                && self.run.errors.total == 0)
     }
 }
 
@@ -265,7 +266,7 @@ enum Server {
         dir: tempfile::TempDir,
     },
     /// busybox httpd started once in the guest.
-    Vm { guest: Guest },
+    Vm { guest: Box<Guest> },
 }
 
 /// One configuration's sweep state.
@@ -346,7 +347,7 @@ impl Runner<'_> {
         if let Some(d) = self.dead() {
             return Err(VmFailure::Dead(d));
         }
-        let conns = ((rate as f64 * self.opts.seconds).round() as u64).max(1);
+        let conns = ((f64::from(rate) * self.opts.seconds).round() as u64).max(1);
         let argv = httperf::argv(
             &self.httperf,
             &self.addr.to_string(),
@@ -450,7 +451,11 @@ impl CpuGroup {
             ("/sys/fs/cgroup/unified", false),
             ("/sys/fs/cgroup", false),
         ] {
-            let probe = if v1 { "cpuacct.usage" } else { "cgroup.controllers" };
+            let probe = if v1 {
+                "cpuacct.usage"
+            } else {
+                "cgroup.controllers"
+            };
             if !Path::new(root).join(probe).exists() {
                 continue;
             }
@@ -544,7 +549,7 @@ impl Experiment for OnePoint<'_, '_> {
         let mut rows = vec![
             p.row(n, "reply_rate", s.reply_rate(), unit::OPS_PER_S)
                 .raw(Some(s.raw.clone())),
-            p.row(n, "offered_rate", s.offered as f64, unit::OPS_PER_S),
+            p.row(n, "offered_rate", f64::from(s.offered), unit::OPS_PER_S),
             p.row(n, "request_rate", r.request_rate, unit::OPS_PER_S),
             p.row(n, "replies_2xx", r.status_2xx as f64, unit::COUNT),
             p.row(n, "requests", r.requests as f64, unit::COUNT),
@@ -877,7 +882,9 @@ fn run_configs(
                     }
                 }
                 (
-                    Server::Vm { guest },
+                    Server::Vm {
+                        guest: Box::new(guest),
+                    },
                     addr,
                     vec![
                         ("accel", st.accel.clone()),
@@ -1091,7 +1098,7 @@ fn judge(r: &PointOutcome<WebSample>, rate: u32, follow: f64) -> Follow {
         return Follow::GeneratorLimited;
     }
     let reply = r.summary().map_or(0.0, |s| s.mean);
-    if reply < follow * rate as f64 {
+    if reply < follow * f64::from(rate) {
         Follow::Saturated
     } else {
         Follow::Follows
@@ -1213,9 +1220,9 @@ fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
             .filter_map(|(pt, r)| {
                 let s = r.summary()?;
                 let e = finite(s.ci95);
-                top = top.max(pt.rate as f64);
+                top = top.max(f64::from(pt.rate));
                 Some(SeriesPoint {
-                    x: pt.rate as f64,
+                    x: f64::from(pt.rate),
                     y: s.mean,
                     lo: s.mean - e,
                     hi: s.mean + e,
@@ -1232,7 +1239,11 @@ fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
     if series.is_empty() {
         return Ok(Vec::new());
     }
-    let lo = o.points.iter().map(|p| p.rate as f64).fold(top, f64::min);
+    let lo = o
+        .points
+        .iter()
+        .map(|p| f64::from(p.rate))
+        .fold(top, f64::min);
     series.push(Series {
         name: "offered (reply = offered)".into(),
         points: [lo, top]
