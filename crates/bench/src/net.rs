@@ -28,7 +28,7 @@ use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
 pub use crate::netlab::Check;
 use crate::netlab::{host_ip, no_tap, print_checks, tap_ip};
-use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
@@ -846,30 +846,25 @@ fn run_in(
         iperf3,
     };
     let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
         record: opts.record.as_ref().map(|d| RecordPoints {
             dir: d.clone(),
             freq: opts.record_freq,
             vmscope: opts.vmscope.clone(),
             experiment: "net".into(),
         }),
+        ..DriveOptions::sampling(
+            opts.warmup,
+            StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+            opts.seed,
+            opts.busy,
+            opts.busy_retries,
+        )
     };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &["path", "tool", "recv_buf", "streams", "seconds"],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["path", "tool", "recv_buf", "streams", "seconds"],
+    )?;
     let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, progress)?;
     let mut outcome = NetOutcome {
         accel,
@@ -884,48 +879,30 @@ fn run_in(
     if let Some(dir) = &opts.charts {
         outcome.charts = charts(dir, &outcome)?;
     }
-    if let Sink::Json(_) = &sink {
-        for (pt, r) in outcome.points.iter().zip(&outcome.results) {
-            sink.record(&summary_json(pt, r))?;
-        }
-        for c in &outcome.checks {
-            sink.record(&c.json())?;
-        }
-        for c in &outcome.charts {
-            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-    }
+    sink.trailer(
+        outcome
+            .points
+            .iter()
+            .zip(&outcome.results)
+            .map(|(pt, r)| summary_json(pt, r)),
+        &outcome.checks,
+        &outcome.charts,
+        &outcome.notes,
+    )?;
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let mut err = std::io::stderr();
-                let _ = print_text(&mut err, &outcome);
-            }
-        }
-        Format::Table => print_text(out, &outcome)?,
-    }
-    if let Some(path) = &opts.session {
-        crate::session::store_rows_at(
-            path,
-            &opts.command_line,
-            &rows,
-            &[
-                ("command", "bench net".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
+    driver::store_session(
+        opts.session.as_ref(),
+        "bench net",
+        &opts.command_line,
+        &rows,
+    )?;
     Ok(outcome)
 }
 
 fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value {
-    let s = r.summary();
-    serde_json::json!({
+    let mut m = driver::summary_stats(r);
+    let more = serde_json::json!({
         "type": "summary",
         "experiment": "net",
         "point": pt.point.name,
@@ -933,16 +910,6 @@ fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value
         "config_hash": pt.point.config_hash,
         "metric": "throughput",
         "unit": "bytes/s",
-        "n": s.map(|s| s.n).unwrap_or(0),
-        "mean": s.map(|s| s.mean),
-        "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-        "cv": s.map(|s| s.cv),
-        "min": s.map(|s| s.min),
-        "median": s.map(|s| s.median),
-        "max": s.map(|s| s.max),
-        "verdict": r.verdict,
-        "flagged_samples": r.flagged(),
-        "failed": r.failed,
         "sender_cpu_s": mean_of(r, |x| x.send.as_ref().map_or(0.0, NetRun::cpu_s)),
         "receiver_cpu_s": mean_of(r, |x| x.recv.as_ref().map_or(0.0, NetRun::cpu_s)),
         "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
@@ -953,7 +920,11 @@ fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value
         "session": r.session,
         "record_error": r.record_error,
         "manifest": pt.point.manifest,
-    })
+    });
+    if let serde_json::Value::Object(o) = more {
+        m.extend(o);
+    }
+    serde_json::Value::Object(m)
 }
 
 /// The engine at 64 KiB against iperf3 on each path.

@@ -22,7 +22,7 @@ use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
@@ -544,26 +544,18 @@ fn run_in(
         big,
         probe: CpuProbe::new(false),
     };
-    let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
-        record: None,
-    };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &["workload", "mode", "n", "seconds", "buffer"],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let drive_opts = DriveOptions::sampling(
+        opts.warmup,
+        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+        opts.seed,
+        opts.busy,
+        opts.busy_retries,
+    );
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["workload", "mode", "n", "seconds", "buffer"],
+    )?;
     let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, progress)?;
     let mut outcome = ScaleOutcome {
         accel,
@@ -576,10 +568,13 @@ fn run_in(
         outcome.charts = charts(dir, &outcome, opts.workload)?;
     }
     let unit = format!("{}/s", opts.workload.work_unit());
-    if let Sink::Json(_) = &sink {
-        for (p, r) in outcome.points.iter().zip(&outcome.results) {
+    let summaries: Vec<serde_json::Value> = outcome
+        .points
+        .iter()
+        .zip(&outcome.results)
+        .map(|(p, r)| {
             let s = r.summary();
-            sink.record(&serde_json::json!({
+            serde_json::json!({
                 "type": "summary",
                 "experiment": "scale",
                 "point": p.point.name,
@@ -598,36 +593,20 @@ fn run_in(
                 "flagged_samples": r.flagged(),
                 "failed": r.failed,
                 "manifest": p.point.manifest,
-            }))?;
-        }
-        for c in &outcome.charts {
-            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-    }
+            })
+        })
+        .collect();
+    sink.trailer(summaries, &[], &outcome.charts, &outcome.notes)?;
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let _ = print_text(&mut std::io::stderr(), &outcome, opts.workload);
-            }
-        }
-        Format::Table => print_text(out, &outcome, opts.workload)?,
-    }
-    if let Some(path) = &opts.session {
-        crate::session::store_rows_at(
-            path,
-            &opts.command_line,
-            &rows,
-            &[
-                ("command", "bench scale".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| {
+        print_text(w, &outcome, opts.workload)
+    })?;
+    driver::store_session(
+        opts.session.as_ref(),
+        "bench scale",
+        &opts.command_line,
+        &rows,
+    )?;
     Ok(outcome)
 }
 

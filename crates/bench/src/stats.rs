@@ -110,6 +110,18 @@ pub struct StopRule {
     pub rel_ci: f64,
 }
 
+impl StopRule {
+    /// At least `repeat` samples, then more up to `max_repeat` until the
+    /// interval is within `rel_ci` of the mean.
+    pub fn new(repeat: usize, max_repeat: usize, rel_ci: f64) -> StopRule {
+        StopRule {
+            min_samples: repeat,
+            max_samples: max_repeat,
+            rel_ci,
+        }
+    }
+}
+
 impl Default for StopRule {
     fn default() -> Self {
         StopRule {

@@ -10,9 +10,9 @@
 //! following the offered rate ([`Follow`]): the first rate whose mean reply
 //! rate is below `--follow` × offered is marked saturated and ends that
 //! configuration's sweep. A rate httperf itself could not offer (fd-unavail
-//! errors, or its request rate short of the offered rate with no server
-//! errors to explain it) is marked generator-limited and ends the sweep
-//! too: higher rates would measure httperf, not the server.
+//! errors, or its request rate short of the offered rate while the server
+//! was not queueing connections) is marked generator-limited and ends the
+//! sweep too: higher rates would measure httperf, not the server.
 //!
 //! Each rate is one point of the shared sampling loop ([`crate::driver`]):
 //! warm-up, repeats until the interval is within `--ci`, busy-host redo,
@@ -31,7 +31,7 @@ use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
 use crate::netlab::{no_tap, print_checks, tap_ip, Check};
-use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
@@ -249,12 +249,15 @@ impl WebSample {
     }
 
     /// httperf could not offer the rate: it ran out of file descriptors,
-    /// or sent requests slower than asked while the server refused or
-    /// dropped nothing.
+    /// or it sent requests slower than asked while connections completed
+    /// within the interval between two arrivals (the server was not
+    /// queueing them, so the shortfall is httperf's own). A server that
+    /// falls behind makes connections wait longer than that: saturation.
     pub fn generator_limited(&self, follow: f64) -> bool {
+        let interval_ms = 1e3 / f64::from(self.offered);
         self.run.errors.fd_unavail > 0
             || (self.run.request_rate < follow * f64::from(self.offered)
-                && self.run.errors.total == 0)
+                && self.run.conn_time_avg_ms < interval_ms)
     }
 }
 
@@ -787,26 +790,18 @@ fn run_configs(
     let mut rows_all: Vec<Row> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut accel: Option<String> = None;
-    let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
-        record: None,
-    };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &["config", "rate", "file_size", "seconds", "timeout"],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let drive_opts = DriveOptions::sampling(
+        opts.warmup,
+        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+        opts.seed,
+        opts.busy,
+        opts.busy_retries,
+    );
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["config", "rate", "file_size", "seconds", "timeout"],
+    )?;
     let uri = format!("/vmscope-{}.bin", opts.file_size);
     for (ci, cfg) in configs.iter().enumerate() {
         // The configuration's server, and the lab it runs in.
@@ -982,41 +977,20 @@ fn run_configs(
     if let Some(dir) = &opts.charts {
         outcome.charts = charts(dir, &outcome)?;
     }
-    if let Sink::Json(_) = &sink {
-        for i in 0..outcome.points.len() {
-            sink.record(&summary_json(&outcome, i))?;
-        }
-        for c in &outcome.checks {
-            sink.record(&c.json())?;
-        }
-        for c in &outcome.charts {
-            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-    }
+    sink.trailer(
+        (0..outcome.points.len()).map(|i| summary_json(&outcome, i)),
+        &outcome.checks,
+        &outcome.charts,
+        &outcome.notes,
+    )?;
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let _ = print_text(&mut std::io::stderr(), &outcome);
-            }
-        }
-        Format::Table => print_text(out, &outcome)?,
-    }
-    if let Some(path) = &opts.session {
-        crate::session::store_rows_at(
-            path,
-            &opts.command_line,
-            &rows_all,
-            &[
-                ("command", "bench web".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
+    driver::store_session(
+        opts.session.as_ref(),
+        "bench web",
+        &opts.command_line,
+        &rows_all,
+    )?;
     Ok(outcome)
 }
 
@@ -1169,8 +1143,8 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
 fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
     let pt = &o.points[i];
     let r = &o.results[i];
-    let s = r.summary();
-    serde_json::json!({
+    let mut m = driver::summary_stats(r);
+    let more = serde_json::json!({
         "type": "summary",
         "experiment": "web",
         "point": pt.point.name,
@@ -1180,16 +1154,6 @@ fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
         "unit": "ops/s",
         "offered_rate": pt.rate,
         "follow": o.follow[i],
-        "n": s.map(|s| s.n).unwrap_or(0),
-        "mean": s.map(|s| s.mean),
-        "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-        "cv": s.map(|s| s.cv),
-        "min": s.map(|s| s.min),
-        "median": s.map(|s| s.median),
-        "max": s.map(|s| s.max),
-        "verdict": r.verdict,
-        "flagged_samples": r.flagged(),
-        "failed": r.failed,
         "request_rate": mean_of(r, |x| x.run.request_rate),
         "errors": mean_of(r, |x| x.run.errors.total as f64),
         "errors_by_kind": r.samples.iter().map(|x| x.run.errors).collect::<Vec<_>>(),
@@ -1200,7 +1164,11 @@ fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
         "host_cpu_per_reply_s": mean_of(r, WebSample::cpu_per_reply_s),
         "vm_io_charge_s": mean_of(r, WebSample::vm_io_charge_s),
         "manifest": pt.point.manifest,
-    })
+    });
+    if let serde_json::Value::Object(o) = more {
+        m.extend(o);
+    }
+    serde_json::Value::Object(m)
 }
 
 fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
@@ -1359,11 +1327,18 @@ mod tests {
         }
     }
 
-    fn sample(offered: u32, request_rate: f64, replies: u64, errors: httperf::Errors) -> WebSample {
+    fn sample(
+        offered: u32,
+        request_rate: f64,
+        replies: u64,
+        errors: httperf::Errors,
+        conn_ms: f64,
+    ) -> WebSample {
         WebSample {
             offered,
             run: httperf::Run {
                 request_rate,
+                conn_time_avg_ms: conn_ms,
                 status_2xx: replies,
                 duration_s: 1.0,
                 errors,
@@ -1391,24 +1366,28 @@ mod tests {
     #[test]
     fn the_stop_rule_tells_saturation_from_the_generator() {
         let none = httperf::Errors::default();
-        let follows = outcome(vec![sample(100, 100.2, 99, none); 3]);
+        let follows = outcome(vec![sample(100, 100.2, 99, none, 1.0); 3]);
         assert_eq!(judge(&follows, 100, 0.9), Follow::Follows);
         let timo = httperf::Errors {
             total: 40,
             client_timo: 40,
             ..none
         };
-        let sat = outcome(vec![sample(400, 380.0, 250, timo); 3]);
+        let sat = outcome(vec![sample(400, 380.0, 250, timo, 900.0); 3]);
         assert_eq!(judge(&sat, 400, 0.9), Follow::Saturated);
-        // httperf sent slower than asked with nothing refused or dropped.
-        let slow = outcome(vec![sample(5000, 3100.0, 3100, none); 3]);
+        // A slow server: requests and replies both lag, connections queue.
+        let queued = outcome(vec![sample(100, 60.0, 60, none, 800.0); 3]);
+        assert_eq!(judge(&queued, 100, 0.9), Follow::Saturated);
+        // httperf sent slower than asked while connections took less than
+        // the interval between arrivals (0.2 ms at 5000/s).
+        let slow = outcome(vec![sample(5000, 3100.0, 3100, none, 0.1); 3]);
         assert_eq!(judge(&slow, 5000, 0.9), Follow::GeneratorLimited);
         let fd = httperf::Errors {
             total: 1,
             fd_unavail: 1,
             ..none
         };
-        let fds = outcome(vec![sample(900, 900.0, 899, fd); 3]);
+        let fds = outcome(vec![sample(900, 900.0, 899, fd, 1.0); 3]);
         assert_eq!(judge(&fds, 900, 0.9), Follow::GeneratorLimited);
         assert_eq!(judge(&outcome(vec![]), 100, 0.9), Follow::Failed);
     }

@@ -29,8 +29,9 @@ httperf runs on the host: `httperf --hog --server ADDR --port PORT --uri FILE --
 Stop rule: per configuration the rates run in ascending order; the first rate whose mean reply rate
 (2xx replies / httperf's test duration) is below --follow x the offered rate is marked
 `saturated` and is the last one run. A rate httperf itself cannot offer (fd-unavail errors, or its
-request rate below --follow x offered with no errors) is marked `generator-limited`, said in a
-note, and ends the sweep too.
+request rate below --follow x offered while connections took less than the interval between two
+arrivals, so the server was not queueing them) is marked `generator-limited`, said in a note, and
+ends the sweep too.
 Host CPU per reply: what the run cost the host (this process and its children, the VM's QEMU,
 kernel threads) less httperf's own CPU time as it reports it, over the 2xx replies. Rows store
 rates in ops/s and times in s; the table prints ms. Checks (yes/no, with the peak reply rates):
