@@ -67,7 +67,22 @@ fn chart_err(path: &Path, e: impl std::fmt::Display) -> BenchError {
     }
 }
 
+/// Creates the chart directory `dir` (and its parents).
+pub fn chart_dir(dir: &Path) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
+        what: "chart directory",
+        path: dir.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
 impl LineChart {
+    /// Writes `DIR/NAME.svg` and `DIR/NAME.png`; returns both paths.
+    pub fn write_in(&self, dir: &Path, name: &str) -> Result<Vec<PathBuf>, BenchError> {
+        let (svg, png) = self.write(&dir.join(name))?;
+        Ok(vec![svg, png])
+    }
+
     /// Writes `STEM.svg` and `STEM.png` (1000 × 640).
     pub fn write(&self, stem: &Path) -> Result<(PathBuf, PathBuf), BenchError> {
         let svg = stem.with_extension("svg");

@@ -27,7 +27,7 @@ use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
 pub use crate::netlab::Check;
-use crate::netlab::{host_ip, no_tap, print_checks, tap_ip};
+use crate::netlab::{host_ip, no_tap, tap_ip};
 use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
@@ -968,11 +968,7 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
 }
 
 fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-        what: "chart directory",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    crate::chart::chart_dir(dir)?;
     let mut series = Vec::new();
     for (pi, p) in o.paths.iter().enumerate() {
         let points: Vec<SeriesPoint> = o
@@ -1013,8 +1009,7 @@ fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
         x_tick: bytes_tick,
         series,
     };
-    let (svg, png) = c.write(&dir.join("net-throughput"))?;
-    Ok(vec![svg, png])
+    c.write_in(dir, "net-throughput")
 }
 
 fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
@@ -1088,14 +1083,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
         ]);
     }
     writeln!(out, "{t}")?;
-    print_checks(out, &o.checks)?;
-    for c in &o.charts {
-        writeln!(out, "chart: {}", c.display())?;
-    }
-    for n in &o.notes {
-        writeln!(out, "note: {n}")?;
-    }
-    Ok(())
+    crate::netlab::print_tail(out, &o.checks, &o.charts, &o.notes)
 }
 
 #[cfg(test)]

@@ -63,6 +63,24 @@ impl Check {
     }
 }
 
+/// The lines after a benchmark's table: its checks, the charts written
+/// and the notes.
+pub fn print_tail(
+    out: &mut dyn Write,
+    checks: &[Check],
+    charts: &[std::path::PathBuf],
+    notes: &[String],
+) -> std::io::Result<()> {
+    print_checks(out, checks)?;
+    for c in charts {
+        writeln!(out, "chart: {}", c.display())?;
+    }
+    for n in notes {
+        writeln!(out, "note: {n}")?;
+    }
+    Ok(())
+}
+
 /// Every check's line.
 pub fn print_checks(out: &mut dyn Write, checks: &[Check]) -> std::io::Result<()> {
     for c in checks {

@@ -611,11 +611,7 @@ fn run_in(
 }
 
 fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-        what: "chart directory",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    crate::chart::chart_dir(dir)?;
     let mut series = Vec::new();
     for mode in Mode::ALL {
         let points: Vec<SeriesPoint> = o
@@ -654,8 +650,7 @@ fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, Ben
         x_tick: fmt_num,
         series,
     };
-    let (svg, png) = c.write(&dir.join(format!("scale-{w}")))?;
-    Ok(vec![svg, png])
+    c.write_in(dir, &format!("scale-{w}"))
 }
 
 fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Result<()> {
@@ -703,13 +698,7 @@ fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Re
         ]);
     }
     writeln!(out, "{t}")?;
-    for c in &o.charts {
-        writeln!(out, "chart: {}", c.display())?;
-    }
-    for n in &o.notes {
-        writeln!(out, "note: {n}")?;
-    }
-    Ok(())
+    crate::netlab::print_tail(out, &[], &o.charts, &o.notes)
 }
 
 #[cfg(test)]

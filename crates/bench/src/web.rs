@@ -30,7 +30,7 @@ use crate::httperf;
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
-use crate::netlab::{no_tap, print_checks, tap_ip, Check};
+use crate::netlab::{no_tap, tap_ip, Check};
 use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
@@ -1172,11 +1172,7 @@ fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
 }
 
 fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-        what: "chart directory",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    crate::chart::chart_dir(dir)?;
     let mut series = Vec::new();
     let mut top: f64 = 0.0;
     for (ci, c) in o.configs.iter().enumerate() {
@@ -1236,8 +1232,7 @@ fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
         x_tick: fmt_num,
         series,
     };
-    let (svg, png) = c.write(&dir.join("web-reply-rate"))?;
-    Ok(vec![svg, png])
+    c.write_in(dir, "web-reply-rate")
 }
 
 fn print_text(out: &mut dyn Write, o: &WebOutcome) -> std::io::Result<()> {
@@ -1300,14 +1295,7 @@ fn print_text(out: &mut dyn Write, o: &WebOutcome) -> std::io::Result<()> {
         ]);
     }
     writeln!(out, "{t}")?;
-    print_checks(out, &o.checks)?;
-    for c in &o.charts {
-        writeln!(out, "chart: {}", c.display())?;
-    }
-    for n in &o.notes {
-        writeln!(out, "note: {n}")?;
-    }
-    Ok(())
+    crate::netlab::print_tail(out, &o.checks, &o.charts, &o.notes)
 }
 
 #[cfg(test)]
