@@ -141,18 +141,18 @@ pub fn present(
     }
 }
 
-/// Every row into the session file `path` (`-o`), annotated with the
-/// command (`bench net`) and its command line.
+/// Every row into the session output prepared before the run (`-o`,
+/// [`crate::session::prepare_output`]), annotated with the command
+/// (`bench net`) and its command line.
 pub fn store_session(
-    path: Option<&PathBuf>,
+    output: Option<vmscope_store::output::SessionOutput>,
     command: &str,
     command_line: &str,
     rows: &[Row],
 ) -> Result<(), BenchError> {
-    if let Some(path) = path {
-        crate::session::store_rows_at(
-            path,
-            command_line,
+    if let Some(o) = output {
+        crate::session::store_rows(
+            o,
             rows,
             &[
                 ("command", command.to_string()),
@@ -204,17 +204,22 @@ pub struct DriveOptions {
     pub busy: BusyRule,
     pub busy_retries: usize,
     pub record: Option<RecordPoints>,
+    /// A stop signal ends the run before the next sample (the lab options'
+    /// cancel, linked to the binary's signal handler).
+    pub cancel: vmscope_lab::Cancel,
 }
 
 impl DriveOptions {
     /// The loop's options from a benchmark's sampling options, without
-    /// profiled points.
+    /// profiled points; `cancel` is the lab options' (a stop signal ends
+    /// the run before the next sample).
     pub fn sampling(
         warmup: usize,
         rule: StopRule,
         seed: u64,
         busy: BusyRule,
         busy_retries: usize,
+        cancel: vmscope_lab::Cancel,
     ) -> DriveOptions {
         DriveOptions {
             warmup,
@@ -223,6 +228,7 @@ impl DriveOptions {
             busy,
             busy_retries,
             record: None,
+            cancel,
         }
     }
 }
@@ -283,6 +289,7 @@ pub fn drive<E: Experiment>(
     progress.expect_more(plan.remaining_at_least() as u64);
     while let Some(round) = plan.next_round() {
         for (i, step) in round {
+            opts.cancel.check("taking the benchmark's samples")?;
             if plan.failed(i).is_some() {
                 continue;
             }
@@ -495,6 +502,7 @@ mod tests {
             busy: BusyRule::default(),
             busy_retries: 1,
             record: None,
+            cancel: vmscope_lab::Cancel::new(),
         };
         let mut buf: Vec<u8> = Vec::new();
         let mut sink = Sink::Json(JsonLines::new(&mut buf as &mut dyn Write));
@@ -512,5 +520,40 @@ mod tests {
         let lines = String::from_utf8(buf).unwrap();
         assert_eq!(lines.lines().count(), rows.len());
         assert_eq!(rows.len(), 3 + 3 + 1);
+    }
+
+    #[test]
+    fn a_stop_signal_ends_the_run_before_the_next_sample() {
+        let m = Arc::new(Manifest::default());
+        let mut f = Fake {
+            points: (0..2)
+                .map(|i| Point::new("t", format!("p{i}"), Default::default(), m.clone(), &[]))
+                .collect(),
+            runs: vec![0; 2],
+        };
+        let cancel = vmscope_lab::Cancel::new();
+        cancel.request(libc::SIGTERM);
+        let opts = DriveOptions {
+            warmup: 0,
+            rule: StopRule {
+                min_samples: 3,
+                max_samples: 3,
+                rel_ci: 0.05,
+            },
+            seed: 1,
+            busy: BusyRule::default(),
+            busy_retries: 0,
+            record: None,
+            cancel,
+        };
+        let mut sink = Sink::None;
+        let Err(err) = drive(&mut f, &opts, &[], &mut sink, &Progress::new(0, true)) else {
+            panic!("a cancelled run goes on");
+        };
+        assert!(
+            matches!(&err, BenchError::Lab(vmscope_lab::LabError::Interrupted { signal, .. }) if *signal == libc::SIGTERM),
+            "{err}"
+        );
+        assert_eq!(f.runs, vec![0, 0], "no sample taken after the signal");
     }
 }

@@ -643,12 +643,24 @@ pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchEr
     // The port must be free on the host before anything starts.
     engine::check_port(SocketAddr::from(([0, 0, 0, 0], opts.port)))
         .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
     let session = spec
         .as_ref()
         .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
         .transpose()?;
-    let r = run_in(opts, session.as_ref().map(|s| &s.state), &progress, out);
+    let r = run_in(
+        opts,
+        session.as_ref().map(|s| &s.state),
+        session_out,
+        &progress,
+        out,
+    );
     progress.finish();
     if let Some(s) = session {
         s.close()?;
@@ -694,6 +706,7 @@ fn resolve_vm(
 fn run_in(
     opts: &NetOptions,
     lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<NetOutcome, BenchError> {
@@ -858,6 +871,7 @@ fn run_in(
             opts.seed,
             opts.busy,
             opts.busy_retries,
+            opts.lab_options.cancel.clone(),
         )
     };
     let mut sink = Sink::for_format(
@@ -891,12 +905,7 @@ fn run_in(
     )?;
     drop(sink);
     driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
-    driver::store_session(
-        opts.session.as_ref(),
-        "bench net",
-        &opts.command_line,
-        &rows,
-    )?;
+    driver::store_session(session_out, "bench net", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 

@@ -300,6 +300,25 @@ impl Experiment for OverheadExperiment {
                 p.row(n, "guest_samples", pr.guest_samples as f64, unit::COUNT),
                 p.row(n, "profiler_ready", s.ready_s, unit::SECONDS),
             ]);
+            // What the profilers measured of themselves (vmscope only).
+            if pr.host_observed_s > 0.0 {
+                rows.push(p.row(n, "host_profiler_cost", pr.host_cost_s, unit::SECONDS));
+                rows.push(p.row(
+                    n,
+                    "host_profiler_observed",
+                    pr.host_observed_s,
+                    unit::SECONDS,
+                ));
+            }
+            if pr.guest_observed_s > 0.0 {
+                rows.push(p.row(n, "guest_profiler_cost", pr.guest_cost_s, unit::SECONDS));
+                rows.push(p.row(
+                    n,
+                    "guest_profiler_observed",
+                    pr.guest_observed_s,
+                    unit::SECONDS,
+                ));
+            }
         }
         rows.into_iter().map(|r| r.flagged(flag.clone())).collect()
     }
@@ -354,6 +373,68 @@ impl OverheadOutcome {
         let s = self.results.get(idx(k)?)?.summary()?;
         loss(&s, &none)
     }
+
+    /// Mean of `f` over the samples of profiler `k` that have a value.
+    fn mean_of(&self, k: Kind, f: impl Fn(&Stopped) -> Option<f64>) -> Option<f64> {
+        let i = self.kinds.iter().position(|x| *x == k)?;
+        let v: Vec<f64> = self.results[i]
+            .samples
+            .iter()
+            .filter_map(|x| x.profiler.as_ref().and_then(&f))
+            .collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
+    /// The active recorder's loss split into its host side (the loss with
+    /// every VM passive: rings, attribution, store) and its guest side (the
+    /// rest: the agents' CPU and the guests' sampling interrupts), beside
+    /// what the profilers measured of themselves in the active runs.
+    pub fn split(&self) -> Option<Split> {
+        let active = self.loss(Kind::Active)?;
+        let host = self.loss(Kind::HostOnly);
+        Some(Split {
+            active: active.loss,
+            host_side: host.map(|h| h.loss),
+            guest_side: host.map(|h| active.loss - h.loss),
+            host_measured: self.mean_of(Kind::Active, Stopped::host_cost),
+            guest_measured: self.mean_of(Kind::Active, Stopped::guest_cost),
+        })
+    }
+}
+
+/// Where the active recorder's cost goes (fractions).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Split {
+    /// Throughput loss with every VM active.
+    pub active: f64,
+    /// Loss with every VM passive (`host-only`): the host side.
+    pub host_side: Option<f64>,
+    /// `active - host_side`: the guest side.
+    pub guest_side: Option<f64>,
+    /// The host recorder's own measurement of its cost (CPU and sampling
+    /// interrupts over the host CPU it observed), active runs.
+    pub host_measured: Option<f64>,
+    /// The agents' own measurement (their CPU and the guests' sampling
+    /// interrupts over their guests' CPU), active runs.
+    pub guest_measured: Option<f64>,
+}
+
+impl Split {
+    /// One line for the text report.
+    pub fn describe(&self) -> String {
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1} %", v * 100.0));
+        format!(
+            "active loss {} = host side {} (the host-only loss: rings, attribution, store) + \
+             guest side {} (the rest: agents and the guests' sampling interrupts); measured by \
+             the profilers themselves in the active runs: host recorder {} of the host CPU it \
+             observed, agents {} of their guests' CPU",
+            pct(Some(self.active)),
+            pct(self.host_side),
+            pct(self.guest_side),
+            pct(self.host_measured),
+            pct(self.guest_measured),
+        )
+    }
 }
 
 /// Runs `bench overhead`; results go to `out` in `opts.format`.
@@ -396,6 +477,12 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
             "perf is not installed (Debian package linux-perf); leave `perf` out of --profilers",
         ));
     }
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let mut notes = Vec::new();
     let (guest, accel) = match &opts.vm {
         Some(name) => {
@@ -473,6 +560,7 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         opts.seed,
         opts.busy,
         opts.busy_retries,
+        opts.lab_options.cancel.clone(),
     );
     let mut sink = Sink::for_format(
         opts.format,
@@ -527,6 +615,11 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
                 "manifest": p.manifest,
             }))?;
         }
+        if let Some(sp) = outcome.split() {
+            sink.record(
+                &serde_json::json!({"type": "split", "experiment": "overhead", "split": sp}),
+            )?;
+        }
         for n in &outcome.notes {
             sink.record(&serde_json::json!({"type": "note", "message": n}))?;
         }
@@ -535,12 +628,7 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
     driver::present(opts.format, opts.quiet, out, |w| {
         print_text(w, &e.points, &outcome, opts)
     })?;
-    driver::store_session(
-        opts.session.as_ref(),
-        "bench overhead",
-        &opts.command_line,
-        &rows,
-    )?;
+    driver::store_session(session_out, "bench overhead", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
@@ -618,6 +706,9 @@ fn print_text(
         ]);
     }
     writeln!(out, "{t}")?;
+    if let Some(sp) = o.split() {
+        writeln!(out, "split: {}", sp.describe())?;
+    }
     for n in &o.notes {
         writeln!(out, "note: {n}")?;
     }
@@ -627,6 +718,27 @@ fn print_text(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_split_adds_up_and_says_each_side() {
+        let sp = Split {
+            active: 0.09,
+            host_side: Some(0.015),
+            guest_side: Some(0.075),
+            host_measured: Some(0.012),
+            guest_measured: None,
+        };
+        let d = sp.describe();
+        for part in [
+            "active loss 9.0 %",
+            "host side 1.5 %",
+            "guest side 7.5 %",
+            "host recorder 1.2 %",
+            "agents - of",
+        ] {
+            assert!(d.contains(part), "{part}: {d}");
+        }
+    }
 
     #[test]
     fn loss_and_its_interval() {

@@ -110,7 +110,29 @@ pub struct Stopped {
     /// vmscope, active VMs: samples the agents sent and lost.
     pub guest_samples: u64,
     pub guest_lost: u64,
+    /// vmscope: what the profilers measured of their own cost (the
+    /// session's `profiler` rows): the host recorder's CPU and sampling
+    /// interrupts against the host CPU it observed, and the agents' (their
+    /// CPU and their guests' sampling interrupts) against their guests' CPU,
+    /// all VMs together; seconds.
+    pub host_cost_s: f64,
+    pub host_observed_s: f64,
+    pub guest_cost_s: f64,
+    pub guest_observed_s: f64,
     pub output: PathBuf,
+}
+
+impl Stopped {
+    /// The host recorder's measured cost as a fraction of the host CPU it
+    /// observed (`None`: not measured).
+    pub fn host_cost(&self) -> Option<f64> {
+        (self.host_observed_s > 0.0).then(|| self.host_cost_s / self.host_observed_s)
+    }
+
+    /// The agents' measured cost as a fraction of their guests' CPU.
+    pub fn guest_cost(&self) -> Option<f64> {
+        (self.guest_observed_s > 0.0).then(|| self.guest_cost_s / self.guest_observed_s)
+    }
 }
 
 fn log_tail(p: &Path) -> String {
@@ -382,6 +404,16 @@ impl Running {
                 for sc in sess.scales().unwrap_or_default() {
                     out.guest_samples += sc.agent_samples;
                     out.guest_lost += sc.agent_lost;
+                }
+                for r in sess.intervals(Some("profiler")).unwrap_or_default() {
+                    let host = r.domain.as_deref() == Some("host");
+                    match (r.metric.as_str(), host) {
+                        ("cost", true) => out.host_cost_s += r.value,
+                        ("capacity", true) => out.host_observed_s += r.value,
+                        ("cost", false) => out.guest_cost_s += r.value,
+                        ("capacity", false) => out.guest_observed_s += r.value,
+                        _ => {}
+                    }
                 }
             }
         }

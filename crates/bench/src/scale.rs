@@ -441,12 +441,24 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
     } else {
         None
     };
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
     let session = spec
         .as_ref()
         .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
         .transpose()?;
-    let r = run_in(opts, session.as_ref().map(|s| &s.state), &progress, out);
+    let r = run_in(
+        opts,
+        session.as_ref().map(|s| &s.state),
+        session_out,
+        &progress,
+        out,
+    );
     progress.finish();
     if let Some(s) = session {
         s.close()?;
@@ -457,6 +469,7 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
 fn run_in(
     opts: &ScaleOptions,
     lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<ScaleOutcome, BenchError> {
@@ -550,6 +563,7 @@ fn run_in(
         opts.seed,
         opts.busy,
         opts.busy_retries,
+        opts.lab_options.cancel.clone(),
     );
     let mut sink = Sink::for_format(
         opts.format,
@@ -601,12 +615,7 @@ fn run_in(
     driver::present(opts.format, opts.quiet, out, |w| {
         print_text(w, &outcome, opts.workload)
     })?;
-    driver::store_session(
-        opts.session.as_ref(),
-        "bench scale",
-        &opts.command_line,
-        &rows,
-    )?;
+    driver::store_session(session_out, "bench scale", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 

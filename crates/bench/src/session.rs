@@ -55,16 +55,3 @@ pub fn store_rows(
     output.commit(w, true)?;
     Ok(())
 }
-
-/// [`prepare_output`] and [`store_rows`] at once, at the end of a run: the
-/// output is as safe (never a device, FIFO, directory or non-session file;
-/// written as `FILE.partial` and renamed), but a refused path is found only
-/// after the run. `bench io` prepares its output up front instead.
-pub fn store_rows_at(
-    path: &Path,
-    command_line: &str,
-    rows: &[Row],
-    meta: &[(&str, String)],
-) -> Result<(), BenchError> {
-    store_rows(prepare_output(path, false, command_line)?, rows, meta)
-}

@@ -768,8 +768,22 @@ pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchEr
         vmscope_workload::net::check_port(SocketAddr::from(([127, 0, 0, 1], opts.port)))
             .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
     }
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
     let progress = Progress::new(0, opts.quiet);
-    let r = run_configs(opts, &configs, &httperf, busybox, &progress, out);
+    let r = run_configs(
+        opts,
+        &configs,
+        &httperf,
+        busybox,
+        session_out,
+        &progress,
+        out,
+    );
     progress.finish();
     r
 }
@@ -779,6 +793,7 @@ fn run_configs(
     configs: &[WebConfig],
     httperf: &Path,
     busybox: Option<PathBuf>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<WebOutcome, BenchError> {
@@ -796,6 +811,7 @@ fn run_configs(
         opts.seed,
         opts.busy,
         opts.busy_retries,
+        opts.lab_options.cancel.clone(),
     );
     let mut sink = Sink::for_format(
         opts.format,
@@ -985,12 +1001,7 @@ fn run_configs(
     )?;
     drop(sink);
     driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
-    driver::store_session(
-        opts.session.as_ref(),
-        "bench web",
-        &opts.command_line,
-        &rows_all,
-    )?;
+    driver::store_session(session_out, "bench web", &opts.command_line, &rows_all)?;
     Ok(outcome)
 }
 

@@ -209,20 +209,31 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
     }
 }
 
-fn io(a: IoArgs) -> Result<ExitCode> {
+/// The lab options every benchmark takes (`--run-dir`, `--cache-dir`,
+/// `--hello-timeout`, `--quiet`). Ctrl-C, SIGTERM or SIGHUP stop the
+/// benchmark between samples (or the lab's start-up); a lab the run brought
+/// up is torn down on the way out, and the exit code is 128 + the signal.
+pub(crate) fn lab_options(
+    run_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    hello_timeout: u64,
+    quiet: bool,
+) -> LabOptions {
     let mut lab = LabOptions::default();
-    if let Some(d) = a.run_dir {
+    if let Some(d) = run_dir {
         lab.run_root = d;
     }
-    if let Some(d) = a.cache_dir {
+    if let Some(d) = cache_dir {
         lab.cache_dir = d;
     }
-    lab.hello_timeout = Duration::from_secs(a.hello_timeout);
-    // Ctrl-C, SIGTERM or SIGHUP stop the benchmark between samples (or the
-    // lab's start-up); a lab this run brought up is torn down on the way
-    // out, and the exit code is 128 + the signal.
+    lab.hello_timeout = Duration::from_secs(hello_timeout);
     lab.cancel = vmscope_lab::Cancel::from_flag(crate::signals::install());
-    lab.verbose = !a.quiet;
+    lab.verbose = !quiet;
+    lab
+}
+
+fn io(a: IoArgs) -> Result<ExitCode> {
+    let lab = lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
     let opts = IoOptions {
         targets: a
             .targets

@@ -121,7 +121,7 @@ pub struct NetArgs {
 }
 
 pub fn net(a: NetArgs) -> Result<ExitCode> {
-    let lab = crate::cmd_bench_web::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
+    let lab = crate::cmd_bench::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
     let opts = NetOptions {
         paths: a.paths,
         recv_bufs: parse_size_list(&a.recv_buf, "--recv-buf").map_err(anyhow::Error::msg)?,
@@ -256,7 +256,7 @@ pub struct ScaleArgs {
 pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
     use vmscope_bench::scale::{Mode, ScaleOptions};
     use vmscope_workload::scale::Workload;
-    let lab = crate::cmd_bench_web::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
+    let lab = crate::cmd_bench::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
     let workload = Workload::parse(&a.workload).ok_or_else(|| {
         anyhow::anyhow!(
             "--workload: unknown workload `{}` (memwrite, cpu)",
@@ -405,10 +405,12 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
     use vmscope_bench::overhead::OverheadOptions;
     use vmscope_bench::profiler::Kind;
     use vmscope_workload::scale::Workload;
-    let mut lab = LabOptions::default();
-    if let Some(d) = a.run_dir {
-        lab.run_root = d;
-    }
+    let lab = crate::cmd_bench::lab_options(
+        a.run_dir,
+        None,
+        LabOptions::default().hello_timeout.as_secs(),
+        a.quiet,
+    );
     let workload = Workload::parse(&a.workload).ok_or_else(|| {
         anyhow::anyhow!(
             "--workload: unknown workload `{}` (memwrite, cpu)",

@@ -1,17 +1,14 @@
 //! `vmscope bench web`: turns arguments into `WebOptions` and calls
-//! `vmscope_bench::web`; [`lab_options`] builds the lab options the lab
-//! benchmarks share.
+//! `vmscope_bench::web`.
 
 use crate::cmd_bench::FormatArg;
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::units::parse_size;
 use vmscope_bench::web::{parse_rates, WebOptions};
-use vmscope_lab::LabOptions;
 
 pub const WEB_HELP: &str = "\
 Examples:
@@ -122,25 +119,6 @@ pub struct WebArgs {
     quiet: bool,
 }
 
-/// The lab options of a lab benchmark's arguments.
-pub(crate) fn lab_options(
-    run_dir: Option<PathBuf>,
-    cache_dir: Option<PathBuf>,
-    hello_timeout: u64,
-    quiet: bool,
-) -> LabOptions {
-    let mut lab = LabOptions::default();
-    if let Some(d) = run_dir {
-        lab.run_root = d;
-    }
-    if let Some(d) = cache_dir {
-        lab.cache_dir = d;
-    }
-    lab.hello_timeout = Duration::from_secs(hello_timeout);
-    lab.verbose = !quiet;
-    lab
-}
-
 pub fn web(a: WebArgs) -> Result<ExitCode> {
     let opts = WebOptions {
         configs: a
@@ -161,7 +139,12 @@ pub fn web(a: WebArgs) -> Result<ExitCode> {
         rel_ci: a.ci,
         warmup: a.warmup,
         lab_prefix: a.lab_prefix,
-        lab_options: lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet),
+        lab_options: crate::cmd_bench::lab_options(
+            a.run_dir,
+            a.cache_dir,
+            a.hello_timeout,
+            a.quiet,
+        ),
         keep_lab: a.keep_lab,
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),

@@ -40,6 +40,18 @@ pub struct ServeArgs {
     /// (repeatable). Default: active where its agent answers.
     #[arg(long = "vm", value_name = "NAME=ROLE", requires = "profile")]
     vm_roles: Vec<String>,
+    /// Keep the rolling recording's cost within PCT % of the CPU each
+    /// profiler observes (the host recorder: the host's CPUs; each active
+    /// VM's agent: the guest's), lowering its rate when it costs more (never
+    /// below 10 Hz, never above --profile-frequency). Default 1 %. Costs and
+    /// rates: vmscope_profiler_* in /metrics and each profile's session.
+    #[arg(long, value_name = "PCT", value_parser = vmscope_model::budget::parse_budget_pct,
+          allow_negative_numbers = true, requires = "profile")]
+    overhead_budget: Option<f64>,
+    /// Sample at --profile-frequency whatever it costs (costs are still
+    /// measured and exported).
+    #[arg(long, requires = "profile", conflicts_with = "overhead_budget")]
+    no_overhead_budget: bool,
 }
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
@@ -52,6 +64,14 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
                 anyhow::anyhow!("--profile-window {}: too many seconds", a.profile_window)
             })?,
             roles: crate::args::vm_roles(&a.vm_roles)?,
+            overhead_budget: if a.no_overhead_budget {
+                None
+            } else {
+                Some(
+                    a.overhead_budget
+                        .unwrap_or(vmscope_serve::profile::DEFAULT_BUDGET),
+                )
+            },
         })
     } else {
         None

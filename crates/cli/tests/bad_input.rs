@@ -409,6 +409,9 @@ struct Row {
     unchanged: Vec<&'static str>,
     absent: Vec<&'static str>,
     root: bool,
+    /// Refused before the work starts: done within this many seconds,
+    /// where running the work first would take minutes.
+    within_s: Option<u64>,
 }
 
 fn row(id: &'static str, args: &str, code: i32, words: &[&'static str]) -> Row {
@@ -423,6 +426,7 @@ fn row(id: &'static str, args: &str, code: i32, words: &[&'static str]) -> Row {
         unchanged: Vec::new(),
         absent: Vec::new(),
         root: false,
+        within_s: None,
     }
 }
 
@@ -449,6 +453,10 @@ impl Row {
     }
     fn root(mut self) -> Row {
         self.root = true;
+        self
+    }
+    fn within(mut self, secs: u64) -> Row {
+        self.within_s = Some(secs);
         self
     }
 }
@@ -845,6 +853,31 @@ fn table() -> Vec<Row> {
             2,
             &["--config no-such-lab", "not a built-in lab"],
         ),
+        // bench scale, net, overhead -o: checked before anything runs (the
+        // sweeps asked for take minutes)
+        row(
+            "bo3",
+            "bench scale --mode host-procs --max 1 --seconds 60 --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file", "--force"],
+        )
+        .unchanged(&["notes.txt"])
+        .within(30),
+        row(
+            "bo4",
+            "bench overhead --seconds 60 --profilers none,host-only --quiet -o /dev/null",
+            2,
+            &["/dev/null is a character device"],
+        )
+        .within(30),
+        row(
+            "bo5",
+            "bench net --path host:nonesuch --seconds 60 --quiet -o notes.txt",
+            2,
+            &["notes.txt is a text file"],
+        )
+        .unchanged(&["notes.txt"])
+        .within(30),
         // top: the numbers it takes
         row(
             "t01",
@@ -1437,6 +1470,19 @@ fn table() -> Vec<Row> {
             &["must be a positive whole number of seconds"],
         ),
         row("sv12", "serve --profile-frequency 99", 2, &["--profile"]),
+        row(
+            "sv13",
+            "serve --profile --overhead-budget 0",
+            2,
+            &["--overhead-budget", "above 0 % and below 100 %"],
+        ),
+        row("sv14", "serve --overhead-budget 1", 2, &["--profile"]),
+        row(
+            "sv15",
+            "serve --profile --overhead-budget 1 --no-overhead-budget",
+            2,
+            &["--no-overhead-budget", "--overhead-budget"],
+        ),
         // demo, vms
         row("d01", "demo -d 0", 2, &[positive_secs]),
         row(
@@ -1478,10 +1524,19 @@ fn fault_table() {
             Some(f) => cmd.stdin(std::fs::File::open(d.join(f)).unwrap()),
             None => cmd.stdin(std::process::Stdio::null()),
         };
+        let t = std::time::Instant::now();
         let out = cmd.output().unwrap();
+        let took = t.elapsed();
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let mut bad = Vec::new();
+        if let Some(s) = r.within_s {
+            if took.as_secs() >= s {
+                bad.push(format!(
+                    "took {took:?}: not refused before the work (limit {s} s)"
+                ));
+            }
+        }
         if out.status.code() != Some(r.code) {
             bad.push(format!("exit {:?}, want {}", out.status.code(), r.code));
         }

@@ -416,6 +416,26 @@ fn lab_bench_net_scale_overhead() {
             "the TCG note"
         );
     }
+    // The active loss split into host and guest side, with what the
+    // profilers measured of themselves (both sides, as fractions).
+    let split = lines
+        .iter()
+        .find(|v| v["type"] == "split")
+        .unwrap_or_else(|| panic!("no split line in {lines:?}"));
+    eprintln!("split: {split}");
+    let sp = &split["split"];
+    let (active, host, guest) = (
+        sp["active"].as_f64().unwrap(),
+        sp["host_side"].as_f64().unwrap(),
+        sp["guest_side"].as_f64().unwrap(),
+    );
+    assert!((host + guest - active).abs() < 1e-9, "{split}");
+    for k in ["host_measured", "guest_measured"] {
+        let v = sp[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} missing: {split}"));
+        assert!(v > 0.0 && v < 1.0, "{k} {v}: {split}");
+    }
     // On the host, against perf at the same frequency.
     if have("perf") {
         let out = overhead(&["--profilers", "none,perf"]);

@@ -15,24 +15,30 @@ use vmscope_store::{IntervalRow, SessionWriter};
 
 use crate::EngineError;
 
-/// One domain's cost so far, and where its last step ended.
-#[derive(Debug, Default)]
-struct DomainCost {
-    summary: CostSummary,
-    last_t: f64,
+/// The sampling rate asked for: the first event given as a frequency, Hz
+/// (0: every event has a fixed period, so no rate to adjust).
+pub(crate) fn requested_hz(events: &[vmscope_model::EventSpec]) -> u64 {
+    events
+        .iter()
+        .find_map(|e| match e.rate {
+            vmscope_model::SampleRate::Frequency(f) => Some(f),
+            vmscope_model::SampleRate::Period(_) => None,
+        })
+        .unwrap_or(0)
 }
 
 /// The cost of every profiler in one recording.
 pub(crate) struct CostBook {
     meter: SelfCost,
     ctl: Option<RateController>,
-    host: DomainCost,
+    host: ProfilerCost,
     host_rate: u64,
-    vms: BTreeMap<String, DomainCost>,
-    rows: Vec<IntervalRow>,
+    host_last_t: f64,
+    /// VM name → its agent's cost so far and where its last step ended.
+    vms: BTreeMap<String, (ProfilerCost, f64)>,
+    steps: Vec<ProfilerStep>,
     budget: Option<f64>,
     requested_hz: u64,
-    cpus: u32,
 }
 
 impl CostBook {
@@ -51,20 +57,13 @@ impl CostBook {
             ctl: budget
                 .filter(|_| host_rate > 0)
                 .map(|b| RateController::new(b, host_rate)),
-            host: DomainCost {
-                summary: CostSummary {
-                    requested_hz: host_rate,
-                    budget,
-                    ..CostSummary::default()
-                },
-                last_t: 0.0,
-            },
+            host: ProfilerCost::new("host", host_rate, budget, Some(cpus)),
             host_rate,
+            host_last_t: 0.0,
             vms: BTreeMap::new(),
-            rows: Vec::new(),
+            steps: Vec::new(),
             budget,
             requested_hz,
-            cpus,
         }
     }
 
@@ -82,9 +81,14 @@ impl CostBook {
             capacity_s,
             rate_hz: self.host_rate,
         };
-        self.push_rows("host", &step, self.host.last_t, t);
+        self.steps.push(ProfilerStep {
+            domain: "host".into(),
+            t_start: self.host_last_t,
+            t_end: t,
+            step,
+        });
         self.host.summary.add(&step);
-        self.host.last_t = t;
+        self.host_last_t = t;
         if let Some(ctl) = self.ctl.as_mut() {
             if let Some(hz) = ctl.observe(cost_s, capacity_s) {
                 rec.set_frequency(hz)?;
@@ -100,62 +104,41 @@ impl CostBook {
     /// A step of VM `domain`'s agent, received `t` seconds into the recording.
     pub(crate) fn guest_step(&mut self, domain: &str, step: CostStep, t: f64) {
         let (budget, requested) = (self.budget, self.requested_hz);
-        let last_t = {
-            let d = self
-                .vms
-                .entry(domain.to_string())
-                .or_insert_with(|| DomainCost {
-                    summary: CostSummary {
-                        requested_hz: requested,
-                        budget,
-                        ..CostSummary::default()
-                    },
-                    last_t: 0.0,
-                });
-            let last = d.last_t;
-            d.summary.add(&step);
-            if step.rate_hz > 0 && step.rate_hz < requested {
-                d.summary.lowered = true;
-            }
-            if let Some(b) = budget {
-                if step.rate_hz > 0
-                    && step.rate_hz <= vmscope_model::budget::MIN_RATE_HZ
-                    && step.fraction() > b
-                {
-                    d.summary.over_at_minimum = true;
-                }
-            }
-            d.last_t = t;
-            last
-        };
-        self.push_rows(domain, &step, last_t, t);
+        let (cost, last_t) = self
+            .vms
+            .entry(domain.to_string())
+            .or_insert_with(|| (ProfilerCost::new(domain, requested, budget, None), 0.0));
+        cost.add_step(&step);
+        self.steps.push(ProfilerStep {
+            domain: domain.to_string(),
+            t_start: *last_t,
+            t_end: t,
+            step,
+        });
+        *last_t = t;
     }
 
-    fn push_rows(&mut self, domain: &str, step: &CostStep, t_start: f64, t_end: f64) {
-        for (metric, value, unit) in [
-            ("rate", step.rate_hz as f64, "Hz"),
-            ("cost", step.cost_s, "s"),
-            ("capacity", step.capacity_s, "s"),
-        ] {
-            self.rows.push(IntervalRow {
-                kind: "profiler".into(),
-                t_start,
-                t_end,
-                cpu: None,
-                domain: Some(domain.to_string()),
-                vcpu: None,
-                metric: metric.into(),
-                value,
-                unit: unit.into(),
-            });
-        }
+    /// The steps measured since the last call.
+    pub(crate) fn take_steps(&mut self) -> Vec<ProfilerStep> {
+        std::mem::take(&mut self.steps)
+    }
+
+    /// Every profiler's cost so far: the host's first, then each VM's.
+    pub(crate) fn snapshot(&self) -> Vec<ProfilerCost> {
+        std::iter::once(self.host.clone())
+            .chain(self.vms.values().map(|(c, _)| c.clone()))
+            .collect()
     }
 
     /// Store the steps measured since the last call.
     pub(crate) fn flush(&mut self, writer: &mut SessionWriter) -> Result<(), EngineError> {
-        if !self.rows.is_empty() {
-            writer.add_intervals(&self.rows)?;
-            self.rows.clear();
+        let rows: Vec<IntervalRow> = self
+            .take_steps()
+            .iter()
+            .flat_map(ProfilerStep::rows)
+            .collect();
+        if !rows.is_empty() {
+            writer.add_intervals(&rows)?;
         }
         Ok(())
     }
@@ -169,15 +152,107 @@ impl CostBook {
     ) -> Result<Vec<String>, EngineError> {
         self.flush(writer)?;
         let mut notes = Vec::new();
-        let host = std::iter::once(("host".to_string(), &self.host, Some(self.cpus)));
-        let vms = self.vms.iter().map(|(n, d)| (n.clone(), d, None));
-        for (name, d, cpus) in host.chain(vms) {
-            let line = d.summary.describe(cpus);
-            writer.set_meta(&format!("profiler_{name}"), &line)?;
-            if d.summary.over_at_minimum || d.summary.lowered {
-                notes.push(format!("profiling cost in {name}: {line}"));
+        for p in self.snapshot() {
+            writer.set_meta(&p.meta_key(), &p.describe())?;
+            if let Some(n) = p.note() {
+                notes.push(n);
             }
         }
         Ok(notes)
+    }
+}
+
+/// One measured step of one profiler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfilerStep {
+    /// `host`, or the VM's name.
+    pub domain: String,
+    /// Seconds since the recording started.
+    pub t_start: f64,
+    pub t_end: f64,
+    pub step: CostStep,
+}
+
+impl ProfilerStep {
+    /// The step as the session's `profiler` interval rows: `rate` (Hz),
+    /// `cost` and `capacity` (s).
+    pub fn rows(&self) -> [IntervalRow; 3] {
+        let row = |metric: &str, value: f64, unit: &str| IntervalRow {
+            kind: "profiler".into(),
+            t_start: self.t_start,
+            t_end: self.t_end,
+            cpu: None,
+            domain: Some(self.domain.clone()),
+            vcpu: None,
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+        };
+        [
+            row("rate", self.step.rate_hz as f64, "Hz"),
+            row("cost", self.step.cost_s, "s"),
+            row("capacity", self.step.capacity_s, "s"),
+        ]
+    }
+}
+
+/// What one profiler (the host recorder, or one VM's agent) cost so far.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfilerCost {
+    /// `host`, or the VM's name.
+    pub domain: String,
+    pub summary: CostSummary,
+    /// CPUs observed (the host's); `None` for an agent.
+    pub cpus: Option<u32>,
+}
+
+impl ProfilerCost {
+    /// Nothing measured yet.
+    pub fn new(domain: &str, requested_hz: u64, budget: Option<f64>, cpus: Option<u32>) -> Self {
+        ProfilerCost {
+            domain: domain.to_string(),
+            summary: CostSummary {
+                requested_hz,
+                budget,
+                ..CostSummary::default()
+            },
+            cpus,
+        }
+    }
+
+    /// Count a measured step; whether the rate was lowered, or the budget
+    /// missed at the lowest rate, is read from the step (an agent's
+    /// controller runs in its guest, so this is all the host knows of it).
+    pub fn add_step(&mut self, step: &CostStep) {
+        let s = &mut self.summary;
+        s.add(step);
+        if step.rate_hz > 0 && step.rate_hz < s.requested_hz {
+            s.lowered = true;
+        }
+        if let Some(b) = s.budget {
+            if step.rate_hz > 0
+                && step.rate_hz <= vmscope_model::budget::MIN_RATE_HZ
+                && step.fraction() > b
+            {
+                s.over_at_minimum = true;
+            }
+        }
+    }
+
+    /// The session metadata key that holds [`ProfilerCost::describe`].
+    pub fn meta_key(&self) -> String {
+        format!("profiler_{}", self.domain)
+    }
+
+    /// One line, as the report header shows it.
+    pub fn describe(&self) -> String {
+        self.summary.describe(self.cpus)
+    }
+
+    /// A note for the user when a budget forced the rate down or could not
+    /// be met.
+    pub fn note(&self) -> Option<String> {
+        (self.summary.over_at_minimum || self.summary.lowered)
+            .then(|| format!("profiling cost in {}: {}", self.domain, self.describe()))
     }
 }

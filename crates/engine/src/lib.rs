@@ -9,7 +9,7 @@
 pub mod agent;
 mod convert;
 #[cfg(feature = "host")]
-mod cost;
+pub mod cost;
 #[cfg(feature = "host")]
 pub mod guest;
 #[cfg(feature = "host")]

@@ -4,8 +4,11 @@
 //! rolling window of it. One place owns the order of things (rings opened,
 //! `/proc` synthesized, agents armed behind the barrier, rings enabled) and
 //! the agents' bookkeeping (busy time per VM and event, lost samples, lost
-//! agents), so every consumer scales guest rows the same way.
+//! agents), so every consumer scales guest rows the same way, and what
+//! profiling costs (`crate::cost`, the rates kept within
+//! [`LiveOptions::overhead_budget`]).
 
+use crate::cost::{CostBook, ProfilerCost, ProfilerStep};
 use crate::guest::{arm_all, GuestDelta, GuestEvent, GuestPollers, GuestProfiler};
 use crate::plan::{arm_reason, SessionPlan, VmPlan};
 use crate::{Converter, ConverterStats, EngineError};
@@ -27,7 +30,16 @@ pub struct LiveOptions {
     pub barrier_timeout: Duration,
     /// How often each active VM's agent is polled.
     pub poll_every: Duration,
+    /// Keep the host recorder's and each agent's cost within this fraction
+    /// of the CPU each observes by lowering or raising its rate
+    /// (`--overhead-budget`); `None`: the rates asked for. Costs are
+    /// measured either way.
+    pub overhead_budget: Option<f64>,
 }
+
+/// How often the host recorder's cost is measured (and, under a budget, its
+/// rate adjusted).
+const COST_STEP: Duration = Duration::from_secs(1);
 
 /// Something a consumer may want to store or show.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +131,8 @@ pub struct LiveSession {
     buf: Vec<Record>,
     t0: Instant,
     last_ended_check: Instant,
+    cost: CostBook,
+    last_cost_step: Instant,
     dump: bool,
 }
 
@@ -156,14 +170,17 @@ impl LiveSession {
             .iter()
             .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
             .collect();
+        // What profiling costs, from here (the interrupt level until
+        // sampling starts is the host's own).
+        let requested_hz = crate::cost::requested_hz(&opts.events);
+        let mut cost = CostBook::new(&rec, requested_hz, opts.overhead_budget);
+        let mut guests = opts.plan.guests;
+        for g in &mut guests {
+            g.set_overhead_budget(opts.overhead_budget);
+        }
         let mut events = Vec::new();
         let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
-        for a in arm_all(
-            opts.plan.guests,
-            &opts.events,
-            opts.callchain,
-            opts.barrier_timeout,
-        ) {
+        for a in arm_all(guests, &opts.events, opts.callchain, opts.barrier_timeout) {
             let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
                 (
                     Domain {
@@ -199,6 +216,7 @@ impl LiveSession {
             });
         }
         rec.enable()?;
+        cost.sampling_starts();
         let t0 = Instant::now();
         let pollers =
             (!active.is_empty()).then(|| GuestPollers::spawn(active, opts.poll_every, t0));
@@ -215,6 +233,8 @@ impl LiveSession {
             buf: Vec::with_capacity(4096),
             t0,
             last_ended_check: t0,
+            cost,
+            last_cost_step: t0,
             // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
             dump: std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some(),
         })
@@ -241,7 +261,24 @@ impl LiveSession {
             self.mark_ended_vms();
             self.last_ended_check = Instant::now();
         }
+        if self.last_cost_step.elapsed() >= COST_STEP {
+            self.cost
+                .host_step(&mut self.rec, self.t0.elapsed().as_secs_f64())?;
+            self.last_cost_step = Instant::now();
+        }
         Ok(())
+    }
+
+    /// What each profiler (host recorder, each active VM's agent) cost so
+    /// far, with the rates used.
+    pub fn profiler_costs(&self) -> Vec<ProfilerCost> {
+        self.cost.snapshot()
+    }
+
+    /// Each profiler's steps (rate, cost, capacity) measured since the
+    /// previous call.
+    pub fn take_profiler_steps(&mut self) -> Vec<ProfilerStep> {
+        self.cost.take_steps()
     }
 
     /// Stop sampling: disable the rings, read what is left, collect every
@@ -318,6 +355,10 @@ impl LiveSession {
     fn take_guest(&mut self, ev: GuestEvent) {
         match ev {
             GuestEvent::Delta { domain, delta } => {
+                if let Some(step) = delta.cost {
+                    self.cost
+                        .guest_step(&domain, step, self.t0.elapsed().as_secs_f64());
+                }
                 let second = u32::try_from(self.t0.elapsed().as_secs()).unwrap_or(u32::MAX - 1);
                 self.totals
                     .absorb(&domain, delta, second, &mut self.agent_delta);

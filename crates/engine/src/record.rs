@@ -526,14 +526,7 @@ impl Run<'_, '_> {
 
         // What profiling costs, from here (the interrupt level until
         // sampling starts is the host's own).
-        let requested_hz = opts
-            .events
-            .iter()
-            .find_map(|e| match e.rate {
-                vmscope_model::SampleRate::Frequency(f) => Some(f),
-                vmscope_model::SampleRate::Period(_) => None,
-            })
-            .unwrap_or(0);
+        let requested_hz = crate::cost::requested_hz(opts.events);
         let mut cost = crate::cost::CostBook::new(rec, requested_hz, opts.overhead_budget);
         let mut guests = opts.plan.guests;
         for g in &mut guests {

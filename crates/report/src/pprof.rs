@@ -334,6 +334,14 @@ pub fn build(session: &Session, opts: &ReportOptions) -> Result<Profile, ReportE
         .map_or(0, |t| (t * 1e9) as i64);
     let c = b.s(&format!("vmscope session {}", session.path().display()));
     b.p.comment.push(c);
+    // What profiling cost, per domain (`go tool pprof -comments`).
+    for (k, v) in meta.iter().filter(|(k, _)| k.starts_with("profiler_")) {
+        let c = b.s(&format!(
+            "profiling cost in {}: {v}",
+            k.trim_start_matches("profiler_")
+        ));
+        b.p.comment.push(c);
+    }
 
     let width = selected.len() * 2;
     for (i, &ev) in selected.iter().enumerate() {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vmscope_stat::account::{AccountOptions, Accountant};
-use vmscope_stat::metrics::Totals;
+use vmscope_stat::metrics::{ProfilerTotals, Totals};
 use vmscope_stat::vmstat::{VmStat, VmStatOptions};
 
 /// Why serving failed.
@@ -149,7 +149,7 @@ fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>, rolling: Option<&pr
         text(405, "only GET is served\n".into())
     } else {
         match path.as_str() {
-            "/metrics" => match metrics(sampler) {
+            "/metrics" => match metrics(sampler, rolling) {
                 Ok(body) => tiny_http::Response::from_string(body).with_header(header(
                     "Content-Type",
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -193,7 +193,10 @@ fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>, rolling: Option<&pr
 }
 
 /// Sample the host (one scrape at a time) and encode the totals.
-fn metrics(sampler: &Mutex<Sampler>) -> Result<String, vmscope_stat::StatError> {
+fn metrics(
+    sampler: &Mutex<Sampler>,
+    rolling: Option<&profile::Rolling>,
+) -> Result<String, vmscope_stat::StatError> {
     let mut s = sampler
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -214,6 +217,19 @@ fn metrics(sampler: &Mutex<Sampler>) -> Result<String, vmscope_stat::StatError> 
             .map(|d| (d.id, d.name.clone()))
             .collect();
         totals.add_vmstat(&iv, &names);
+    }
+    if let Some(r) = rolling {
+        let profilers: Vec<ProfilerTotals> = r
+            .costs()
+            .into_iter()
+            .map(|c| ProfilerTotals {
+                domain: c.domain,
+                cost_s: c.summary.cost_s,
+                observed_s: c.summary.capacity_s,
+                rate_hz: c.summary.last_hz,
+            })
+            .collect();
+        totals.set_profilers(&profilers, r.budget());
     }
     Ok(totals.encode())
 }

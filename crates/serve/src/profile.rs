@@ -15,12 +15,20 @@
 //! time ÷ agent busy time) and `vmscope_report::pprof` reads it back in the
 //! merged view, so the labels (`vm`, `context`, `process`, `vcpu`, `cpu`),
 //! joined stacks and guest image names are the report's.
+//!
+//! What the recording costs is measured all the time (the host recorder's
+//! own CPU and sampling interrupts, each agent's in its guest) and kept
+//! within `--overhead-budget` (1 % by default) by lowering or raising the
+//! rates; each profile carries the rates and costs of its seconds (the
+//! `profiler` rows and `profiler_<domain>` lines of a session), and
+//! [`Rolling::costs`] gives the totals since the start for `/metrics`.
 
 use crate::ServeError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use vmscope_engine::cost::{ProfilerCost, ProfilerStep};
 use vmscope_engine::live::{LiveEvent, LiveOptions, LiveSession};
 use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_linux::{Recorder, RingOptions, Target};
@@ -38,7 +46,14 @@ pub struct ProfileOptions {
     pub window: u32,
     /// Roles asked for by name (`--vm NAME=ROLE`).
     pub roles: Vec<(String, Role)>,
+    /// Keep each profiler within this fraction of the CPU it observes;
+    /// `None`: the rate asked for, whatever it costs.
+    pub overhead_budget: Option<f64>,
 }
+
+/// `--overhead-budget` of `serve --profile` when none is given: 1 % of the
+/// CPU each profiler observes, what continuous profilers promise.
+pub const DEFAULT_BUDGET: f64 = 0.01;
 
 impl Default for ProfileOptions {
     fn default() -> ProfileOptions {
@@ -47,6 +62,7 @@ impl Default for ProfileOptions {
             callchain: true,
             window: 60,
             roles: Vec::new(),
+            overhead_budget: Some(DEFAULT_BUDGET),
         }
     }
 }
@@ -66,6 +82,8 @@ struct Slice {
     host_guest: HashMap<(Arc<str>, u32), u64>,
     /// (VM, event) → (busy period, samples) the agent measured in the slice.
     agent_busy: HashMap<(Arc<str>, u32), (u64, u64)>,
+    /// What profiling cost in the slice (times from the recording's start).
+    cost_steps: Vec<ProfilerStep>,
 }
 
 /// What requests read.
@@ -79,6 +97,8 @@ struct Window {
     cpus: usize,
     /// Set when the recording failed: every later request gets it.
     failed: Option<String>,
+    /// What each profiler cost since the start.
+    costs: Vec<ProfilerCost>,
 }
 
 /// The rolling recording and its window.
@@ -129,6 +149,7 @@ impl Rolling {
                 plan,
                 barrier_timeout: Duration::from_secs(10),
                 poll_every: SLICE,
+                overhead_budget: opts.overhead_budget,
             },
         )
         .map_err(err)?;
@@ -151,6 +172,7 @@ impl Rolling {
                 build_ids: Vec::new(),
                 cpus: session.cpus(),
                 failed: None,
+                costs: session.profiler_costs(),
             }),
             grew: Condvar::new(),
             opts,
@@ -212,12 +234,14 @@ impl Rolling {
                 agent: session.take_agent_delta(),
                 host_guest,
                 agent_busy,
+                cost_steps: session.take_profiler_steps(),
             };
             prev_host = host_now;
             prev_agent = agent_now;
             start = end;
             let build_ids = session.build_ids();
             let domains = session.domains();
+            let costs = session.profiler_costs();
             {
                 let mut w = self.lock();
                 w.slices.push_back(slice);
@@ -230,10 +254,22 @@ impl Rolling {
                 }
                 w.build_ids = build_ids;
                 w.domains = domains;
+                w.costs = costs;
             }
             self.grew.notify_all();
         }
         let _ = session.stop();
+    }
+
+    /// What each profiler (the host recorder, each active VM's agent) cost
+    /// since the recording started, with the rates it used.
+    pub fn costs(&self) -> Vec<ProfilerCost> {
+        self.lock().costs.clone()
+    }
+
+    /// The overhead budget the recording keeps, as a fraction.
+    pub fn budget(&self) -> Option<f64> {
+        self.opts.overhead_budget
     }
 
     /// Stop the recording thread (after its current step).
@@ -356,6 +392,8 @@ impl Rolling {
         for s in chosen {
             writer.flush(&s.host)?;
             writer.flush_agent(&s.agent)?;
+            let rows: Vec<_> = s.cost_steps.iter().flat_map(ProfilerStep::rows).collect();
+            writer.add_intervals(&rows)?;
             for (k, v) in &s.host_guest {
                 *host_guest.entry(k.clone()).or_default() += v;
             }
@@ -386,9 +424,29 @@ impl Rolling {
                 },
             })?;
         }
+        // What profiling cost in these seconds, per domain.
+        for c in chosen_costs(chosen, &w.costs) {
+            writer.set_meta(&c.meta_key(), &c.describe())?;
+        }
         writer.set_build_ids(&w.build_ids)?;
         writer.finish(true)
     }
+}
+
+/// Each profiler's cost over `chosen`, with the rate asked for and the
+/// budget of the whole recording (`all`).
+fn chosen_costs(chosen: &[&Slice], all: &[ProfilerCost]) -> Vec<ProfilerCost> {
+    let mut out: Vec<ProfilerCost> = all
+        .iter()
+        .map(|c| ProfilerCost::new(&c.domain, c.summary.requested_hz, c.summary.budget, c.cpus))
+        .collect();
+    for step in chosen.iter().flat_map(|s| &s.cost_steps) {
+        if let Some(c) = out.iter_mut().find(|c| c.domain == step.domain) {
+            c.add_step(&step.step);
+        }
+    }
+    out.retain(|c| c.summary.capacity_s > 0.0);
+    out
 }
 
 /// Seconds since the epoch of an `Instant` in the past.

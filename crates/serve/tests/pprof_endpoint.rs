@@ -92,6 +92,12 @@ fn functions(p: &Profile) -> Vec<String> {
     out
 }
 
+/// The value of the series `series` (name and labels as exposed).
+fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
 #[inline(never)]
 fn serve_pprof_test_spin(stop: &AtomicBool) -> u64 {
     let mut x: u64 = 1;
@@ -117,6 +123,7 @@ fn pprof_endpoint_on_a_host_recording() {
             callchain: true,
             window: 10,
             roles: vec![],
+            overhead_budget: Some(0.01),
         }),
     })
     .unwrap();
@@ -187,8 +194,22 @@ fn pprof_endpoint_on_a_host_recording() {
         let t = Instant::now();
         let (status, body) = get(&addr, "/metrics", Duration::from_secs(2));
         assert!(status.contains("200"), "{status}");
-        assert!(String::from_utf8_lossy(&body).contains("# EOF"));
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("# EOF"));
         assert!(t.elapsed() < Duration::from_secs(2));
+        // What the rolling profiler costs, exported with its budget.
+        assert!(
+            body.contains("vmscope_profiler_budget_ratio 0.01"),
+            "no budget in /metrics:\n{body}"
+        );
+        assert!(
+            metric(
+                &body,
+                "vmscope_profiler_observed_cpu_seconds_total{domain=\"host\"}"
+            )
+            .is_some(),
+            "no host profiler cost in /metrics:\n{body}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     for t in takers {
@@ -234,6 +255,18 @@ fn pprof_endpoint_on_a_host_recording() {
             f.iter().any(|x| x.contains("serve_pprof_test_spin")),
             "seconds={n}: the busy function is not in any stack"
         );
+        // The profile says what the recording cost in its seconds.
+        let comments: Vec<&str> = p
+            .comment
+            .iter()
+            .map(|c| p.string_table[*c as usize].as_str())
+            .collect();
+        assert!(
+            comments
+                .iter()
+                .any(|c| c.starts_with("profiling cost in host: ") && c.contains("budget 1 %")),
+            "seconds={n}: no cost comment: {comments:?}"
+        );
     }
     drop(idle);
     spin_stop.store(true, Ordering::Relaxed);
@@ -241,4 +274,59 @@ fn pprof_endpoint_on_a_host_recording() {
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
     let _ = dripping.join();
+}
+
+/// A budget the host recorder cannot keep at its rate: the rate it exports
+/// falls below the one asked for within seconds, and its cost stays
+/// exported; without a budget the rate stays.
+#[test]
+fn an_overhead_budget_lowers_the_rolling_rate() {
+    if !vmscope_testkit::require_root("a system-wide recording") {
+        return;
+    }
+    for (budget, lowered) in [(Some(0.000_01), true), (None, false)] {
+        let server = Server::bind(&ServeOptions {
+            listen: "127.0.0.1:0".into(),
+            per_cpu: false,
+            shared_io: vec![],
+            profile: Some(ProfileOptions {
+                frequency: 997,
+                callchain: true,
+                window: 10,
+                roles: vec![],
+                overhead_budget: budget,
+            }),
+        })
+        .unwrap();
+        let addr = server.local_addr();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = Arc::clone(&stop);
+        let h = std::thread::spawn(move || server.run(&s2));
+        let series = "vmscope_profiler_sample_rate_hertz{domain=\"host\"}";
+        let mut rate = None;
+        let until = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(500));
+            let (_, body) = get(&addr, "/metrics", Duration::from_secs(5));
+            let body = String::from_utf8_lossy(&body);
+            let cost = metric(&body, "vmscope_profiler_cpu_seconds_total{domain=\"host\"}");
+            rate = metric(&body, series);
+            if cost.is_some_and(|c| c > 0.0)
+                && rate.is_some_and(|r| r > 0.0 && (r < 997.0) == lowered)
+            {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+        let rate = rate.unwrap_or_else(|| panic!("budget {budget:?}: no {series}"));
+        if lowered {
+            assert!(
+                rate < 997.0,
+                "budget {budget:?}: the rate stayed at {rate} Hz"
+            );
+        } else {
+            assert_eq!(rate, 997.0, "no budget: the rate moved to {rate} Hz");
+        }
+    }
 }

@@ -6,6 +6,7 @@ use crate::account::AccountInterval;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -25,6 +26,24 @@ pub struct Totals {
     cpu_domain: BTreeMap<Labels, f64>,
     softirq: BTreeMap<Labels, f64>,
     per_cpu: bool,
+    /// `serve --profile`: each profiler's cost, what it observed, its rate.
+    profiler_cost: BTreeMap<Labels, f64>,
+    profiler_observed: BTreeMap<Labels, f64>,
+    profiler_rate: BTreeMap<Labels, f64>,
+    profiler_budget: Option<f64>,
+}
+
+/// What one profiler of `serve --profile` cost since it started.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfilerTotals {
+    /// `host`, or the VM's name.
+    pub domain: String,
+    /// CPU the profiler used (in a guest: its agent and sampling interrupts), s.
+    pub cost_s: f64,
+    /// CPU time of what it profiled (the base of its budget), s.
+    pub observed_s: f64,
+    /// Its sampling rate now, Hz.
+    pub rate_hz: u64,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -112,6 +131,21 @@ impl Totals {
         }
     }
 
+    /// What the rolling profiler of `serve --profile` cost (totals since it
+    /// started: they replace the previous ones), and its budget.
+    pub fn set_profilers(&mut self, profilers: &[ProfilerTotals], budget: Option<f64>) {
+        self.profiler_cost.clear();
+        self.profiler_observed.clear();
+        self.profiler_rate.clear();
+        for p in profilers {
+            let k = l(&[("domain", &p.domain)]);
+            self.profiler_cost.insert(k.clone(), p.cost_s);
+            self.profiler_observed.insert(k.clone(), p.observed_s);
+            self.profiler_rate.insert(k, p.rate_hz as f64);
+        }
+        self.profiler_budget = budget;
+    }
+
     /// The exposition text (OpenMetrics, which Prometheus scrapes).
     pub fn encode(&self) -> String {
         let mut reg = Registry::default();
@@ -173,6 +207,39 @@ impl Totals {
                 fam(&self.cpu_domain),
             );
         }
+        if !self.profiler_observed.is_empty() {
+            reg.register_with_unit(
+                "vmscope_profiler_cpu",
+                "CPU the profiler of serve --profile used, by domain: host (the recorder's own CPU and sampling interrupts) or a VM (its agent and the guest's sampling interrupts)",
+                Unit::Seconds,
+                fam(&self.profiler_cost),
+            );
+            reg.register_with_unit(
+                "vmscope_profiler_observed_cpu",
+                "CPU time each profiler observed: its cost divided by this is the estimated slowdown it caused",
+                Unit::Seconds,
+                fam(&self.profiler_observed),
+            );
+            let rate = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            for (k, v) in &self.profiler_rate {
+                rate.get_or_create(k).set(*v);
+            }
+            reg.register_with_unit(
+                "vmscope_profiler_sample_rate",
+                "Sampling rate each profiler uses now (lowered or raised to stay within the overhead budget)",
+                Unit::Other("hertz".into()),
+                rate,
+            );
+            if let Some(b) = self.profiler_budget {
+                let g = Gauge::<f64, AtomicU64>::default();
+                g.set(b);
+                reg.register(
+                    "vmscope_profiler_budget_ratio",
+                    "The overhead budget of serve --profile, as a fraction of the CPU each profiler observes",
+                    g,
+                );
+            }
+        }
         let mut s = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut s, &reg);
@@ -185,6 +252,39 @@ mod tests {
     use super::*;
     use crate::account::{DeviceOps, VcpuAccount, VmAccount};
     use crate::vmstat::{Cell, CellKind, CpuRow, Source, StatInterval};
+
+    #[test]
+    fn profiler_costs_are_exported_with_their_budget() {
+        let mut t = Totals::new(false);
+        assert!(
+            !t.encode().contains("vmscope_profiler"),
+            "none before --profile"
+        );
+        let p = |d: &str, c: f64, o: f64, r: u64| ProfilerTotals {
+            domain: d.into(),
+            cost_s: c,
+            observed_s: o,
+            rate_hz: r,
+        };
+        t.set_profilers(
+            &[p("host", 0.5, 100.0, 99), p("web", 0.25, 50.0, 10)],
+            Some(0.01),
+        );
+        // Totals since the start replace the previous ones.
+        t.set_profilers(
+            &[p("host", 0.75, 200.0, 49), p("web", 0.5, 100.0, 10)],
+            Some(0.01),
+        );
+        let s = t.encode();
+        for line in [
+            "vmscope_profiler_cpu_seconds_total{domain=\"host\"} 0.75",
+            "vmscope_profiler_observed_cpu_seconds_total{domain=\"web\"} 100.0",
+            "vmscope_profiler_sample_rate_hertz{domain=\"host\"} 49.0",
+            "vmscope_profiler_budget_ratio 0.01",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} missing:\n{s}");
+        }
+    }
 
     #[test]
     fn counters_accumulate_and_encode() {

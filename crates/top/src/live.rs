@@ -99,6 +99,7 @@ impl LiveTop {
                 plan,
                 barrier_timeout: Duration::from_secs(10),
                 poll_every: opts.interval.min(Duration::from_millis(500)),
+                overhead_budget: None,
             },
         )
         .map_err(err)?;
