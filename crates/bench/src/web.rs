@@ -1199,7 +1199,8 @@ fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
                 Some(SeriesPoint {
                     x: f64::from(pt.rate),
                     y: s.mean,
-                    lo: s.mean - e,
+                    // A rate is never below zero, whatever the interval.
+                    lo: (s.mean - e).max(0.0),
                     hi: s.mean + e,
                 })
             })
