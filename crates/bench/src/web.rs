@@ -410,8 +410,16 @@ impl Runner<'_> {
     fn close(&mut self) {
         if let Server::Vm { guest } = &mut self.server {
             if guest.dead().is_none() {
+                // By its command line (busybox runs it as `busybox`, so
+                // its name is not httpd), sparing this shell, whose own
+                // command line holds the pattern.
                 let _ = guest.sh(
-                    "for p in $(pidof httpd); do kill $p; done",
+                    &format!(
+                        "for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline \
+                         2>/dev/null)\" in *'httpd -p {} -h {GUEST_ROOT}'*) [ ${{d#/proc/}} = $$ ] || kill ${{d#/proc/}};; \
+                         esac; done; true",
+                        self.opts.port
+                    ),
                     Duration::from_secs(30),
                 );
             }
