@@ -1,12 +1,14 @@
 //! `vmscope bench web` through the built binary (issue 15 items 2, 8, 9):
 //! one lab (`webt`, one one-vCPU VM `webt0` with a tap NIC, laid out as
 //! guest-same-cpu) and the host. Only one VM configuration: the three of
-//! menon2005 Fig 7 would take too long on two CPUs under TCG; the
-//! same-vs-separate check is a unit-level matter here and a README run.
+//! menon2005 Fig 7 would take too long on two CPUs under TCG, so the
+//! same-vs-separate line is shown by the README's run, not here.
 //!
 //! - a short sweep of the VM and the host: every point's samples and state,
 //!   requests matching rate x seconds, host CPU per reply, the chart, the
-//!   yes/no shape line with its numbers, the TCG note;
+//!   yes/no VM-vs-host line with its numbers, the host note;
+//! - a port taken in the guest: the VM's configuration fails with the
+//!   reason, exit 1;
 //! - a VM that dies mid-sweep: its point is failed, the host's sweep after
 //!   it still runs, exit 1.
 //!
@@ -179,7 +181,61 @@ fn lab_bench_web() {
         .iter()
         .any(|x| x["type"] == "note" && x["message"].as_str().unwrap().contains("127.0.0.1")));
 
-    // The VM dies mid-sweep: its point fails, the host's sweep still runs.
+    // Something else listens on the port in the guest: the VM's
+    // configuration fails with the reason, exit 1.
+    let busy = vmscope()
+        .args(["lab", "--run-dir"])
+        .arg(&env.run)
+        .args([
+            "exec", "webt0", "--", "busybox", "httpd", "-p", "8080", "-h", "/tmp",
+        ])
+        .env("VMSCOPE_AGENT", &env.agent)
+        .output()
+        .unwrap();
+    assert!(
+        busy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    let out = cmd(
+        &env,
+        &[
+            "bench",
+            "web",
+            "--config",
+            spec_s,
+            "--rate",
+            "10",
+            "--seconds",
+            "1",
+            "--repeat",
+            "1",
+            "--max-repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--format",
+            "json",
+            "--no-charts",
+            "--quiet",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = lines(&out.stdout);
+    let s = summaries(&v, "webt");
+    assert_eq!(s.len(), 1, "{v:?}");
+    let why = s[0]["failed"].as_str().unwrap();
+    assert!(why.contains("port 8080 is in use in the guest"), "{why}");
+
+    // The VM dies mid-sweep: its point fails, the host's sweep still runs
+    // (on another port: the guest's 8080 stays taken).
     let st = vmscope_lab::lab::load_state_in(&env.run, "webt").expect("lab kept up");
     let qemu = st.vms[0].pid.expect("QEMU pid");
     let mut child = cmd(
@@ -191,6 +247,8 @@ fn lab_bench_web() {
             &format!("{spec_s},host"),
             "--rate",
             "5..40:5",
+            "--port",
+            "8081",
             "--seconds",
             "2",
             "--timeout",
