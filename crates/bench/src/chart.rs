@@ -28,6 +28,19 @@ pub struct SeriesPoint {
     pub hi: f64,
 }
 
+impl SeriesPoint {
+    /// A summary's mean and 95 % interval at `x`, times `scale` (units).
+    pub fn of(x: f64, s: &crate::stats::Summary, scale: f64) -> SeriesPoint {
+        let ci = crate::stats::finite(s.ci95);
+        SeriesPoint {
+            x,
+            y: s.mean * scale,
+            lo: (s.mean - ci) * scale,
+            hi: (s.mean + ci) * scale,
+        }
+    }
+}
+
 /// One line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {

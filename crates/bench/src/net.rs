@@ -987,13 +987,7 @@ fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
             .filter(|(pt, _)| pt.path == pi && pt.tool == Tool::Vmscope)
             .filter_map(|(pt, r)| {
                 let s = r.summary()?;
-                let ci = finite(s.ci95);
-                Some(SeriesPoint {
-                    x: pt.buf as f64,
-                    y: s.mean * 8e-6,
-                    lo: (s.mean - ci) * 8e-6,
-                    hi: (s.mean + ci) * 8e-6,
-                })
+                Some(SeriesPoint::of(pt.buf as f64, &s, 8e-6))
             })
             .collect();
         if !points.is_empty() {
@@ -1043,7 +1037,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
     for (pt, r) in o.points.iter().zip(&o.results) {
         let p = &o.paths[pt.path];
         let s: Option<Summary> = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let is_engine = pt.tool == Tool::Vmscope;
         let has_vm = !matches!((&p.sender, &p.receiver), (End::Host, End::Host));
         let accounted = r.samples.iter().any(|x| x.host.accounted);

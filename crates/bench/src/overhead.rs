@@ -665,7 +665,7 @@ fn print_text(
     ]);
     for ((k, _), r) in points.iter().zip(&o.results) {
         let s = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let l = o.loss(*k);
         let mean_prof = |g: &dyn Fn(&Stopped) -> f64| {
             let v: Vec<f64> = r

@@ -631,13 +631,7 @@ fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, Ben
             .filter_map(|(p, r)| {
                 let s = r.summary()?;
                 let one = o.mean(mode, 1)?;
-                let ci = finite(s.ci95);
-                Some(SeriesPoint {
-                    x: p.n as f64,
-                    y: s.mean / one,
-                    lo: (s.mean - ci) / one,
-                    hi: (s.mean + ci) / one,
-                })
+                Some(SeriesPoint::of(p.n as f64, &s, 1.0 / one))
             })
             .collect();
         if !points.is_empty() {
@@ -680,7 +674,7 @@ fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Re
     ]);
     for (p, r) in o.points.iter().zip(&o.results) {
         let s: Option<Summary> = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let mut note = r.failed.clone().unwrap_or_default();
         if r.flagged() > 0 {
             note = format!("{note} {} flagged", r.flagged()).trim().to_string();

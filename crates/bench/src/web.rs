@@ -1202,15 +1202,11 @@ fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
             .filter(|(pt, _)| pt.config == ci)
             .filter_map(|(pt, r)| {
                 let s = r.summary()?;
-                let e = finite(s.ci95);
                 top = top.max(f64::from(pt.rate));
-                Some(SeriesPoint {
-                    x: f64::from(pt.rate),
-                    y: s.mean,
-                    // A rate is never below zero, whatever the interval.
-                    lo: (s.mean - e).max(0.0),
-                    hi: s.mean + e,
-                })
+                let mut p = SeriesPoint::of(f64::from(pt.rate), &s, 1.0);
+                // A rate is never below zero, whatever the interval.
+                p.lo = p.lo.max(0.0);
+                Some(p)
             })
             .collect();
         if !points.is_empty() {
@@ -1275,7 +1271,7 @@ fn print_text(out: &mut dyn Write, o: &WebOutcome) -> std::io::Result<()> {
     );
     for (i, (pt, r)) in o.points.iter().zip(&o.results).enumerate() {
         let s = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let mut state = o.follow[i].name().to_string();
         if let Some(why) = &r.failed {
             state = format!("failed: {why}");
