@@ -28,6 +28,19 @@ pub struct SeriesPoint {
     pub hi: f64,
 }
 
+impl SeriesPoint {
+    /// A summary's mean and 95 % interval at `x`, times `scale` (units).
+    pub fn of(x: f64, s: &crate::stats::Summary, scale: f64) -> SeriesPoint {
+        let ci = crate::stats::finite(s.ci95);
+        SeriesPoint {
+            x,
+            y: s.mean * scale,
+            lo: (s.mean - ci) * scale,
+            hi: (s.mean + ci) * scale,
+        }
+    }
+}
+
 /// One line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
@@ -67,7 +80,22 @@ fn chart_err(path: &Path, e: impl std::fmt::Display) -> BenchError {
     }
 }
 
+/// Creates the chart directory `dir` (and its parents).
+pub fn chart_dir(dir: &Path) -> Result<(), BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
+        what: "chart directory",
+        path: dir.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
 impl LineChart {
+    /// Writes `DIR/NAME.svg` and `DIR/NAME.png`; returns both paths.
+    pub fn write_in(&self, dir: &Path, name: &str) -> Result<Vec<PathBuf>, BenchError> {
+        let (svg, png) = self.write(&dir.join(name))?;
+        Ok(vec![svg, png])
+    }
+
     /// Writes `STEM.svg` and `STEM.png` (1000 × 640).
     pub fn write(&self, stem: &Path) -> Result<(PathBuf, PathBuf), BenchError> {
         let svg = stem.with_extension("svg");

@@ -18,7 +18,8 @@
 
 use crate::guest::VmFailure;
 use crate::hygiene::{BusyRule, LoadSample};
-use crate::output::{CsvRows, JsonLines};
+use crate::netlab::Check;
+use crate::output::{CsvRows, Format, JsonLines};
 use crate::profiler;
 use crate::progress::Progress;
 use crate::row::Row;
@@ -77,6 +78,114 @@ impl Sink<'_, '_> {
     }
 }
 
+impl<'a, 'w> Sink<'a, 'w> {
+    /// The sink of `format`: JSON lines, CSV with `config_keys` as
+    /// columns, or none (a table is printed at the end).
+    pub fn for_format(
+        format: Format,
+        out: &'a mut (dyn Write + 'w),
+        config_keys: &[&str],
+    ) -> std::io::Result<Self> {
+        Ok(match format {
+            Format::Json => Sink::Json(JsonLines::new(out)),
+            Format::Csv => Sink::Csv(Box::new(CsvRows::new(out, config_keys)?)),
+            Format::Table => Sink::None,
+        })
+    }
+
+    /// The records after the samples (JSON lines only): each point's
+    /// summary, the checks, the charts written and the notes.
+    pub fn trailer(
+        &mut self,
+        summaries: impl IntoIterator<Item = serde_json::Value>,
+        checks: &[Check],
+        charts: &[PathBuf],
+        notes: &[String],
+    ) -> std::io::Result<()> {
+        if !matches!(self, Sink::Json(_)) {
+            return Ok(());
+        }
+        for s in summaries {
+            self.record(&s)?;
+        }
+        for c in checks {
+            self.record(&c.json())?;
+        }
+        for c in charts {
+            self.record(&serde_json::json!({"type": "chart", "path": c}))?;
+        }
+        for n in notes {
+            self.record(&serde_json::json!({"type": "note", "message": n}))?;
+        }
+        Ok(())
+    }
+}
+
+/// The text report where the format wants one: the table on `out`; with
+/// CSV on stdout, on stderr unless quiet; none with JSON lines.
+pub fn present(
+    format: Format,
+    quiet: bool,
+    out: &mut dyn Write,
+    print: impl Fn(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    match format {
+        Format::Json => Ok(()),
+        Format::Csv => {
+            if !quiet {
+                let _ = print(&mut std::io::stderr());
+            }
+            Ok(())
+        }
+        Format::Table => print(out),
+    }
+}
+
+/// Every row into the session output prepared before the run (`-o`,
+/// [`crate::session::prepare_output`]), annotated with the command
+/// (`bench net`) and its command line.
+pub fn store_session(
+    output: Option<vmscope_store::output::SessionOutput>,
+    command: &str,
+    command_line: &str,
+    rows: &[Row],
+) -> Result<(), BenchError> {
+    if let Some(o) = output {
+        crate::session::store_rows(
+            o,
+            rows,
+            &[
+                ("command", command.to_string()),
+                ("command_line", command_line.to_string()),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The statistics every summary record carries: n, mean, ci95 (null for
+/// one sample), cv, min, median, max, the stop rule's verdict, flagged
+/// samples and why the point failed.
+pub fn summary_stats<S>(r: &PointOutcome<S>) -> serde_json::Map<String, serde_json::Value> {
+    let s = r.summary();
+    let v = serde_json::json!({
+        "n": s.map(|s| s.n).unwrap_or(0),
+        "mean": s.map(|s| s.mean),
+        "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
+        "cv": s.map(|s| s.cv),
+        "min": s.map(|s| s.min),
+        "median": s.map(|s| s.median),
+        "max": s.map(|s| s.max),
+        "verdict": r.verdict,
+        "flagged_samples": r.flagged(),
+        "failed": r.failed,
+    });
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
 /// Profiled points (`--record DIR`).
 #[derive(Debug, Clone)]
 pub struct RecordPoints {
@@ -98,6 +207,30 @@ pub struct DriveOptions {
     /// A stop signal ends the run before the next sample (the lab options'
     /// cancel, linked to the binary's signal handler).
     pub cancel: vmscope_lab::Cancel,
+}
+
+impl DriveOptions {
+    /// The loop's options from a benchmark's sampling options, without
+    /// profiled points; `cancel` is the lab options' (a stop signal ends
+    /// the run before the next sample).
+    pub fn sampling(
+        warmup: usize,
+        rule: StopRule,
+        seed: u64,
+        busy: BusyRule,
+        busy_retries: usize,
+        cancel: vmscope_lab::Cancel,
+    ) -> DriveOptions {
+        DriveOptions {
+            warmup,
+            rule,
+            seed,
+            busy,
+            busy_retries,
+            record: None,
+            cancel,
+        }
+    }
 }
 
 /// What became of one point.
@@ -124,6 +257,11 @@ impl<S> PointOutcome<S> {
     pub fn flagged(&self) -> usize {
         self.flags.iter().filter(|f| f.is_some()).count()
     }
+}
+
+/// The mean of `f` over a point's kept samples (`None` without samples).
+pub fn mean_of<S>(r: &PointOutcome<S>, f: impl Fn(&S) -> f64) -> Option<f64> {
+    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
 }
 
 /// Each point's outcome and every row written.

@@ -21,16 +21,18 @@
 
 use crate::chart::{bytes_tick, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{self, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{table, CsvRows, Format, JsonLines};
+pub use crate::netlab::Check;
+use crate::netlab::{host_ip, no_tap, tap_ip};
+use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{StopRule, Summary};
+use crate::stats::{finite, StopRule, Summary};
 use crate::units::short_iec;
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -587,37 +589,7 @@ impl NetOutcome {
     }
 }
 
-/// A yes/no line with its numbers.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Check {
-    pub claim: String,
-    pub holds: bool,
-    pub detail: String,
-    /// The engine's mean over iperf3's.
-    pub ratio: f64,
-}
-
-fn host_ip(st: &LabState) -> Option<IpAddr> {
-    st.bridge_address
-        .as_deref()
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
-}
-
-fn tap_ip(vm: &VmState) -> Option<IpAddr> {
-    vm.nics
-        .iter()
-        .filter(|n| n.kind == "tap")
-        .find_map(|n| n.guest_ip.as_deref().and_then(|a| a.parse().ok()))
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(tool))
-            .find(|f| f.is_file())
-    })
-}
+use vmscope_lab::util::which;
 
 /// Runs `bench net`; results go to `out` in `opts.format`.
 pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchError> {
@@ -722,11 +694,7 @@ fn resolve_vm(
         )));
     }
     if tap_ip(&vm).is_none() {
-        return Err(BenchError::bad(format!(
-            "VM {name} of lab {} has no tap NIC (user networking cannot carry the test: \
-             the host cannot reach the guest); give it `[[vm.nic]] kind = \"tap\"` in its spec",
-            st.name
-        )));
+        return Err(BenchError::bad(no_tap(name, &st.name)));
     }
     if !labs.iter().any(|l| l.name == st.name) {
         labs.push(st);
@@ -891,31 +859,26 @@ fn run_in(
         iperf3,
     };
     let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
         record: opts.record.as_ref().map(|d| RecordPoints {
             dir: d.clone(),
             freq: opts.record_freq,
             vmscope: opts.vmscope.clone(),
             experiment: "net".into(),
         }),
-        cancel: opts.lab_options.cancel.clone(),
+        ..DriveOptions::sampling(
+            opts.warmup,
+            StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+            opts.seed,
+            opts.busy,
+            opts.busy_retries,
+            opts.lab_options.cancel.clone(),
+        )
     };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &["path", "tool", "recv_buf", "streams", "seconds"],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["path", "tool", "recv_buf", "streams", "seconds"],
+    )?;
     let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, progress)?;
     let mut outcome = NetOutcome {
         accel,
@@ -930,54 +893,25 @@ fn run_in(
     if let Some(dir) = &opts.charts {
         outcome.charts = charts(dir, &outcome)?;
     }
-    if let Sink::Json(_) = &sink {
-        for (pt, r) in outcome.points.iter().zip(&outcome.results) {
-            sink.record(&summary_json(pt, r))?;
-        }
-        for c in &outcome.checks {
-            sink.record(&serde_json::json!({
-                "type": "check", "claim": c.claim, "holds": c.holds,
-                "verdict": if c.holds { "yes" } else { "no" }, "detail": c.detail, "ratio": c.ratio,
-            }))?;
-        }
-        for c in &outcome.charts {
-            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-    }
+    sink.trailer(
+        outcome
+            .points
+            .iter()
+            .zip(&outcome.results)
+            .map(|(pt, r)| summary_json(pt, r)),
+        &outcome.checks,
+        &outcome.charts,
+        &outcome.notes,
+    )?;
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let mut err = std::io::stderr();
-                let _ = print_text(&mut err, &outcome);
-            }
-        }
-        Format::Table => print_text(out, &outcome)?,
-    }
-    if let Some(o) = session_out {
-        crate::session::store_rows(
-            o,
-            &rows,
-            &[
-                ("command", "bench net".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
+    driver::store_session(session_out, "bench net", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
-fn mean_of(r: &PointOutcome<NetSample>, f: impl Fn(&NetSample) -> f64) -> Option<f64> {
-    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
-}
-
 fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value {
-    let s = r.summary();
-    serde_json::json!({
+    let mut m = driver::summary_stats(r);
+    let more = serde_json::json!({
         "type": "summary",
         "experiment": "net",
         "point": pt.point.name,
@@ -985,16 +919,6 @@ fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value
         "config_hash": pt.point.config_hash,
         "metric": "throughput",
         "unit": "bytes/s",
-        "n": s.map(|s| s.n).unwrap_or(0),
-        "mean": s.map(|s| s.mean),
-        "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-        "cv": s.map(|s| s.cv),
-        "min": s.map(|s| s.min),
-        "median": s.map(|s| s.median),
-        "max": s.map(|s| s.max),
-        "verdict": r.verdict,
-        "flagged_samples": r.flagged(),
-        "failed": r.failed,
         "sender_cpu_s": mean_of(r, |x| x.send.as_ref().map_or(0.0, NetRun::cpu_s)),
         "receiver_cpu_s": mean_of(r, |x| x.recv.as_ref().map_or(0.0, NetRun::cpu_s)),
         "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
@@ -1005,7 +929,11 @@ fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value
         "session": r.session,
         "record_error": r.record_error,
         "manifest": pt.point.manifest,
-    })
+    });
+    if let serde_json::Value::Object(o) = more {
+        m.extend(o);
+    }
+    serde_json::Value::Object(m)
 }
 
 /// The engine at 64 KiB against iperf3 on each path.
@@ -1048,20 +976,8 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
     out
 }
 
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
-}
-
 fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-        what: "chart directory",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    crate::chart::chart_dir(dir)?;
     let mut series = Vec::new();
     for (pi, p) in o.paths.iter().enumerate() {
         let points: Vec<SeriesPoint> = o
@@ -1071,13 +987,7 @@ fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
             .filter(|(pt, _)| pt.path == pi && pt.tool == Tool::Vmscope)
             .filter_map(|(pt, r)| {
                 let s = r.summary()?;
-                let ci = finite(s.ci95);
-                Some(SeriesPoint {
-                    x: pt.buf as f64,
-                    y: s.mean * 8e-6,
-                    lo: (s.mean - ci) * 8e-6,
-                    hi: (s.mean + ci) * 8e-6,
-                })
+                Some(SeriesPoint::of(pt.buf as f64, &s, 8e-6))
             })
             .collect();
         if !points.is_empty() {
@@ -1102,8 +1012,7 @@ fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
         x_tick: bytes_tick,
         series,
     };
-    let (svg, png) = c.write(&dir.join("net-throughput"))?;
-    Ok(vec![svg, png])
+    c.write_in(dir, "net-throughput")
 }
 
 fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
@@ -1128,7 +1037,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
     for (pt, r) in o.points.iter().zip(&o.results) {
         let p = &o.paths[pt.path];
         let s: Option<Summary> = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let is_engine = pt.tool == Tool::Vmscope;
         let has_vm = !matches!((&p.sender, &p.receiver), (End::Host, End::Host));
         let accounted = r.samples.iter().any(|x| x.host.accounted);
@@ -1177,22 +1086,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
         ]);
     }
     writeln!(out, "{t}")?;
-    for c in &o.checks {
-        writeln!(
-            out,
-            "{}: {} ({})",
-            if c.holds { "yes" } else { "no" },
-            c.claim,
-            c.detail
-        )?;
-    }
-    for c in &o.charts {
-        writeln!(out, "chart: {}", c.display())?;
-    }
-    for n in &o.notes {
-        writeln!(out, "note: {n}")?;
-    }
-    Ok(())
+    crate::netlab::print_tail(out, &o.checks, &o.charts, &o.notes)
 }
 
 #[cfg(test)]

@@ -108,6 +108,11 @@ fn csv_io(e: csv::Error) -> std::io::Error {
     }
 }
 
+/// `v` with `d` decimals, or `-` when there is none (table cells).
+pub fn fixed(v: Option<f64>, d: usize) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.d$}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

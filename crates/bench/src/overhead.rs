@@ -20,7 +20,7 @@ use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadMark, LoadProbe, LoadSample};
 use crate::manifest::Manifest;
-use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::output::{table, Format};
 use crate::profiler::{self, Kind, Stopped};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
@@ -554,29 +554,21 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         runs: 0,
     };
     let progress = Progress::new(0, opts.quiet);
-    let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
-        record: None,
-        cancel: opts.lab_options.cancel.clone(),
-    };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &[
-                "workload", "where", "threads", "seconds", "profiler", "freq",
-            ],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let drive_opts = DriveOptions::sampling(
+        opts.warmup,
+        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+        opts.seed,
+        opts.busy,
+        opts.busy_retries,
+        opts.lab_options.cancel.clone(),
+    );
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &[
+            "workload", "where", "threads", "seconds", "profiler", "freq",
+        ],
+    )?;
     let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, &progress)?;
     progress.finish();
     let outcome = OverheadOutcome {
@@ -633,25 +625,10 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         }
     }
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let _ = print_text(&mut std::io::stderr(), &e.points, &outcome, opts);
-            }
-        }
-        Format::Table => print_text(out, &e.points, &outcome, opts)?,
-    }
-    if let Some(o) = session_out {
-        crate::session::store_rows(
-            o,
-            &rows,
-            &[
-                ("command", "bench overhead".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| {
+        print_text(w, &e.points, &outcome, opts)
+    })?;
+    driver::store_session(session_out, "bench overhead", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
@@ -688,7 +665,7 @@ fn print_text(
     ]);
     for ((k, _), r) in points.iter().zip(&o.results) {
         let s = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let l = o.loss(*k);
         let mean_prof = |g: &dyn Fn(&Stopped) -> f64| {
             let v: Vec<f64> = r

@@ -320,13 +320,7 @@ fn session_samples(path: &Path) -> Option<u64> {
     Some(t.values().map(|(n, _)| *n).sum())
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(tool))
-            .find(|f| f.is_file())
-    })
-}
+use vmscope_lab::util::which;
 
 impl Running {
     pub fn kind(&self) -> Kind {

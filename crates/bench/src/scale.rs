@@ -17,16 +17,16 @@
 
 use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
 use crate::hygiene::{BusyRule, LoadSample};
 use crate::io::labs::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{table, CsvRows, Format, JsonLines};
+use crate::output::{table, Format};
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{StopRule, Summary};
+use crate::stats::{finite, StopRule, Summary};
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -557,27 +557,19 @@ fn run_in(
         big,
         probe: CpuProbe::new(false),
     };
-    let drive_opts = DriveOptions {
-        warmup: opts.warmup,
-        rule: StopRule {
-            min_samples: opts.repeat,
-            max_samples: opts.max_repeat,
-            rel_ci: opts.rel_ci,
-        },
-        seed: opts.seed,
-        busy: opts.busy,
-        busy_retries: opts.busy_retries,
-        record: None,
-        cancel: opts.lab_options.cancel.clone(),
-    };
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &["workload", "mode", "n", "seconds", "buffer"],
-        )?)),
-        Format::Table => Sink::None,
-    };
+    let drive_opts = DriveOptions::sampling(
+        opts.warmup,
+        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+        opts.seed,
+        opts.busy,
+        opts.busy_retries,
+        opts.lab_options.cancel.clone(),
+    );
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["workload", "mode", "n", "seconds", "buffer"],
+    )?;
     let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, progress)?;
     let mut outcome = ScaleOutcome {
         accel,
@@ -590,10 +582,13 @@ fn run_in(
         outcome.charts = charts(dir, &outcome, opts.workload)?;
     }
     let unit = format!("{}/s", opts.workload.work_unit());
-    if let Sink::Json(_) = &sink {
-        for (p, r) in outcome.points.iter().zip(&outcome.results) {
+    let summaries: Vec<serde_json::Value> = outcome
+        .points
+        .iter()
+        .zip(&outcome.results)
+        .map(|(p, r)| {
             let s = r.summary();
-            sink.record(&serde_json::json!({
+            serde_json::json!({
                 "type": "summary",
                 "experiment": "scale",
                 "point": p.point.name,
@@ -612,56 +607,20 @@ fn run_in(
                 "flagged_samples": r.flagged(),
                 "failed": r.failed,
                 "manifest": p.point.manifest,
-            }))?;
-        }
-        for c in &outcome.charts {
-            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-    }
+            })
+        })
+        .collect();
+    sink.trailer(summaries, &[], &outcome.charts, &outcome.notes)?;
     drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => {
-            if !opts.quiet {
-                let _ = print_text(&mut std::io::stderr(), &outcome, opts.workload);
-            }
-        }
-        Format::Table => print_text(out, &outcome, opts.workload)?,
-    }
-    if let Some(o) = session_out {
-        crate::session::store_rows(
-            o,
-            &rows,
-            &[
-                ("command", "bench scale".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
+    driver::present(opts.format, opts.quiet, out, |w| {
+        print_text(w, &outcome, opts.workload)
+    })?;
+    driver::store_session(session_out, "bench scale", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
-fn mean_of(r: &PointOutcome<ScaleSample>, f: impl Fn(&ScaleSample) -> f64) -> Option<f64> {
-    (!r.samples.is_empty()).then(|| r.samples.iter().map(&f).sum::<f64>() / r.samples.len() as f64)
-}
-
-fn finite(x: f64) -> f64 {
-    if x.is_finite() {
-        x
-    } else {
-        0.0
-    }
-}
-
 fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-        what: "chart directory",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    crate::chart::chart_dir(dir)?;
     let mut series = Vec::new();
     for mode in Mode::ALL {
         let points: Vec<SeriesPoint> = o
@@ -672,13 +631,7 @@ fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, Ben
             .filter_map(|(p, r)| {
                 let s = r.summary()?;
                 let one = o.mean(mode, 1)?;
-                let ci = finite(s.ci95);
-                Some(SeriesPoint {
-                    x: p.n as f64,
-                    y: s.mean / one,
-                    lo: (s.mean - ci) / one,
-                    hi: (s.mean + ci) / one,
-                })
+                Some(SeriesPoint::of(p.n as f64, &s, 1.0 / one))
             })
             .collect();
         if !points.is_empty() {
@@ -700,8 +653,7 @@ fn charts(dir: &Path, o: &ScaleOutcome, w: Workload) -> Result<Vec<PathBuf>, Ben
         x_tick: fmt_num,
         series,
     };
-    let (svg, png) = c.write(&dir.join(format!("scale-{w}")))?;
-    Ok(vec![svg, png])
+    c.write_in(dir, &format!("scale-{w}"))
 }
 
 fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Result<()> {
@@ -722,7 +674,7 @@ fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Re
     ]);
     for (p, r) in o.points.iter().zip(&o.results) {
         let s: Option<Summary> = r.summary();
-        let f = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
+        let f = crate::output::fixed;
         let mut note = r.failed.clone().unwrap_or_default();
         if r.flagged() > 0 {
             note = format!("{note} {} flagged", r.flagged()).trim().to_string();
@@ -749,13 +701,7 @@ fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Re
         ]);
     }
     writeln!(out, "{t}")?;
-    for c in &o.charts {
-        writeln!(out, "chart: {}", c.display())?;
-    }
-    for n in &o.notes {
-        writeln!(out, "note: {n}")?;
-    }
-    Ok(())
+    crate::netlab::print_tail(out, &[], &o.charts, &o.notes)
 }
 
 #[cfg(test)]

@@ -65,6 +65,15 @@ impl Summary {
     }
 }
 
+/// `x`, or 0 when it is not finite (the interval of a single sample).
+pub fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
 /// The 0.975 quantile of Student's t with `df` degrees of freedom (the
 /// two-sided 95 % factor): 12.706 for 1, 2.776 for 4, 1.960 in the limit.
 pub fn t975(df: usize) -> f64 {
@@ -99,6 +108,18 @@ pub struct StopRule {
     /// Stop once the 95 % interval's half-width is within this fraction
     /// of the mean (0.05 = 5 %).
     pub rel_ci: f64,
+}
+
+impl StopRule {
+    /// At least `repeat` samples, then more up to `max_repeat` until the
+    /// interval is within `rel_ci` of the mean.
+    pub fn new(repeat: usize, max_repeat: usize, rel_ci: f64) -> StopRule {
+        StopRule {
+            min_samples: repeat,
+            max_samples: max_repeat,
+            rel_ci,
+        }
+    }
 }
 
 impl Default for StopRule {

@@ -33,6 +33,11 @@ enum BenchCommand {
     /// with the receive buffer swept, iperf3 side by side, and the host CPU per Gbit.
     #[command(after_help = crate::cmd_bench_net::NET_HELP)]
     Net(crate::cmd_bench_net::NetArgs),
+    /// Web server, menon2005 Fig 7: busybox httpd on the host and in lab VMs serving one
+    /// file, httperf offering open-loop load at rising rates until the reply rate stops
+    /// following, with errors, latency and host CPU per reply.
+    #[command(after_help = crate::cmd_bench_web::WEB_HELP)]
+    Web(crate::cmd_bench_web::WebArgs),
     /// Scaling, theurer2006's experiment: memwrite or cpu as N host processes, one host
     /// process with N threads, N VMs of one vCPU and one VM of N vCPUs, N = 1..max, with the
     /// scaling factor against N = 1.
@@ -198,6 +203,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
     match a.command {
         BenchCommand::Io(a) => io(a),
         BenchCommand::Net(a) => crate::cmd_bench_net::net(a),
+        BenchCommand::Web(a) => crate::cmd_bench_web::web(a),
         BenchCommand::Scale(a) => crate::cmd_bench_net::scale(a),
         BenchCommand::Overhead(a) => crate::cmd_bench_net::overhead(a),
     }

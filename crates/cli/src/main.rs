@@ -7,6 +7,7 @@ mod args;
 mod cmd_account;
 mod cmd_bench;
 mod cmd_bench_net;
+mod cmd_bench_web;
 mod cmd_compare;
 mod cmd_demo;
 mod cmd_generate;

@@ -528,6 +528,10 @@ fn fixtures(dir: &Path) {
     );
     let w = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).unwrap();
     w("notes.txt", b"my notes, not a session\n");
+    w(
+        "user-nic.toml",
+        b"name = \"webu\"\n[[vm]]\nname = \"webu0\"\n[[vm.nic]]\nkind = \"user\"\n",
+    );
     w("notes2.txt", b"more notes\n");
     w("notes.bak", b"a backup of notes\n");
     w("force.txt", b"replace me\n");
@@ -841,6 +845,37 @@ fn table() -> Vec<Row> {
             &["/dev/null is a character device"],
         )
         .unchanged(&["/dev/null"]),
+        // bench web: options, peers and NICs, checked before any lab or server starts
+        row(
+            "w01",
+            "bench web --config host --httperf /nonexistent/httperf --quiet",
+            2,
+            &["--httperf /nonexistent/httperf", "Debian package httperf"],
+        ),
+        row(
+            "w02",
+            "bench web --config user-nic.toml --quiet",
+            2,
+            &["VM webu0", "user networking", "kind = \"tap\""],
+        ),
+        row(
+            "w03",
+            "bench web --rate 100..50:10",
+            2,
+            &["--rate 100..50:10"],
+        ),
+        row(
+            "w04",
+            "bench web --config host --file-size 0",
+            2,
+            &["--file-size 0"],
+        ),
+        row(
+            "w05",
+            "bench web --config no-such-lab --quiet",
+            2,
+            &["--config no-such-lab", "not a built-in lab"],
+        ),
         // bench scale, net, overhead -o: checked before anything runs (the
         // sweeps asked for take minutes)
         row(
@@ -1844,4 +1879,22 @@ fn perf_data_of_a_killed_perf_record() {
     let err = fails_clearly(&out, &["killed.data", "did not finish properly"]);
     assert!(!err.contains("feature"), "{err}");
     assert!(!db.exists());
+}
+
+/// bench web on a host port something else listens on: one line naming
+/// the port, exit 2, before any server or lab starts.
+#[test]
+fn bench_web_port_in_use() {
+    if skip_unless(&["httperf", "busybox"]) {
+        return;
+    }
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    let out = vmscope()
+        .args([
+            "bench", "web", "--config", "host", "--quiet", "--port", &port,
+        ])
+        .output()
+        .unwrap();
+    fails_clearly(&out, &["--port", &port, "in use"]);
 }

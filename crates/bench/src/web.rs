@@ -1,0 +1,1457 @@
+//! `vmscope bench web`: menon2005 §6.3's web server experiment (Fig 7) and
+//! cherkasova2005's file sizes. A static-file server — busybox httpd,
+//! serving one generated file of `--file-size` bytes — runs on the host
+//! (`host`) or in a lab VM reached over its tap NIC (`guest-same-cpu`,
+//! `guest-separate-cpu`, or any spec with a tap NIC); httperf on the host
+//! offers an open-loop load, one connection per request, at each rate of
+//! `--rate` in turn.
+//!
+//! Per configuration the rates are swept upward until the reply rate stops
+//! following the offered rate ([`Follow`]): the first rate whose mean reply
+//! rate is below `--follow` × offered is marked saturated and ends that
+//! configuration's sweep. A rate httperf itself could not offer (fd-unavail
+//! errors, or its request rate short of the offered rate while the server
+//! was not queueing connections) is marked generator-limited and ends the
+//! sweep too: higher rates would measure httperf, not the server.
+//!
+//! Each rate is one point of the shared sampling loop ([`crate::driver`]):
+//! warm-up, repeats until the interval is within `--ci`, busy-host redo,
+//! a VM that dies marking its point failed (the other configurations go
+//! on). Around each sample the host is read as `bench net` reads it
+//! ([`crate::cpu::CpuProbe`]); the host CPU per reply is what the run cost
+//! the host (this process and its children, the VM's QEMU, kernel threads)
+//! less the CPU httperf reports for itself, over the 2xx replies.
+
+use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
+use crate::cpu::{CpuProbe, HostCpu};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
+use crate::guest::{Guest, VmFailure};
+use crate::httperf;
+use crate::hygiene::{BusyRule, LoadSample};
+use crate::io::labs::LabSession;
+use crate::manifest::Manifest;
+use crate::netlab::{no_tap, tap_ip, Check};
+use crate::output::{table, Format};
+use crate::progress::Progress;
+use crate::row::{unit, Point, Row};
+use crate::schedule::Step;
+use crate::stats::{finite, StopRule};
+use crate::units::short_iec;
+use crate::BenchError;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmscope_lab::spec::NicKind;
+use vmscope_lab::{LabOptions, LabSpec};
+
+/// The configurations of menon2005 Fig 7 this machine can run.
+pub const DEFAULT_CONFIGS: &str = "host,guest-same-cpu,guest-separate-cpu";
+/// Offered rates, requests/s.
+pub const DEFAULT_RATES: &str = "100..1000:100";
+/// The reply rate follows the offered rate while at least this share of it.
+pub const DEFAULT_FOLLOW: f64 = 0.9;
+/// Where the served file lives in a guest.
+const GUEST_ROOT: &str = "/tmp/vmscope-web";
+
+/// Everything `bench web` is asked to do.
+#[derive(Debug, Clone)]
+pub struct WebOptions {
+    /// `host`, or a lab spec (built-in name or file) with a tap NIC.
+    pub configs: Vec<String>,
+    /// Offered rates, requests/s, ascending.
+    pub rates: Vec<u32>,
+    pub file_size: u64,
+    /// Seconds of offered load per run (connections = rate × seconds).
+    pub seconds: f64,
+    /// httperf's --timeout, seconds.
+    pub timeout: f64,
+    pub port: u16,
+    pub follow: f64,
+    /// The httperf program; `None`: found on PATH.
+    pub httperf: Option<PathBuf>,
+    pub repeat: usize,
+    pub max_repeat: usize,
+    pub rel_ci: f64,
+    pub warmup: usize,
+    /// Labs run as `PREFIX-SPECNAME`.
+    pub lab_prefix: Option<String>,
+    pub lab_options: LabOptions,
+    pub keep_lab: bool,
+    pub format: Format,
+    pub charts: Option<PathBuf>,
+    pub session: Option<PathBuf>,
+    pub account: bool,
+    pub busy: BusyRule,
+    pub busy_retries: usize,
+    pub seed: u64,
+    pub quiet: bool,
+    pub command_line: String,
+}
+
+impl Default for WebOptions {
+    fn default() -> Self {
+        WebOptions {
+            configs: DEFAULT_CONFIGS.split(',').map(String::from).collect(),
+            rates: parse_rates(DEFAULT_RATES).unwrap_or_default(),
+            file_size: 1024,
+            seconds: 5.0,
+            timeout: 5.0,
+            port: 8080,
+            follow: DEFAULT_FOLLOW,
+            httperf: None,
+            repeat: 3,
+            max_repeat: 6,
+            rel_ci: 0.05,
+            warmup: 1,
+            lab_prefix: None,
+            lab_options: LabOptions::default(),
+            keep_lab: false,
+            format: Format::Table,
+            charts: None,
+            session: None,
+            account: true,
+            busy: BusyRule::default(),
+            busy_retries: 2,
+            seed: 1,
+            quiet: false,
+            command_line: String::new(),
+        }
+    }
+}
+
+/// `A..B:STEP` (A, A+STEP, ... up to B) and/or a comma list, requests/s;
+/// sorted, without repeats.
+pub fn parse_rates(text: &str) -> Result<Vec<u32>, String> {
+    let bad = |why: &str| {
+        format!("--rate {text}: {why} (want A..B:STEP and/or a list, such as 100..1000:100)")
+    };
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        if let Some((a, rest)) = part.split_once("..") {
+            let (b, step) = rest
+                .split_once(':')
+                .ok_or_else(|| bad("a range needs :STEP"))?;
+            let n = |s: &str| {
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| bad(&format!("`{s}` is not a whole number")))
+            };
+            let (a, b, step) = (n(a)?, n(b)?, n(step)?);
+            if step == 0 || a == 0 || b < a {
+                return Err(bad("a range needs 0 < A <= B and STEP > 0"));
+            }
+            let mut r = a;
+            while r <= b {
+                out.push(r);
+                r = match r.checked_add(step) {
+                    Some(x) => x,
+                    None => break,
+                };
+            }
+        } else {
+            let r: u32 = part
+                .parse()
+                .map_err(|_| bad(&format!("`{part}` is not a whole number")))?;
+            if r == 0 {
+                return Err(bad("a rate must be above 0"));
+            }
+            out.push(r);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    if out.is_empty() {
+        return Err(bad("no rates"));
+    }
+    Ok(out)
+}
+
+/// Whether a rate's replies followed its offered load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Follow {
+    /// Reply rate ≥ `--follow` × offered.
+    Follows,
+    /// The server fell behind: the sweep of this configuration ends here.
+    Saturated,
+    /// httperf could not offer the rate: the sweep ends, the point says so.
+    GeneratorLimited,
+    /// The point failed (a VM died, a command failed).
+    Failed,
+}
+
+impl Follow {
+    pub fn name(self) -> &'static str {
+        match self {
+            Follow::Follows => "follows",
+            Follow::Saturated => "saturated",
+            Follow::GeneratorLimited => "generator-limited",
+            Follow::Failed => "failed",
+        }
+    }
+}
+
+/// One configuration: the host, or a lab's VM.
+#[derive(Debug, Clone)]
+pub struct WebConfig {
+    /// `host`, or the spec's name (before any --lab-prefix).
+    pub label: String,
+    pub spec: Option<LabSpec>,
+}
+
+/// One point: a configuration at one offered rate.
+#[derive(Debug, Clone)]
+pub struct WebPoint {
+    pub config: usize,
+    pub rate: u32,
+    pub point: Point,
+}
+
+/// One sample: one httperf run.
+#[derive(Debug, Clone)]
+pub struct WebSample {
+    pub offered: u32,
+    pub run: httperf::Run,
+    pub host: HostCpu,
+    pub vm_pids: Vec<u32>,
+    pub raw: String,
+}
+
+impl WebSample {
+    pub fn reply_rate(&self) -> f64 {
+        self.run.reply_rate()
+    }
+
+    /// What the run cost the host besides httperf, CPU seconds.
+    pub fn server_cpu_s(&self) -> f64 {
+        (self.host.load.own_s + self.host.load.kthreads_s - self.run.cpu_s).max(0.0)
+    }
+
+    /// [`WebSample::server_cpu_s`] per 2xx reply.
+    pub fn cpu_per_reply_s(&self) -> f64 {
+        if self.run.status_2xx > 0 {
+            self.server_cpu_s() / self.run.status_2xx as f64
+        } else {
+            0.0
+        }
+    }
+
+    pub fn vm_io_charge_s(&self) -> f64 {
+        self.vm_pids
+            .iter()
+            .filter_map(|p| self.host.vm(Some(*p)))
+            .map(crate::cpu::VmCpu::io_charge_s)
+            .sum()
+    }
+
+    /// httperf could not offer the rate: it ran out of file descriptors,
+    /// or it sent requests slower than asked while connections completed
+    /// within the interval between two arrivals (the server was not
+    /// queueing them, so the shortfall is httperf's own). A server that
+    /// falls behind makes connections wait longer than that: saturation.
+    pub fn generator_limited(&self, follow: f64) -> bool {
+        let interval_ms = 1e3 / f64::from(self.offered);
+        self.run.errors.fd_unavail > 0
+            || (self.run.request_rate < follow * f64::from(self.offered)
+                && self.run.conn_time_avg_ms < interval_ms)
+    }
+}
+
+/// Where the server runs for one configuration.
+enum Server {
+    /// busybox httpd started per sample on 127.0.0.1, serving `dir`.
+    Host {
+        busybox: PathBuf,
+        dir: tempfile::TempDir,
+    },
+    /// busybox httpd started once in the guest.
+    Vm { guest: Box<Guest> },
+}
+
+/// One configuration's sweep state.
+struct Runner<'a> {
+    opts: &'a WebOptions,
+    httperf: String,
+    probe: &'a mut CpuProbe,
+    server: Server,
+    addr: IpAddr,
+    uri: String,
+    points: Vec<WebPoint>,
+}
+
+impl Runner<'_> {
+    fn pids(&self) -> Vec<u32> {
+        match &self.server {
+            Server::Vm { guest } => guest.vm().pid.into_iter().collect(),
+            Server::Host { .. } => Vec::new(),
+        }
+    }
+
+    fn dead(&self) -> Option<String> {
+        match &self.server {
+            Server::Vm { guest } => guest.dead(),
+            Server::Host { .. } => None,
+        }
+    }
+
+    fn start_host_httpd(&self) -> Result<Option<Child>, VmFailure> {
+        let Server::Host { busybox, dir } = &self.server else {
+            return Ok(None);
+        };
+        let mut cmd = Command::new(busybox);
+        // SAFETY: prctl(2) only, between fork and exec: the server dies
+        // with this process, also when it is killed.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut c = cmd
+            .args(["httpd", "-f", "-p"])
+            .arg(format!("127.0.0.1:{}", self.opts.port))
+            .arg("-h")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| VmFailure::Failed(format!("starting busybox httpd: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !vmscope_workload::net::is_listening(self.opts.port) {
+            if let Ok(Some(st)) = c.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = c.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Err(VmFailure::Failed(format!(
+                    "busybox httpd on port {} exited ({st}): {}",
+                    self.opts.port,
+                    err.trim()
+                )));
+            }
+            if Instant::now() > deadline {
+                stop(&mut c);
+                return Err(VmFailure::Failed(format!(
+                    "busybox httpd does not listen on port {} after 10 s",
+                    self.opts.port
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Some(c))
+    }
+
+    fn sample(&mut self, rate: u32) -> Result<WebSample, VmFailure> {
+        if let Some(d) = self.dead() {
+            return Err(VmFailure::Dead(d));
+        }
+        let conns = ((f64::from(rate) * self.opts.seconds).round() as u64).max(1);
+        let argv = httperf::argv(
+            &self.httperf,
+            &self.addr.to_string(),
+            self.opts.port,
+            &self.uri,
+            rate,
+            conns,
+            self.opts.timeout,
+        );
+        let pids = self.pids();
+        let mut httpd = self.start_host_httpd()?;
+        let group = httpd.as_ref().and_then(|c| CpuGroup::around(c.id()));
+        let group_start = group.as_ref().and_then(CpuGroup::cpu_s);
+        let mark = self.probe.mark(&pids);
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .output();
+        // The host's server is stopped and reaped before the reading, so
+        // its own CPU counts as this run's (this process's children); its
+        // connection processes, reaped by nobody, are the rest of its
+        // group's usage.
+        let mut extra = 0.0;
+        if let Some(c) = httpd.as_mut() {
+            let main = proc_cpu_s(c.id());
+            let total = group.as_ref().and_then(CpuGroup::cpu_s);
+            if let (Some(main), Some(t0), Some(t1)) = (main, group_start, total) {
+                extra = (t1 - t0 - main).max(0.0);
+            }
+            stop(c);
+        }
+        drop(group);
+        let mut host = self.probe.since(&mark);
+        host.load.own_s += extra;
+        host.load.other_s = (host.load.other_s - extra).max(0.0);
+        let out = out.map_err(|e| VmFailure::Failed(format!("running {}: {e}", self.httperf)))?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if let Some(d) = self.dead() {
+            return Err(VmFailure::Dead(d));
+        }
+        let run = httperf::parse(&text).map_err(|e| {
+            VmFailure::Failed(format!(
+                "{e}; httperf's stderr: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        })?;
+        Ok(WebSample {
+            offered: rate,
+            run,
+            host,
+            vm_pids: pids,
+            raw: text,
+        })
+    }
+
+    /// Stops the guest's server (the host's stops after every sample).
+    fn close(&mut self) {
+        if let Server::Vm { guest } = &mut self.server {
+            if guest.dead().is_none() {
+                // By its command line (busybox runs it as `busybox`, so
+                // its name is not httpd), sparing this shell, whose own
+                // command line holds the pattern.
+                let _ = guest.sh(
+                    &format!(
+                        "for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline \
+                         2>/dev/null)\" in *'httpd -p {} -h {GUEST_ROOT}'*) [ ${{d#/proc/}} = $$ ] || kill ${{d#/proc/}};; \
+                         esac; done; true",
+                        self.opts.port
+                    ),
+                    Duration::from_secs(30),
+                );
+            }
+        }
+    }
+}
+
+/// SIGTERM, then reap (SIGKILL after 5 s).
+fn stop(c: &mut Child) {
+    // SAFETY: kill(2) on our own child's pid, which is not reaped yet.
+    unsafe {
+        libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while matches!(c.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = c.wait();
+}
+
+/// A CPU-accounting cgroup around the host's httpd. busybox httpd forks a
+/// process per connection and lets the kernel reap it (SIGCHLD ignored),
+/// so that work reaches no parent's `cutime` and would count as other
+/// load; the group's usage counts it. cgroup v1 `cpuacct` where mounted,
+/// else v2's `cpu.stat`; `None` where neither can be made.
+struct CpuGroup {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl CpuGroup {
+    fn around(pid: u32) -> Option<CpuGroup> {
+        let name = format!("vmscope-web-{}-{pid}", std::process::id());
+        for (root, v1) in [
+            ("/sys/fs/cgroup/cpuacct", true),
+            ("/sys/fs/cgroup/unified", false),
+            ("/sys/fs/cgroup", false),
+        ] {
+            let probe = if v1 {
+                "cpuacct.usage"
+            } else {
+                "cgroup.controllers"
+            };
+            if !Path::new(root).join(probe).exists() {
+                continue;
+            }
+            let dir = Path::new(root).join(&name);
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            if std::fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok() {
+                return Some(CpuGroup { dir, v1 });
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+        None
+    }
+
+    /// CPU seconds of the group's processes, dead ones included.
+    fn cpu_s(&self) -> Option<f64> {
+        if self.v1 {
+            let t = std::fs::read_to_string(self.dir.join("cpuacct.usage")).ok()?;
+            t.trim().parse::<f64>().ok().map(|ns| ns / 1e9)
+        } else {
+            let t = std::fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+            t.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .map(|us| us / 1e6)
+        }
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        // Its processes are gone by now (the server is stopped first).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// A process's CPU seconds with its reaped children.
+fn proc_cpu_s(pid: u32) -> Option<f64> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let t = std::fs::read_to_string(&path).ok()?;
+    let c = vmscope_linux::procfs::parse_process_cpu(&t, &path).ok()?;
+    Some((c.utime + c.stime + c.cutime + c.cstime) as f64 / vmscope_linux::procfs::clk_tck())
+}
+
+/// The shared loop sees one point at a time: a rate's result decides
+/// whether the next rate runs.
+struct OnePoint<'r, 'a> {
+    runner: &'r mut Runner<'a>,
+    index: usize,
+}
+
+impl Experiment for OnePoint<'_, '_> {
+    type Sample = WebSample;
+
+    fn points(&self) -> usize {
+        1
+    }
+
+    fn name(&self, _i: usize) -> String {
+        self.runner.points[self.index].point.name.clone()
+    }
+
+    fn hash(&self, _i: usize) -> String {
+        self.runner.points[self.index].point.config_hash.clone()
+    }
+
+    fn vms(&self, _i: usize) -> Vec<String> {
+        match &self.runner.server {
+            Server::Vm { guest } => vec![guest.name().to_string()],
+            Server::Host { .. } => Vec::new(),
+        }
+    }
+
+    fn run(&mut self, _i: usize, _step: Step) -> Result<WebSample, VmFailure> {
+        let rate = self.runner.points[self.index].rate;
+        self.runner.sample(rate)
+    }
+
+    fn value(&self, s: &WebSample) -> f64 {
+        s.reply_rate()
+    }
+
+    fn load(&self, s: &WebSample) -> LoadSample {
+        s.host.load
+    }
+
+    fn rows(&self, _i: usize, n: u32, s: &WebSample, flag: Option<String>) -> Vec<Row> {
+        let p = &self.runner.points[self.index].point;
+        let r = &s.run;
+        let mut rows = vec![
+            p.row(n, "reply_rate", s.reply_rate(), unit::OPS_PER_S)
+                .raw(Some(s.raw.clone())),
+            p.row(n, "offered_rate", f64::from(s.offered), unit::OPS_PER_S),
+            p.row(n, "request_rate", r.request_rate, unit::OPS_PER_S),
+            p.row(n, "replies_2xx", r.status_2xx as f64, unit::COUNT),
+            p.row(n, "requests", r.requests as f64, unit::COUNT),
+            p.row(n, "errors", r.errors.total as f64, unit::COUNT),
+            p.row(
+                n,
+                "errors_client_timo",
+                r.errors.client_timo as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_connrefused",
+                r.errors.connrefused as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_connreset",
+                r.errors.connreset as f64,
+                unit::COUNT,
+            ),
+            p.row(
+                n,
+                "errors_fd_unavail",
+                r.errors.fd_unavail as f64,
+                unit::COUNT,
+            ),
+            p.row(n, "duration", r.duration_s, unit::SECONDS),
+            p.row(n, "conn_time_avg", r.conn_time_avg_ms / 1e3, unit::SECONDS),
+            p.row(
+                n,
+                "conn_time_median",
+                r.conn_time_median_ms / 1e3,
+                unit::SECONDS,
+            ),
+            p.row(n, "response_time", r.response_ms / 1e3, unit::SECONDS),
+            p.row(n, "httperf_cpu", r.cpu_s, unit::SECONDS),
+            p.row(n, "host_busy", s.host.load.host_busy_s, unit::SECONDS),
+            p.row(n, "server_host_cpu", s.server_cpu_s(), unit::SECONDS),
+            p.row(n, "host_cpu_per_reply", s.cpu_per_reply_s(), unit::SECONDS),
+            p.row(n, "other_load", s.host.load.other_cpus(), unit::S_PER_S),
+        ];
+        if s.host.accounted && !s.vm_pids.is_empty() {
+            rows.push(p.row(n, "vm_io_charge", s.vm_io_charge_s(), unit::SECONDS));
+        }
+        rows.into_iter().map(|r| r.flagged(flag.clone())).collect()
+    }
+}
+
+/// What a run produced.
+pub struct WebOutcome {
+    pub accel: Option<String>,
+    pub configs: Vec<WebConfig>,
+    pub points: Vec<WebPoint>,
+    pub results: Vec<PointOutcome<WebSample>>,
+    pub follow: Vec<Follow>,
+    pub checks: Vec<Check>,
+    pub charts: Vec<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+impl WebOutcome {
+    pub fn failed_points(&self) -> usize {
+        self.results.iter().filter(|r| r.failed.is_some()).count()
+    }
+
+    /// A configuration's highest mean reply rate, its interval, and
+    /// whether the configuration saturated (else the peak is a lower bound).
+    pub fn peak(&self, config: usize) -> Option<(f64, f64, bool)> {
+        let mut best: Option<(f64, f64)> = None;
+        for (pt, r) in self.points.iter().zip(&self.results) {
+            if pt.config != config || r.failed.is_some() {
+                continue;
+            }
+            if let Some(s) = r.summary() {
+                if best.is_none_or(|(m, _)| s.mean > m) {
+                    best = Some((s.mean, finite(s.ci95)));
+                }
+            }
+        }
+        let saturated = self
+            .points
+            .iter()
+            .zip(&self.follow)
+            .any(|(pt, f)| pt.config == config && *f == Follow::Saturated);
+        best.map(|(m, ci)| (m, ci, saturated))
+    }
+}
+
+fn check_bad(opts: &WebOptions) -> Result<(), BenchError> {
+    if opts.configs.is_empty() {
+        return Err(BenchError::bad("--config is empty"));
+    }
+    if opts.rates.is_empty() {
+        return Err(BenchError::bad("--rate is empty"));
+    }
+    if opts.file_size == 0 || opts.file_size > 1 << 30 {
+        return Err(BenchError::bad(format!(
+            "--file-size {} must be 1 byte to 1 GiB",
+            opts.file_size
+        )));
+    }
+    if !(opts.seconds >= 0.5 && opts.seconds <= 3600.0) {
+        return Err(BenchError::bad(format!(
+            "--seconds {} must be 0.5 to 3600",
+            opts.seconds
+        )));
+    }
+    if !(opts.timeout > 0.0 && opts.timeout <= 600.0) {
+        return Err(BenchError::bad(format!(
+            "--timeout {} must be above 0 and at most 600 seconds",
+            opts.timeout
+        )));
+    }
+    if !(opts.follow > 0.0 && opts.follow <= 1.0) {
+        return Err(BenchError::bad(format!(
+            "--follow {} must be a fraction above 0 and at most 1",
+            opts.follow
+        )));
+    }
+    if opts.port == 0 {
+        return Err(BenchError::bad("--port 0: name a TCP port"));
+    }
+    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
+        return Err(BenchError::bad(format!(
+            "--repeat {} must be at least 1 and at most --max-repeat {}",
+            opts.repeat, opts.max_repeat
+        )));
+    }
+    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
+        return Err(BenchError::bad(format!(
+            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
+            opts.rel_ci
+        )));
+    }
+    Ok(())
+}
+
+/// The configurations, their specs checked for a tap NIC before any lab
+/// comes up.
+fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
+    let mut out: Vec<WebConfig> = Vec::new();
+    for c in &opts.configs {
+        if out.iter().any(|x| &x.label == c) {
+            return Err(BenchError::bad(format!("--config {c} is given twice")));
+        }
+        if c == "host" {
+            out.push(WebConfig {
+                label: "host".into(),
+                spec: None,
+            });
+            continue;
+        }
+        let mut spec = crate::lab_specs::load(c, None)
+            .map_err(|e| BenchError::bad(format!("--config {c}: {e}")))?;
+        let label = spec.name.clone();
+        let vm = spec
+            .vms
+            .first()
+            .ok_or_else(|| BenchError::bad(format!("--config {c}: lab {} has no VM", spec.name)))?;
+        if !vm.nics.iter().any(|n| n.kind == NicKind::Tap) {
+            return Err(BenchError::bad(format!(
+                "--config {c}: {}",
+                no_tap(&vm.name, &spec.name)
+            )));
+        }
+        if let Some(p) = &opts.lab_prefix {
+            let name = format!("{p}-{}", spec.name);
+            if !vmscope_lab::names::valid_name(&name) {
+                return Err(BenchError::bad(format!(
+                    "--lab-prefix {p}: lab name {name} is not valid (letters, digits, '-' and \
+                     '_', at most 32 characters)"
+                )));
+            }
+            spec.name = name;
+        }
+        out.push(WebConfig {
+            label,
+            spec: Some(spec),
+        });
+    }
+    Ok(out)
+}
+
+/// Runs `bench web`; results go to `out` in `opts.format`.
+pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchError> {
+    check_bad(opts)?;
+    let configs = configs(opts)?;
+    let httperf = match &opts.httperf {
+        Some(p) if p.is_file() => p.clone(),
+        Some(p) => {
+            return Err(BenchError::bad(format!(
+                "--httperf {}: no such program (Debian package httperf)",
+                p.display()
+            )))
+        }
+        None => vmscope_lab::util::which("httperf")
+            .ok_or_else(|| BenchError::bad("httperf is not installed (Debian package httperf)"))?,
+    };
+    let has_host = configs.iter().any(|c| c.spec.is_none());
+    let busybox = if has_host {
+        Some(vmscope_lab::util::which("busybox").ok_or_else(|| {
+            BenchError::bad(
+                "busybox is not installed (Debian package busybox-static): the host's web \
+                 server is its httpd",
+            )
+        })?)
+    } else {
+        None
+    };
+    if has_host {
+        vmscope_workload::net::check_port(SocketAddr::from(([127, 0, 0, 1], opts.port)))
+            .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
+    }
+    // -o is checked and locked before anything runs.
+    let session_out = opts
+        .session
+        .as_deref()
+        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
+        .transpose()?;
+    let progress = Progress::new(0, opts.quiet);
+    let r = run_configs(
+        opts,
+        &configs,
+        &httperf,
+        busybox,
+        session_out,
+        &progress,
+        out,
+    );
+    progress.finish();
+    r
+}
+
+fn run_configs(
+    opts: &WebOptions,
+    configs: &[WebConfig],
+    httperf: &Path,
+    busybox: Option<PathBuf>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
+    progress: &Progress,
+    out: &mut dyn Write,
+) -> Result<WebOutcome, BenchError> {
+    let host_manifest = Manifest::host(&opts.command_line);
+    let mut probe = CpuProbe::new(opts.account);
+    let mut all_points: Vec<WebPoint> = Vec::new();
+    let mut results: Vec<PointOutcome<WebSample>> = Vec::new();
+    let mut follow: Vec<Follow> = Vec::new();
+    let mut rows_all: Vec<Row> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut accel: Option<String> = None;
+    let drive_opts = DriveOptions::sampling(
+        opts.warmup,
+        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+        opts.seed,
+        opts.busy,
+        opts.busy_retries,
+        opts.lab_options.cancel.clone(),
+    );
+    let mut sink = Sink::for_format(
+        opts.format,
+        &mut *out,
+        &["config", "rate", "file_size", "seconds", "timeout"],
+    )?;
+    let uri = format!("/vmscope-{}.bin", opts.file_size);
+    for (ci, cfg) in configs.iter().enumerate() {
+        // The configuration's server, and the lab it runs in.
+        let mut session = None;
+        let (server, addr, facts) = match &cfg.spec {
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("vmscope-web-")
+                    .tempdir()
+                    .map_err(|e| BenchError::Output {
+                        what: "web root",
+                        path: std::env::temp_dir(),
+                        message: e.to_string(),
+                    })?;
+                let f = dir.path().join(uri.trim_start_matches('/'));
+                std::fs::write(&f, vec![b'x'; opts.file_size as usize]).map_err(|e| {
+                    BenchError::Output {
+                        what: "served file",
+                        path: f.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
+                notes.push(
+                    "host: busybox httpd on 127.0.0.1 shares the host's CPUs with httperf (no \
+                     separate client machine here)"
+                        .into(),
+                );
+                (
+                    Server::Host {
+                        busybox: busybox.clone().expect("checked with the host config"),
+                        dir,
+                    },
+                    IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    vec![("server", "busybox httpd (host)".to_string())],
+                )
+            }
+            Some(spec) => {
+                let s = LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, progress)?;
+                let st = s.state.clone();
+                session = Some(s);
+                accel.get_or_insert(st.accel.clone());
+                let vm = st
+                    .vms
+                    .iter()
+                    .find(|v| tap_ip(v).is_some())
+                    .ok_or_else(|| {
+                        BenchError::bad(no_tap(
+                            st.vms.first().map_or("?", |v| v.name.as_str()),
+                            &st.name,
+                        ))
+                    })?
+                    .clone();
+                let addr = tap_ip(&vm).expect("found by its tap address");
+                let mut guest = Guest::new(&vm);
+                progress.set_message(format!("VM {}: starting busybox httpd", vm.name));
+                match start_guest_httpd(&mut guest, opts.port, opts.file_size, &uri) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        // The configuration cannot run: its first point
+                        // fails with the reason, the others go on.
+                        let why = match e {
+                            VmFailure::Dead(m) | VmFailure::Failed(m) => m,
+                        };
+                        progress.note(&format!("{}: {why}", cfg.label));
+                        let pt = web_point(opts, cfg, ci, opts.rates[0], &host_manifest, &[]);
+                        all_points.push(pt);
+                        results.push(failed_outcome(why));
+                        follow.push(Follow::Failed);
+                        if let Some(s) = session {
+                            s.close()?;
+                        }
+                        continue;
+                    }
+                }
+                (
+                    Server::Vm {
+                        guest: Box::new(guest),
+                    },
+                    addr,
+                    vec![
+                        ("accel", st.accel.clone()),
+                        ("server", "busybox httpd (guest)".to_string()),
+                        ("lab", st.name.clone()),
+                        ("vm", vm.name.clone()),
+                    ],
+                )
+            }
+        };
+        let mut runner = Runner {
+            opts,
+            httperf: httperf.display().to_string(),
+            probe: &mut probe,
+            server,
+            addr,
+            uri: uri.clone(),
+            points: Vec::new(),
+        };
+        for &rate in &opts.rates {
+            let pt = web_point(opts, cfg, ci, rate, &host_manifest, &facts);
+            runner.points.push(pt.clone());
+            let index = runner.points.len() - 1;
+            let mut one = OnePoint {
+                runner: &mut runner,
+                index,
+            };
+            let (mut r, rows) = driver::drive(&mut one, &drive_opts, &[], &mut sink, progress)?;
+            rows_all.extend(rows);
+            let r = r.remove(0);
+            let f = judge(&r, rate, opts.follow);
+            all_points.push(pt);
+            follow.push(f);
+            let dead = matches!(&runner.server, Server::Vm { guest } if guest.dead().is_some());
+            results.push(r);
+            match f {
+                Follows if !dead => continue,
+                Follows | Failed => {}
+                Saturated => progress.note(&format!(
+                    "{}: the reply rate stopped following at {rate} req/s",
+                    cfg.label
+                )),
+                GeneratorLimited => progress.note(&format!(
+                    "{}: httperf could not offer {rate} req/s; higher rates are not tried",
+                    cfg.label
+                )),
+            }
+            break;
+        }
+        runner.close();
+        if let Some(s) = session {
+            s.close()?;
+        }
+    }
+    drop(probe);
+    let accel_note = accel.as_deref().filter(|a| *a != "kvm").map(|a| {
+        format!(
+            "accel {a}: QEMU emulates every guest instruction (TCG), so a VM's web throughput \
+             is far below what KVM reaches; compare configurations with each other, not with \
+             published figures"
+        )
+    });
+    notes.extend(accel_note);
+    let mut outcome = WebOutcome {
+        accel,
+        configs: configs.to_vec(),
+        points: all_points,
+        results,
+        follow,
+        checks: Vec::new(),
+        charts: Vec::new(),
+        notes,
+    };
+    outcome.checks = shape_checks(&outcome);
+    for (pt, (r, f)) in outcome
+        .points
+        .iter()
+        .zip(outcome.results.iter().zip(&outcome.follow))
+    {
+        if *f == Follow::GeneratorLimited {
+            outcome.notes.push(format!(
+                "{}: httperf could not offer {} req/s (its request rate {:.1} req/s{}): the \
+                 generator, not the server, is the limit at this rate",
+                outcome.configs[pt.config].label,
+                pt.rate,
+                mean_of(r, |s| s.run.request_rate).unwrap_or(0.0),
+                if r.samples.iter().any(|s| s.run.errors.fd_unavail > 0) {
+                    ", fd-unavail errors"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    if let Some(dir) = &opts.charts {
+        outcome.charts = charts(dir, &outcome)?;
+    }
+    sink.trailer(
+        (0..outcome.points.len()).map(|i| summary_json(&outcome, i)),
+        &outcome.checks,
+        &outcome.charts,
+        &outcome.notes,
+    )?;
+    drop(sink);
+    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
+    driver::store_session(session_out, "bench web", &opts.command_line, &rows_all)?;
+    Ok(outcome)
+}
+
+use Follow::{Failed, Follows, GeneratorLimited, Saturated};
+
+fn failed_outcome(why: String) -> PointOutcome<WebSample> {
+    PointOutcome {
+        samples: Vec::new(),
+        values: Vec::new(),
+        flags: Vec::new(),
+        failed: Some(why),
+        verdict: crate::stats::Verdict::Capped,
+        session: None,
+        profiled: None,
+        record_error: None,
+    }
+}
+
+fn web_point(
+    opts: &WebOptions,
+    cfg: &WebConfig,
+    ci: usize,
+    rate: u32,
+    host: &Manifest,
+    facts: &[(&str, String)],
+) -> WebPoint {
+    let config: BTreeMap<String, String> = [
+        ("config", cfg.label.clone()),
+        ("rate", rate.to_string()),
+        ("file_size", opts.file_size.to_string()),
+        ("seconds", opts.seconds.to_string()),
+        ("timeout", opts.timeout.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let name = format!(
+        "{} {rate} req/s file={}",
+        cfg.label,
+        short_iec(opts.file_size)
+    );
+    WebPoint {
+        config: ci,
+        rate,
+        point: Point::new(
+            "web",
+            name,
+            config,
+            Arc::new(host.with(facts)),
+            &["accel", "server"],
+        ),
+    }
+}
+
+/// Writes the file and starts busybox httpd (daemonized) in the guest.
+fn start_guest_httpd(g: &mut Guest, port: u16, size: u64, uri: &str) -> Result<(), VmFailure> {
+    if g.listening()?.contains(&port) {
+        return Err(VmFailure::Failed(format!(
+            "VM {}: port {port} is in use in the guest (choose another --port)",
+            g.name()
+        )));
+    }
+    g.sh(
+        &format!(
+            "mkdir -p {GUEST_ROOT} && head -c {size} /dev/zero | tr '\\0' x > {GUEST_ROOT}{uri} \
+             && busybox httpd -p {port} -h {GUEST_ROOT}"
+        ),
+        Duration::from_secs(120),
+    )?;
+    g.wait_listening(port, Duration::from_secs(60))
+}
+
+/// Whether a rate's replies followed its offered load.
+fn judge(r: &PointOutcome<WebSample>, rate: u32, follow: f64) -> Follow {
+    if r.failed.is_some() || r.samples.is_empty() {
+        return Follow::Failed;
+    }
+    if r.samples.iter().any(|s| s.generator_limited(follow)) {
+        return Follow::GeneratorLimited;
+    }
+    let reply = r.summary().map_or(0.0, |s| s.mean);
+    if reply < follow * f64::from(rate) {
+        Follow::Saturated
+    } else {
+        Follow::Follows
+    }
+}
+
+/// menon2005 Fig 7's shapes: a VM's peak reply rate is at most the host's;
+/// guest-same-cpu's at most guest-separate-cpu's.
+fn shape_checks(o: &WebOutcome) -> Vec<Check> {
+    let mut out = Vec::new();
+    let find = |suffix: &str| {
+        o.configs
+            .iter()
+            .position(|c| c.spec.is_some() && c.label.ends_with(suffix))
+    };
+    let describe = |i: usize, (m, ci, sat): (f64, f64, bool)| {
+        format!(
+            "{} {m:.1} ± {ci:.1} req/s{}",
+            o.configs[i].label,
+            if sat {
+                ""
+            } else {
+                " (not saturated: a lower bound)"
+            }
+        )
+    };
+    let mut pair = |a: usize, b: usize, claim: String| {
+        if let (Some(pa), Some(pb)) = (o.peak(a), o.peak(b)) {
+            if pb.0 > 0.0 {
+                out.push(Check {
+                    claim,
+                    holds: pa.0 <= pb.0,
+                    ratio: pa.0 / pb.0,
+                    detail: format!(
+                        "peak reply rates: {}, {}: ratio {:.3}",
+                        describe(a, pa),
+                        describe(b, pb),
+                        pa.0 / pb.0
+                    ),
+                });
+            }
+        }
+    };
+    if let Some(h) = o.configs.iter().position(|c| c.spec.is_none()) {
+        for (i, c) in o.configs.iter().enumerate() {
+            if c.spec.is_some() {
+                pair(
+                    i,
+                    h,
+                    format!("a VM's web throughput ({}) is at most the host's", c.label),
+                );
+            }
+        }
+    }
+    if let (Some(s), Some(p)) = (find("same-cpu"), find("separate-cpu")) {
+        pair(
+            s,
+            p,
+            format!(
+                "{} serves at most {}'s peak reply rate",
+                o.configs[s].label, o.configs[p].label
+            ),
+        );
+    }
+    out
+}
+
+fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
+    let pt = &o.points[i];
+    let r = &o.results[i];
+    let mut m = driver::summary_stats(r);
+    let more = serde_json::json!({
+        "type": "summary",
+        "experiment": "web",
+        "point": pt.point.name,
+        "config": pt.point.config,
+        "config_hash": pt.point.config_hash,
+        "metric": "reply_rate",
+        "unit": "ops/s",
+        "offered_rate": pt.rate,
+        "follow": o.follow[i],
+        "request_rate": mean_of(r, |x| x.run.request_rate),
+        "errors": mean_of(r, |x| x.run.errors.total as f64),
+        "errors_by_kind": r.samples.iter().map(|x| x.run.errors).collect::<Vec<_>>(),
+        "conn_time_avg_s": mean_of(r, |x| x.run.conn_time_avg_ms / 1e3),
+        "response_time_s": mean_of(r, |x| x.run.response_ms / 1e3),
+        "httperf_cpu_s": mean_of(r, |x| x.run.cpu_s),
+        "server_host_cpu_s": mean_of(r, WebSample::server_cpu_s),
+        "host_cpu_per_reply_s": mean_of(r, WebSample::cpu_per_reply_s),
+        "vm_io_charge_s": mean_of(r, WebSample::vm_io_charge_s),
+        "manifest": pt.point.manifest,
+    });
+    if let serde_json::Value::Object(o) = more {
+        m.extend(o);
+    }
+    serde_json::Value::Object(m)
+}
+
+fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
+    crate::chart::chart_dir(dir)?;
+    let mut series = Vec::new();
+    let mut top: f64 = 0.0;
+    for (ci, c) in o.configs.iter().enumerate() {
+        let points: Vec<SeriesPoint> = o
+            .points
+            .iter()
+            .zip(&o.results)
+            .filter(|(pt, _)| pt.config == ci)
+            .filter_map(|(pt, r)| {
+                let s = r.summary()?;
+                top = top.max(f64::from(pt.rate));
+                let mut p = SeriesPoint::of(f64::from(pt.rate), &s, 1.0);
+                // A rate is never below zero, whatever the interval.
+                p.lo = p.lo.max(0.0);
+                Some(p)
+            })
+            .collect();
+        if !points.is_empty() {
+            series.push(Series {
+                name: c.label.clone(),
+                points,
+            });
+        }
+    }
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lo = o
+        .points
+        .iter()
+        .map(|p| f64::from(p.rate))
+        .fold(top, f64::min);
+    series.push(Series {
+        name: "offered (reply = offered)".into(),
+        points: [lo, top]
+            .iter()
+            .map(|&x| SeriesPoint {
+                x,
+                y: x,
+                lo: x,
+                hi: x,
+            })
+            .collect(),
+    });
+    let c = LineChart {
+        title: format!(
+            "Web server: reply rate vs offered rate ({})",
+            o.accel.as_deref().unwrap_or("host")
+        ),
+        x_label: "offered rate (requests/s)".into(),
+        y_label: "reply rate (replies/s)".into(),
+        log2_x: false,
+        log2_y: false,
+        x_tick: fmt_num,
+        series,
+    };
+    c.write_in(dir, "web-reply-rate")
+}
+
+fn print_text(out: &mut dyn Write, o: &WebOutcome) -> std::io::Result<()> {
+    let mut t = table(
+        &[
+            "Config",
+            "Offered (req/s)",
+            "Request rate (req/s)",
+            "Reply rate (replies/s)",
+            "±95 % (replies/s)",
+            "n",
+            "Errors (per run)",
+            "Conn time (ms)",
+            "Response (ms)",
+            "Host CPU per reply (ms)",
+            "httperf CPU (s)",
+            "State",
+        ]
+        .map(String::from),
+    );
+    for (i, (pt, r)) in o.points.iter().zip(&o.results).enumerate() {
+        let s = r.summary();
+        let f = crate::output::fixed;
+        let mut state = o.follow[i].name().to_string();
+        if let Some(why) = &r.failed {
+            state = format!("failed: {why}");
+        }
+        if r.flagged() > 0 {
+            state = format!("{state}, {} flagged", r.flagged());
+        }
+        let mut kinds: Vec<String> = Vec::new();
+        for x in &r.samples {
+            for k in x.run.errors.kinds() {
+                let name = k.split(' ').next().unwrap_or("").to_string();
+                if !kinds.contains(&name) {
+                    kinds.push(name);
+                }
+            }
+        }
+        let errors = mean_of(r, |x| x.run.errors.total as f64).map(|e| {
+            if kinds.is_empty() {
+                format!("{e:.1}")
+            } else {
+                format!("{e:.1} ({})", kinds.join(", "))
+            }
+        });
+        t.add_row(vec![
+            o.configs[pt.config].label.clone(),
+            pt.rate.to_string(),
+            f(mean_of(r, |x| x.run.request_rate), 1),
+            f(s.map(|s| s.mean), 1),
+            f(s.map(|s| finite(s.ci95)), 1),
+            s.map_or(0, |s| s.n).to_string(),
+            errors.unwrap_or_else(|| "-".into()),
+            f(mean_of(r, |x| x.run.conn_time_avg_ms), 2),
+            f(mean_of(r, |x| x.run.response_ms), 2),
+            f(mean_of(r, |x| x.cpu_per_reply_s() * 1e3), 3),
+            f(mean_of(r, |x| x.run.cpu_s), 2),
+            state,
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    crate::netlab::print_tail(out, &o.checks, &o.charts, &o.notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_rates("100..500:100").unwrap(),
+            [100, 200, 300, 400, 500]
+        );
+        assert_eq!(parse_rates("50,10..30:10,20").unwrap(), [10, 20, 30, 50]);
+        for bad in ["", "100..50:10", "1..9", "x", "0", "10..20:0"] {
+            let e = parse_rates(bad).unwrap_err();
+            assert!(e.starts_with("--rate"), "{e}");
+        }
+    }
+
+    fn sample(
+        offered: u32,
+        request_rate: f64,
+        replies: u64,
+        errors: httperf::Errors,
+        conn_ms: f64,
+    ) -> WebSample {
+        WebSample {
+            offered,
+            run: httperf::Run {
+                request_rate,
+                conn_time_avg_ms: conn_ms,
+                status_2xx: replies,
+                duration_s: 1.0,
+                errors,
+                ..Default::default()
+            },
+            host: HostCpu::default(),
+            vm_pids: Vec::new(),
+            raw: String::new(),
+        }
+    }
+
+    fn outcome(samples: Vec<WebSample>) -> PointOutcome<WebSample> {
+        PointOutcome {
+            values: samples.iter().map(WebSample::reply_rate).collect(),
+            flags: vec![None; samples.len()],
+            samples,
+            failed: None,
+            verdict: crate::stats::Verdict::Converged,
+            session: None,
+            profiled: None,
+            record_error: None,
+        }
+    }
+
+    #[test]
+    fn the_stop_rule_tells_saturation_from_the_generator() {
+        let none = httperf::Errors::default();
+        let follows = outcome(vec![sample(100, 100.2, 99, none, 1.0); 3]);
+        assert_eq!(judge(&follows, 100, 0.9), Follow::Follows);
+        let timo = httperf::Errors {
+            total: 40,
+            client_timo: 40,
+            ..none
+        };
+        let sat = outcome(vec![sample(400, 380.0, 250, timo, 900.0); 3]);
+        assert_eq!(judge(&sat, 400, 0.9), Follow::Saturated);
+        // A slow server: requests and replies both lag, connections queue.
+        let queued = outcome(vec![sample(100, 60.0, 60, none, 800.0); 3]);
+        assert_eq!(judge(&queued, 100, 0.9), Follow::Saturated);
+        // httperf sent slower than asked while connections took less than
+        // the interval between arrivals (0.2 ms at 5000/s).
+        let slow = outcome(vec![sample(5000, 3100.0, 3100, none, 0.1); 3]);
+        assert_eq!(judge(&slow, 5000, 0.9), Follow::GeneratorLimited);
+        let fd = httperf::Errors {
+            total: 1,
+            fd_unavail: 1,
+            ..none
+        };
+        let fds = outcome(vec![sample(900, 900.0, 899, fd, 1.0); 3]);
+        assert_eq!(judge(&fds, 900, 0.9), Follow::GeneratorLimited);
+        assert_eq!(judge(&outcome(vec![]), 100, 0.9), Follow::Failed);
+    }
+
+    #[test]
+    fn bad_options_and_a_user_nic_are_refused_before_anything_runs() {
+        let bad = |o: WebOptions| match run(&o, &mut Vec::new()) {
+            Err(BenchError::BadInput(m)) => m,
+            Err(e) => panic!("not bad input: {e}"),
+            Ok(_) => panic!("accepted"),
+        };
+        let base = WebOptions {
+            quiet: true,
+            ..Default::default()
+        };
+        assert!(bad(WebOptions {
+            configs: vec![],
+            ..base.clone()
+        })
+        .contains("--config"));
+        assert!(bad(WebOptions {
+            file_size: 0,
+            ..base.clone()
+        })
+        .contains("--file-size"));
+        assert!(bad(WebOptions {
+            httperf: Some("/nonexistent/httperf".into()),
+            ..base.clone()
+        })
+        .contains("Debian package httperf"));
+        assert!(bad(WebOptions {
+            configs: vec!["no-such-lab".into()],
+            ..base.clone()
+        })
+        .contains("no-such-lab"));
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("u.toml");
+        std::fs::write(
+            &spec,
+            "name = \"webu\"\n[[vm]]\nname = \"webu0\"\n[[vm.nic]]\nkind = \"user\"\n",
+        )
+        .unwrap();
+        if vmscope_lab::util::which("httperf").is_some() {
+            let m = bad(WebOptions {
+                configs: vec![spec.display().to_string()],
+                ..base.clone()
+            });
+            assert!(
+                m.contains("user networking") && m.contains("kind = \"tap\""),
+                "{m}"
+            );
+            // A port in use on the host.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let m = bad(WebOptions {
+                configs: vec!["host".into()],
+                port,
+                ..base.clone()
+            });
+            assert!(m.contains("in use") && m.contains(&port.to_string()), "{m}");
+        }
+    }
+}
