@@ -18,6 +18,7 @@ mod cmd_serve;
 mod cmd_stat;
 mod cmd_top;
 mod cmd_vms;
+mod cmd_vms_libvirt;
 mod signals;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -9,6 +9,8 @@
 //!   and libvirt XML that create it, and finding it on any command line;
 //! - [`threads`]: thread roles from thread names;
 //! - [`qmp`]: a small QMP client, reusable elsewhere;
+//! - [`libvirt`]: libvirt as an optional source (domain name, UUID, state,
+//!   QEMU's counters when libvirtd holds the monitor);
 //! - `enrich`: merging QMP's answers into the `/proc` view;
 //! - `image`: backing files from qcow2 headers;
 //! - `vm`: the result types ([`Vm`]) and [`thread_map`].
@@ -19,6 +21,7 @@ mod enrich;
 mod error;
 mod fd_socket;
 mod image;
+pub mod libvirt;
 pub mod qmp;
 pub mod threads;
 mod vm;
@@ -143,6 +146,7 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
         qmp: None,
         qmp_used: false,
         agent: AgentChannel::None,
+        libvirt: None,
         cmdline: argv.clone(),
         warnings: Vec::new(),
     };

@@ -955,6 +955,7 @@ mod tests {
             qmp: None,
             qmp_used: false,
             agent: Default::default(),
+            libvirt: None,
             cmdline: vec![],
             warnings: vec![],
         }
