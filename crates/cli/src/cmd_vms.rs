@@ -323,6 +323,7 @@ mod tests {
             format: VmsFormat::Table,
             no_qmp: true,
             qmp_timeout: 1.0,
+            no_libvirt: true,
             proc_root: dir.path().to_path_buf(),
         };
         assert_eq!(run(args).expect("run"), ExitCode::SUCCESS);
@@ -330,6 +331,7 @@ mod tests {
             format: VmsFormat::Json,
             no_qmp: true,
             qmp_timeout: -1.0,
+            no_libvirt: true,
             proc_root: dir.path().to_path_buf(),
         };
         assert!(run(bad).is_err());

@@ -9,6 +9,9 @@ use std::time::Duration;
 use vmscope_discover::libvirt::{looks_libvirt_managed, Libvirt};
 use vmscope_discover::Vm;
 
+/// (disk, requests, bytes) per disk.
+type BlockCounts = Vec<(String, u64, u64)>;
+
 /// The libvirt connection of one accounting session.
 pub(crate) struct LibvirtIo {
     lv: Libvirt,
@@ -27,10 +30,7 @@ impl LibvirtIo {
     /// (disk, requests, bytes) of `vm` from QEMU's counters through
     /// libvirt, `Ok(None)` when `vm` is not libvirt's or libvirt was found
     /// unusable before, `Err(why)` the one time it is found unusable.
-    pub(crate) fn blockstats(
-        &mut self,
-        vm: &Vm,
-    ) -> Result<Option<Vec<(String, u64, u64)>>, String> {
+    pub(crate) fn blockstats(&mut self, vm: &Vm) -> Result<Option<BlockCounts>, String> {
         if self.off.is_some() || !looks_libvirt_managed(vm) {
             return Ok(None);
         }
