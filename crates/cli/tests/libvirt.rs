@@ -12,8 +12,12 @@
 //! - `account` reads the domain's disk requests from QEMU's counters
 //!   through libvirt (`disk_source` = `libvirt`) while libvirtd holds the
 //!   QMP monitor, and counts the guest's reads;
+//! - `stat` splits its two vCPUs; `serve` exports its vCPU counters under
+//!   its libvirt name;
 //! - with libvirt unreachable (a URI to no socket), `vms` says so in one
-//!   line and still lists the VM from /proc.
+//!   line and still lists the VM from /proc;
+//! - with its agent stopped, a plain `record -a` keeps it passive and
+//!   states the fallback reason.
 //!
 //! Skips with a printed reason without root, QEMU, libvirt or the agent.
 
@@ -130,6 +134,7 @@ fn domain_xml(name: &str, kernel: &Path, initrd: &Path, disk: &Path, socket: &Pa
     <initrd>{initrd}</initrd>
     <cmdline>console=ttyS0 panic=-1 quiet vmscope_name={name}</cmdline>
   </os>
+  <features><acpi/><apic/></features>
   <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model></cpu>
   <on_poweroff>destroy</on_poweroff>
   <on_reboot>destroy</on_reboot>
@@ -312,7 +317,11 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
     // A plain `record -a` while the demo runs in the guest.
     guest_exec(
         &socket,
-        &["sh", "-c", "vmscope-agent demo -d 8 >/dev/null 2>&1 &"],
+        &[
+            "sh",
+            "-c",
+            "vmscope-agent demo -t 2 -d 14 >/dev/null 2>&1 &",
+        ],
         Duration::from_secs(10),
     );
     let db = dir.path().join("rec.db");
@@ -346,6 +355,62 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
     );
     eprintln!("{name} under record -a: alpha {a}, beta {b}, gamma {g} samples");
     assert!(a > b && b > g && g > 0, "alpha {a}, beta {b}, gamma {g}");
+
+    // stat: the domain's two vCPUs, each its own cell.
+    let out = common::run_ok(
+        Command::new(VMSCOPE).args(["stat", "-i", "1s", "-n", "3", "--format", "json"]),
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let legend = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "legend")
+        .and_then(|l| l["legend"].as_str())
+        .expect("a legend");
+    let id = legend
+        .split_whitespace()
+        .find_map(|w| w.strip_suffix(&format!("={name}")))
+        .and_then(|d| d.strip_prefix('d'))
+        .and_then(|d| d.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{name} not in legend {legend}"));
+    let mut vcpu_labels: Vec<String> = lines
+        .iter()
+        .filter(|l| l["type"] == "cpu")
+        .flat_map(|l| l["cells"].as_array().unwrap().clone())
+        .filter(|c| c["domain"].as_u64() == Some(id) && c["kind"]["vcpu"].is_u64())
+        .map(|c| c["label"].as_str().unwrap().to_string())
+        .collect();
+    vcpu_labels.sort();
+    vcpu_labels.dedup();
+    assert_eq!(
+        vcpu_labels,
+        [format!("d{id}-0"), format!("d{id}-1")],
+        "{legend}"
+    );
+
+    // serve: the domain's counters under its libvirt name.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let serve = Reap(
+        Command::new(VMSCOPE)
+            .args(["serve", "--listen", &addr])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let want = format!("vmscope_vcpu_run_seconds_total{{domain=\"{name}\",vcpu=\"1\"}}");
+    let found = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        http_get(&addr, "/metrics").is_some_and(|m| m.contains(&want))
+    });
+    assert!(found, "serve never showed {want}");
+    drop(serve);
 
     // account: disk requests from QEMU's counters through libvirtd.
     std::thread::sleep(Duration::from_secs(4)); // the demo ends
@@ -385,4 +450,58 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
         disk_ops >= 3000,
         "{disk_ops} disk requests for 3000 O_DIRECT reads"
     );
+
+    // The agent stopped (SIGSTOP: the guest's init would restart a killed
+    // one): a plain `record -a` keeps the domain passive and says why.
+    guest_exec(
+        &socket,
+        &[
+            "sh",
+            "-c",
+            "(sleep 1; killall -STOP vmscope-agent) >/dev/null 2>&1 &",
+        ],
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let db = dir.path().join("stopped.db");
+    let out = common::run_ok(
+        Command::new(VMSCOPE)
+            .args(["record", "-a", "-d", "2", "-o"])
+            .arg(&db),
+    );
+    let report = common::report_json(&db, &["--by", "domain"]);
+    let why = report["meta"][format!("agent_{name}")]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fallback reason for {name}: {}", report["meta"]))
+        .to_string();
+    eprintln!("{name} with its agent stopped: {why}");
+    assert!(
+        why.starts_with("passive: its agent did not answer"),
+        "{why}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&name),
+        "record said nothing about {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kills the child (by its pid) when dropped.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
