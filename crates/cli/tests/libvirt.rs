@@ -17,7 +17,8 @@
 //! - with libvirt unreachable (a URI to no socket), `vms` says so in one
 //!   line and still lists the VM from /proc;
 //! - with its agent stopped, a plain `record -a` keeps it passive and
-//!   states the fallback reason.
+//!   states the fallback reason;
+//! - paused by libvirt, `vms` shows it paused.
 //!
 //! Skips with a printed reason without root, QEMU, libvirt or the agent.
 
@@ -484,6 +485,17 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
         "record said nothing about {name}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // Paused by libvirt: `vms` shows libvirt's state, the VM stays listed.
+    let out = virsh(&["suspend", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (vms, _) = vms_json(&[]);
+    let vm = vms.iter().find(|v| v["name"] == name.as_str()).unwrap();
+    assert_eq!(vm["libvirt"]["state"], "paused", "{vm}");
 }
 
 /// Kills the child (by its pid) when dropped.
