@@ -25,6 +25,7 @@ PKGS=(
   dpkg-dev lintian    # the .deb: dpkg-shlibdeps for its dependencies, lintian checks it
   man-db curl libcap2-bin  # package test: man -w, /metrics, capsh
   chromium            # headless browser that loads `report --format html` in the tests
+  libvirt-daemon-system libvirt-clients  # libvirtd + virsh: the libvirt tests (crates/cli/tests/libvirt.rs)
 )
 # `go tool pprof` reads `report --format pprof` in the tests: Debian's Go
 # where no Go is installed already.

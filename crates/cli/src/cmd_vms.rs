@@ -35,7 +35,9 @@ Everything comes from /proc and the QEMU command line, and from each VM's QMP mo
 answers (authoritative vCPU threads, accelerator and disks). vCPU threads are named only when \
 QEMU runs with `-name NAME,debug-threads=on`; without that and without QMP they are reported as \
 unknown. A monitor held by another client (libvirtd) does not answer; use `--no-qmp` to skip \
-waiting for it. Run as root to see every VM's descriptors."
+waiting for it. When libvirt is installed and answers (`virsh`, `$LIBVIRT_DEFAULT_URI` or \
+qemu:///system), a LIBVIRT column shows each VM's domain name, UUID and state; when it does not, \
+one line says why and the VMs are listed from /proc. Run as root to see every VM's descriptors."
 )]
 pub struct VmsArgs {
     /// Output format: `table` (one row per VM, warnings on stderr) or
@@ -53,6 +55,11 @@ pub struct VmsArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0,
           value_parser = crate::args::seconds, allow_negative_numbers = true)]
     pub qmp_timeout: f64,
+
+    /// Do not ask libvirt (`virsh`, `$LIBVIRT_DEFAULT_URI` or
+    /// qemu:///system) for each VM's domain name, UUID and state.
+    #[arg(long)]
+    pub no_libvirt: bool,
 
     /// Read this directory instead of /proc (fixture trees in tests).
     #[arg(long, value_name = "DIR", default_value = "/proc", hide = true)]
@@ -74,7 +81,13 @@ pub fn run(args: VmsArgs) -> anyhow::Result<ExitCode> {
         query_qmp: !args.no_qmp,
         qmp_timeout,
     };
-    let vms = discover(&opts)?;
+    let mut vms = discover(&opts)?;
+    if !args.no_libvirt {
+        if let Some(line) = vmscope_discover::libvirt::annotate_from_env(&mut vms, qmp_timeout * 5)
+        {
+            eprintln!("vmscope: {line}");
+        }
+    }
     let mut out = std::io::stdout().lock();
     match args.format {
         VmsFormat::Json => {
@@ -111,8 +124,12 @@ fn table(vms: &[Vm], query_qmp: bool) -> Table {
             "TAPS",
             "QMP",
         ]);
+    let libvirt = vms.iter().any(|v| v.libvirt.is_some());
+    if libvirt {
+        crate::cmd_vms_libvirt::add_header(&mut t);
+    }
     for vm in vms {
-        t.add_row([
+        let mut row = comfy_table::Row::from([
             vm.name.clone(),
             vm.pid.to_string(),
             vm.accel.as_str().to_string(),
@@ -127,6 +144,10 @@ fn table(vms: &[Vm], query_qmp: bool) -> Table {
             vm.taps.join("\n"),
             qmp_cell(vm, query_qmp),
         ]);
+        if libvirt {
+            row.add_cell(crate::cmd_vms_libvirt::cell(vm).into());
+        }
+        t.add_row(row);
     }
     t
 }
@@ -226,6 +247,7 @@ fn qmp_cell(vm: &Vm, query_qmp: bool) -> String {
     match &vm.qmp {
         None => "-".into(),
         Some(p) if vm.qmp_used || !query_qmp => p.display().to_string(),
+        Some(p) if vm.libvirt.is_some() => format!("{} (held by libvirtd)", p.display()),
         Some(p) => format!("{} (no answer)", p.display()),
     }
 }
@@ -301,6 +323,7 @@ mod tests {
             format: VmsFormat::Table,
             no_qmp: true,
             qmp_timeout: 1.0,
+            no_libvirt: true,
             proc_root: dir.path().to_path_buf(),
         };
         assert_eq!(run(args).expect("run"), ExitCode::SUCCESS);
@@ -308,6 +331,7 @@ mod tests {
             format: VmsFormat::Json,
             no_qmp: true,
             qmp_timeout: -1.0,
+            no_libvirt: true,
             proc_root: dir.path().to_path_buf(),
         };
         assert!(run(bad).is_err());

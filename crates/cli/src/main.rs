@@ -20,6 +20,7 @@ mod cmd_stat;
 mod cmd_top;
 mod cmd_topo;
 mod cmd_vms;
+mod cmd_vms_libvirt;
 mod signals;
 
 use clap::{CommandFactory, Parser, Subcommand};

@@ -1898,3 +1898,90 @@ fn bench_web_port_in_use() {
         .unwrap();
     fails_clearly(&out, &["--port", &port, "in use"]);
 }
+
+/// Issue 17: `--vm NAME=active` for a VM whose agent channel exists but
+/// cannot be reached (libvirt-style chardev on an inherited descriptor
+/// that is a socket bound to an abstract name, so no path) fails with one
+/// line saying exactly that, before anything is recorded. A real paused
+/// QEMU (TCG); skips without it.
+#[test]
+fn active_vm_with_an_unreachable_channel() {
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    use std::os::unix::process::CommandExt;
+    if skip_unless(&["qemu-system-x86_64"]) {
+        return;
+    }
+    let addr = SocketAddr::from_abstract_name(
+        format!("vmscope-libvirt-bad-{}", std::process::id()).as_bytes(),
+    )
+    .unwrap();
+    let listener = UnixListener::bind_addr(&addr).unwrap();
+    let fd = listener.as_raw_fd();
+    let name = format!("libvirt-bad{}", std::process::id());
+    let mut cmd = std::process::Command::new("qemu-system-x86_64");
+    cmd.args(["-name", &format!("guest={name},debug-threads=on"), "-S"])
+        .args(["-accel", "tcg", "-m", "64", "-display", "none", "-nodefaults"])
+        .args(["-monitor", "none", "-serial", "none"])
+        .args([
+            "-device",
+            r#"{"driver":"virtio-serial-pci","id":"virtio-serial0"}"#,
+            "-chardev",
+            "socket,id=charchannel0,fd=28,server=on,wait=off",
+            "-device",
+            r#"{"driver":"virtserialport","bus":"virtio-serial0.0","nr":1,"chardev":"charchannel0","id":"channel0","name":"vmscope.agent"}"#,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: dup2 is async-signal-safe; the copy has FD_CLOEXEC cleared.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 28) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let qemu = Kill(cmd.spawn().unwrap());
+    let task = format!("/proc/{}/task", qemu.0.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(&task).map(Iterator::count).unwrap_or(0) < 3 {
+        assert!(std::time::Instant::now() < deadline, "qemu did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.db");
+    let out = vmscope()
+        .args([
+            "record",
+            "-a",
+            "-d",
+            "1",
+            "--vm",
+            &format!("{name}=active"),
+            "-o",
+        ])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let err = fails_clearly(
+        &out,
+        &[
+            &name,
+            "the vmscope.agent channel exists but cannot be reached: its chardev is QEMU's inherited descriptor 28, socket inode",
+            "bound to no path",
+        ],
+    );
+    eprintln!("{err}");
+    assert!(!db.exists());
+    drop(listener);
+}

@@ -6,7 +6,7 @@
 //! as an inherited `fd=N`, which discovery resolves through `/proc`).
 //! The port's name itself belongs to the protocol ([`AGENT_PORT`]).
 
-use crate::cmdline::Opts;
+use crate::cmdline::{Opts, SocketSpec};
 use std::path::Path;
 pub use vmscope_protocol::AGENT_PORT;
 
@@ -49,10 +49,33 @@ pub(crate) fn chardev_of_port(dev: &Opts) -> Option<String> {
     .flatten()
 }
 
+/// Where a `socket` chardev listens: `path=` / `fd=` (QEMU's key=value
+/// and flat JSON forms), or a nested `addr` object as QMP's
+/// `chardev-add` writes it (`{"type":"unix","path":…}` or
+/// `{"type":"fd","str":"N"}`, with or without a `data` wrapper), which
+/// JSON option values may carry where QEMU accepts them.
+pub(crate) fn chardev_socket(o: &Opts) -> Option<SocketSpec> {
+    if let Some(p) = o.get("path") {
+        return Some(SocketSpec::Path(p.into()));
+    }
+    if let Some(fd) = o.get("fd").and_then(|f| f.parse().ok()) {
+        return Some(SocketSpec::Fd(fd));
+    }
+    let Opts::Json(m) = o else { return None };
+    let addr = m.get("addr")?.as_object()?;
+    let inner = addr.get("data").and_then(|d| d.as_object()).unwrap_or(addr);
+    let s = |k: &str| inner.get(k).and_then(|v| v.as_str());
+    match addr.get("type").and_then(|t| t.as_str()) {
+        Some("unix") => s("path").map(|p| SocketSpec::Path(p.into())),
+        Some("fd") => s("str").and_then(|f| f.parse().ok()).map(SocketSpec::Fd),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmdline::{QemuCmdline, SocketSpec};
+    use crate::cmdline::QemuCmdline;
 
     fn parse(args: &[&str]) -> QemuCmdline {
         let argv: Vec<String> = std::iter::once("qemu-system-x86_64")
@@ -90,6 +113,42 @@ mod tests {
             "virtserialport,chardev=c1,name=vmscope.agent",
         ]);
         assert!(c.agent.is_some());
+    }
+
+    #[test]
+    fn the_issue_s_libvirt_command_line_and_nested_json_addresses() {
+        // As libvirt 9 writes it for `<channel type='unix'><source mode='bind' .../>`.
+        let c = parse(&[
+            "-device",
+            r#"{"driver":"virtio-serial-pci","id":"virtio-serial0","bus":"pci.2","addr":"0x0"}"#,
+            "-chardev",
+            "socket,id=charchannel0,fd=28,server=on,wait=off",
+            "-device",
+            r#"{"driver":"virtserialport","bus":"virtio-serial0.0","nr":1,"chardev":"charchannel0","id":"channel0","name":"vmscope.agent"}"#,
+        ]);
+        assert_eq!(c.agent, Some(Ok(SocketSpec::Fd(28))));
+        let c = parse(&[
+            "-chardev",
+            r#"{"id":"c2","backend":"socket","addr":{"type":"unix","data":{"path":"/run/n.sock"}},"server":true}"#,
+            "-device",
+            "virtserialport,chardev=c2,name=vmscope.agent",
+        ]);
+        assert_eq!(c.agent, Some(Ok(SocketSpec::Path("/run/n.sock".into()))));
+        let c = parse(&[
+            "-chardev",
+            r#"{"id":"c3","type":"socket","addr":{"type":"fd","str":"41"}}"#,
+            "-device",
+            r#"{"driver":"virtserialport","chardev":"c3","name":"vmscope.agent"}"#,
+        ]);
+        assert_eq!(c.agent, Some(Ok(SocketSpec::Fd(41))));
+        // key=value with `,,` in the path.
+        let c = parse(&[
+            "-chardev",
+            "socket,id=c4,path=/run/a,,b.sock,server=on,wait=off",
+            "-device",
+            "virtserialport,chardev=c4,name=vmscope.agent",
+        ]);
+        assert_eq!(c.agent, Some(Ok(SocketSpec::Path("/run/a,b.sock".into()))));
     }
 
     #[test]

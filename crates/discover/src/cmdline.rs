@@ -174,12 +174,11 @@ impl QemuCmdline {
                 "qmp" | "qmp-pretty" if qmp.is_none() => qmp = legacy_chardev_unix(val),
                 "chardev" => {
                     let o = Opts::parse(val, "backend");
-                    let backend = o.get("backend").unwrap_or_default();
+                    let backend = o.get("backend").or_else(|| o.get("type"));
+                    let backend = backend.unwrap_or_default();
                     if let (Some(id), "socket") = (o.get("id"), backend.as_str()) {
-                        if let Some(p) = o.get("path") {
-                            chardevs.insert(id, SocketSpec::Path(p.into()));
-                        } else if let Some(fd) = o.get("fd").and_then(|f| f.parse().ok()) {
-                            chardevs.insert(id, SocketSpec::Fd(fd));
+                        if let Some(s) = crate::agent_channel::chardev_socket(&o) {
+                            chardevs.insert(id, s);
                         }
                     } else if let Some(id) = o.get("id") {
                         other_chardevs.insert(id, backend);

@@ -272,6 +272,7 @@ mod tests {
             qmp: None,
             qmp_used: true,
             agent: Default::default(),
+            libvirt: None,
             cmdline: vec![],
             warnings: vec![format!("{VCPUS_UNKNOWN} x")],
         }

@@ -43,4 +43,8 @@ pub enum DiscoverError {
         class: String,
         desc: String,
     },
+    /// libvirt (an optional source) cannot be asked: not installed, not
+    /// running, refusing the connection, or not answering in time.
+    #[error("libvirt ({uri}): {message}")]
+    Libvirt { uri: String, message: String },
 }

@@ -9,6 +9,8 @@
 //!   and libvirt XML that create it, and finding it on any command line;
 //! - [`threads`]: thread roles from thread names;
 //! - [`qmp`]: a small QMP client, reusable elsewhere;
+//! - [`libvirt`]: libvirt as an optional source (domain name, UUID, state,
+//!   QEMU's counters when libvirtd holds the monitor);
 //! - `enrich`: merging QMP's answers into the `/proc` view;
 //! - `image`: backing files from qcow2 headers;
 //! - `vm`: the result types ([`Vm`]) and [`thread_map`].
@@ -17,7 +19,9 @@ pub mod agent_channel;
 pub mod cmdline;
 mod enrich;
 mod error;
+mod fd_socket;
 mod image;
+pub mod libvirt;
 pub mod qmp;
 pub mod threads;
 mod vm;
@@ -32,7 +36,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use threads::NamedRole;
-use vmscope_linux::procfs::{socket_inode, ProcRoot};
+use vmscope_linux::procfs::ProcRoot;
 
 /// Where and how to look for VMs.
 #[derive(Debug, Clone)]
@@ -142,6 +146,7 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
         qmp: None,
         qmp_used: false,
         agent: AgentChannel::None,
+        libvirt: None,
         cmdline: argv.clone(),
         warnings: Vec::new(),
     };
@@ -163,31 +168,27 @@ fn scan_process(proc: &ProcRoot, pid: u32) -> Option<Vm> {
     vm.taps = find_taps(proc, &mut vm.warnings, pid, &cmd);
     vm.qmp = match &cmd.monitor {
         Some(SocketSpec::Path(p)) => Some(absolute(cwd.as_deref(), p)),
-        Some(SocketSpec::Fd(fd)) => {
-            let p = socket_from_fd(proc, pid, *fd);
-            if p.is_none() {
-                vm.warnings.push(format!(
-                    "QMP monitor on inherited fd {fd}: no socket path found in {}",
-                    proc.pid_path(pid, "net/unix").display()
-                ));
+        Some(SocketSpec::Fd(fd)) => match fd_socket::bound_path(proc, pid, *fd) {
+            Ok(p) => Some(p),
+            Err(why) => {
+                vm.warnings.push(format!("QMP monitor on inherited {why}"));
+                None
             }
-            p
-        }
+        },
         None => None,
     };
     vm.agent = match &cmd.agent {
         None => AgentChannel::None,
         Some(Err(why)) => AgentChannel::Unreachable(format!(
-            "the {} port exists but {why}",
+            "the {} channel exists but cannot be reached: {why}",
             agent_channel::AGENT_PORT
         )),
         Some(Ok(SocketSpec::Path(p))) => AgentChannel::Socket(absolute(cwd.as_deref(), p)),
-        Some(Ok(SocketSpec::Fd(fd))) => match socket_from_fd(proc, pid, *fd) {
-            Some(p) => AgentChannel::Socket(p),
-            None => AgentChannel::Unreachable(format!(
-                "the {} port's socket is inherited fd {fd}, and no bound path for it is in {}",
-                agent_channel::AGENT_PORT,
-                proc.pid_path(pid, "net/unix").display()
+        Some(Ok(SocketSpec::Fd(fd))) => match fd_socket::bound_path(proc, pid, *fd) {
+            Ok(p) => AgentChannel::Socket(p),
+            Err(why) => AgentChannel::Unreachable(format!(
+                "the {} channel exists but cannot be reached: its chardev is QEMU's inherited {why}",
+                agent_channel::AGENT_PORT
             )),
         },
     };
@@ -343,12 +344,6 @@ fn find_taps(
         }
     }
     taps
-}
-
-/// The path of the listening socket QEMU inherited as `fd`.
-fn socket_from_fd(proc: &ProcRoot, pid: u32, fd: u32) -> Option<PathBuf> {
-    let inode = socket_inode(&proc.fd_target(pid, fd).ok()?)?;
-    proc.unix_socket_paths(pid).ok()?.remove(&inode)
 }
 
 /// Attribution keys on names: VMs sharing a name become `NAME@PID`.

@@ -156,6 +156,10 @@ pub struct Vm {
     /// The guest agent's channel.
     #[serde(default)]
     pub agent: AgentChannel,
+    /// The libvirt domain this VM is, when libvirt was asked
+    /// ([`crate::libvirt::annotate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub libvirt: Option<crate::libvirt::LibvirtDomain>,
     pub cmdline: Vec<String>,
     /// What could not be determined, and why.
     pub warnings: Vec<String>,

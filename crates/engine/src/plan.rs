@@ -147,6 +147,7 @@ impl SessionPlan {
 }
 
 const FIX_NO_CHANNEL: &str = "give the VM the vmscope.agent virtio-serial port (docs/protocol.md §6) and run vmscope-agent in the guest";
+const FIX_UNREACHABLE: &str = "give the channel a Unix socket bound to a path (libvirt: <source mode='bind' path='/run/vmscope/NAME.sock'/>, docs/protocol.md §6)";
 const FIX_NO_ANSWER: &str =
     "check that vmscope-agent runs in the guest (systemctl status vmscope-agent)";
 const FIX_OLD_AGENT: &str =
@@ -252,7 +253,7 @@ fn connect(vm: &Vm, timeout: Duration) -> Result<AgentProfiler, (String, Option<
             ),
             Some(FIX_NO_CHANNEL.to_string()),
         )),
-        AgentChannel::Unreachable(why) => Err((why.clone(), None)),
+        AgentChannel::Unreachable(why) => Err((why.clone(), Some(FIX_UNREACHABLE.into()))),
         AgentChannel::Socket(sock) => {
             AgentProfiler::connect(&vm.name, sock, timeout).map_err(|e| connect_reason(&e, timeout))
         }
@@ -372,6 +373,40 @@ mod tests {
             p.describe(),
             "passive: no 'vmscope.agent' channel on its QEMU command line (fix: add it)"
         );
+    }
+
+    /// libvirt domains on discovery's fixture tree: a plain `record -a`
+    /// plan says of each why it is passive (no agent answers on a fixture
+    /// tree), and of the one whose channel cannot be reached, exactly that.
+    #[test]
+    fn libvirt_channel_reasons_on_the_fixture_tree() {
+        let plan = plan_session(PlanRequest {
+            discover: DiscoverOptions {
+                proc_root: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../discover/tests/fixtures/libvirt"),
+                query_qmp: false,
+                ..DiscoverOptions::default()
+            },
+            hello_timeout: Duration::from_millis(200),
+            ..PlanRequest::default()
+        })
+        .map_err(|e| e.to_string())
+        .unwrap();
+        let by = |n: &str| plan.vms.iter().find(|v| v.name == n).unwrap().clone();
+        let lost = by("libvirt-lost");
+        assert_eq!(lost.role, Role::Passive);
+        assert!(lost.describe().starts_with("passive: the vmscope.agent channel exists but cannot be reached: its chardev is QEMU's inherited descriptor 28, socket inode 73028, which is bound to no path in "), "{}", lost.describe());
+        assert_eq!(lost.fix.as_deref(), Some(FIX_UNREACHABLE));
+        // The resolved path is tried (and is absent on a fixture tree).
+        let web = by("libvirt-web");
+        assert!(
+            web.reason
+                .as_deref()
+                .unwrap()
+                .contains("/run/vmscope/libvirt-web.sock"),
+            "{web:?}"
+        );
+        assert_eq!(plan.fallbacks().count(), 4);
     }
 
     #[test]

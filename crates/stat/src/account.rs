@@ -1,7 +1,8 @@
 //! `account`: per VM and interval, Cherkasova's accounting on KVM/QEMU
 //! (docs/architecture.md §5): vCPU run / runnable (steal) / blocked from `schedstat`,
 //! direct I/O (the VM's own non-vCPU threads), I/O operations (tap packets;
-//! virtio disk requests from QMP `query-blockstats`, else `/proc/PID/io`
+//! virtio disk requests from QMP `query-blockstats`, else through libvirt
+//! when libvirtd holds the monitor (`libvirt_io`), else `/proc/PID/io`
 //! syscalls), the VM's charge for shared host I/O work (softirq time,
 //! `ksoftirqd` threads, `--shared-io` processes) and the reconciliation with
 //! the host's measured CPU. [`Accountant`] does the sampling; the numbers
@@ -88,7 +89,8 @@ pub struct VmAccount {
     pub net_packets: u64,
     pub disk_ops: u64,
     pub disk_bytes: u64,
-    /// Where disk requests came from: `qmp`, `proc-io` or `none`.
+    /// Where disk requests came from: `qmp`, `libvirt` (QEMU's counters
+    /// through libvirtd, which holds the monitor), `proc-io` or `none`.
     pub disk_source: &'static str,
     pub shared_io_s: f64,
     /// vCPU run + direct I/O + shared I/O charge.
@@ -220,6 +222,9 @@ pub struct Accountant {
     /// intervals.
     exit_pool: Vec<(vmscope_linux::TaskExit, u8)>,
     exit_overruns: u64,
+    /// QEMU's block counters through libvirt, for VMs whose monitor
+    /// libvirtd holds.
+    libvirt: crate::libvirt_io::LibvirtIo,
 }
 
 /// Every process's thread list is walked again at least this often (a
@@ -251,6 +256,7 @@ impl Accountant {
                 }),
             exit_pool: Vec::new(),
             exit_overruns: 0,
+            libvirt: crate::libvirt_io::LibvirtIo::new(Duration::from_secs(2)),
             domains: VmTracker::new(&proc),
             reader: procfs::TaskReader::new(&proc),
             proc,
@@ -392,9 +398,23 @@ impl Accountant {
             } else {
                 None
             };
+            let (disks, source) = match disks {
+                Some(l) => (Some(l), "qmp"),
+                None if self.opts.use_qmp => match self.libvirt.blockstats(&d.vm) {
+                    Ok(l) => (l, "libvirt"),
+                    Err(why) => {
+                        self.gone_devices
+                            .entry(d.id)
+                            .or_default()
+                            .push(format!("disk requests not from QEMU's counters: {why}"));
+                        (None, "none")
+                    }
+                },
+                None => (None, "none"),
+            };
             match disks {
                 Some(list) => {
-                    c.disk_source = "qmp";
+                    c.disk_source = source;
                     for (dev, ops, bytes) in list {
                         c.devices.insert(format!("disk:{dev}"), (ops, bytes));
                     }
@@ -955,6 +975,7 @@ mod tests {
             qmp: None,
             qmp_used: false,
             agent: Default::default(),
+            libvirt: None,
             cmdline: vec![],
             warnings: vec![],
         }

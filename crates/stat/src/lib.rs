@@ -14,6 +14,7 @@
 pub mod account;
 mod error;
 pub mod fit;
+mod libvirt_io;
 pub mod math;
 pub mod metrics;
 pub mod render;

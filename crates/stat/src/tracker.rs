@@ -426,6 +426,7 @@ mod tests {
             qmp: None,
             qmp_used: false,
             agent: Default::default(),
+            libvirt: None,
             cmdline: vec![],
             warnings: vec![],
         }

@@ -1,0 +1,519 @@
+//! Issue 17 on a real libvirtd: a transient libvirt domain (TCG here) made
+//! from the lab's guest image, with the agent channel declared exactly as
+//! README.md's libvirt section shows (libvirt binds the socket and passes
+//! it to QEMU as an inherited descriptor; the port is declared in JSON).
+//! The test starts `virtlogd` and `libvirtd` itself when none answers (no
+//! service manager here) and stops what it started; it destroys its domain
+//! however it ends. Then:
+//! - `vms` shows libvirt's domain name, UUID and state, and finds the
+//!   agent's socket path;
+//! - a plain `record -a` profiles the domain *active*, the guest's demo
+//!   functions in order (alpha > beta > gamma);
+//! - `account` reads the domain's disk requests from QEMU's counters
+//!   through libvirt (`disk_source` = `libvirt`) while libvirtd holds the
+//!   QMP monitor, and counts the guest's reads;
+//! - `stat` splits its two vCPUs; `serve` exports its vCPU counters under
+//!   its libvirt name;
+//! - with libvirt unreachable (a URI to no socket), `vms` says so in one
+//!   line and still lists the VM from /proc;
+//! - with its agent stopped, a plain `record -a` keeps it passive and
+//!   states the fallback reason;
+//! - paused by libvirt, `vms` shows it paused.
+//!
+//! Skips with a printed reason without root, QEMU, libvirt or the agent.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
+const URI: &str = "qemu:///system";
+
+fn virsh(args: &[&str]) -> Output {
+    Command::new("virsh")
+        .args(["-c", URI, "-q"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run virsh")
+}
+
+fn libvirt_answers() -> bool {
+    virsh(&["version"]).status.success()
+}
+
+/// Daemons this test started (by the pid each wrote), stopped on drop.
+struct Daemons(Vec<(String, u32)>);
+
+impl Daemons {
+    /// `virtlogd` and `libvirtd` when libvirt does not answer yet.
+    fn ensure() -> Result<Daemons, String> {
+        let mut started = Daemons(Vec::new());
+        if libvirt_answers() {
+            return Ok(started);
+        }
+        for (daemon, pidfile) in [
+            ("virtlogd", "/run/virtlogd.pid"),
+            ("libvirtd", "/run/libvirtd.pid"),
+        ] {
+            let running = std::fs::read_to_string(pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok())
+                .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if running {
+                continue;
+            }
+            let st = Command::new(daemon)
+                .arg("-d")
+                .status()
+                .map_err(|e| format!("cannot start {daemon}: {e}"))?;
+            if !st.success() {
+                return Err(format!("{daemon} -d failed: {st}"));
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let pid = loop {
+                if let Some(p) = std::fs::read_to_string(pidfile)
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                {
+                    break p;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("{daemon} wrote no {pidfile}"));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            started.0.push((daemon.to_string(), pid));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !libvirt_answers() {
+            if Instant::now() > deadline {
+                return Err("libvirtd started but does not answer on qemu:///system".into());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(started)
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for (name, pid) in self.0.iter().rev() {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            eprintln!("stopped {name} (pid {pid}), which this test started");
+        }
+    }
+}
+
+/// The transient domain, destroyed on drop.
+struct Domain(String);
+
+impl Drop for Domain {
+    fn drop(&mut self) {
+        let _ = virsh(&["destroy", &self.0]);
+    }
+}
+
+/// The `<channel>` a user adds to an existing domain's `<devices>`: the
+/// README's libvirt section shows this text (a unit test below checks it).
+fn channel_xml(socket: &Path) -> String {
+    vmscope_discover::agent_channel::libvirt_xml(socket)
+}
+
+fn domain_xml(name: &str, kernel: &Path, initrd: &Path, disk: &Path, socket: &Path) -> String {
+    format!(
+        "<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>256</memory>
+  <vcpu>2</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{kernel}</kernel>
+    <initrd>{initrd}</initrd>
+    <cmdline>console=ttyS0 panic=-1 quiet vmscope_name={name}</cmdline>
+  </os>
+  <features><acpi/><apic/></features>
+  <cpu mode='custom' match='exact'><model fallback='allow'>qemu64</model></cpu>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw' cache='none' io='threads'/>
+      <source file='{disk}'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <serial type='pty'><target port='0'/></serial>
+{channel}    <memballoon model='none'/>
+  </devices>
+</domain>
+",
+        kernel = kernel.display(),
+        initrd = initrd.display(),
+        disk = disk.display(),
+        channel = channel_xml(socket)
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>(),
+    )
+}
+
+fn vms_json(env: &[(&str, &str)]) -> (Vec<Value>, String) {
+    let out = Command::new(VMSCOPE)
+        .args(["vms", "--no-qmp", "--format", "json"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs `argv` in the guest through the VM's broker.
+fn guest_exec(socket: &Path, argv: &[&str], timeout: Duration) -> String {
+    let stream = vmscope_broker::connect(socket, Some(Path::new(VMSCOPE)), Duration::from_secs(10))
+        .expect("broker");
+    let (mut client, _) =
+        vmscope_protocol::AgentClient::connect(stream, Duration::from_secs(10)).expect("hello");
+    let argv: Vec<String> = argv.iter().map(|s| (*s).to_string()).collect();
+    let out = client.exec(&argv, timeout).expect("exec");
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn libvirt_channel_xml_is_the_readmes() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let xml = channel_xml(Path::new("/run/vmscope/NAME.sock"));
+    assert!(readme.contains(&xml), "README.md lacks:\n{xml}");
+}
+
+#[test]
+fn libvirt_domain_is_profiled_accounted_and_listed() {
+    let env = need_lab!("lv");
+    for tool in ["virsh", "libvirtd", "virtlogd"] {
+        if vmscope_lab::util::which(tool).is_none() {
+            vmscope_testkit::skip(&format!(
+                "{tool} not installed (apt-get install libvirt-daemon-system libvirt-clients)"
+            ));
+            return;
+        }
+    }
+    let _daemons = match Daemons::ensure() {
+        Ok(d) => d,
+        Err(why) => {
+            vmscope_testkit::skip(&why);
+            return;
+        }
+    };
+    // The lab's guest image, copied where libvirt may relabel it.
+    let img = common::run_ok(
+        Command::new(VMSCOPE)
+            .args(["lab", "image", "--format", "json", "--cache-dir"])
+            .arg(&env.cache)
+            .arg("--agent")
+            .arg(&env.agent),
+    );
+    let img: Value = serde_json::from_slice(&img.stdout).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("lv")
+        .tempdir_in(&env.run)
+        .unwrap();
+    let name = format!("libvirt-t{}", std::process::id());
+    let kernel = dir.path().join("vmlinuz");
+    let initrd = dir.path().join("initrd.cpio");
+    std::fs::copy(img["kernel"].as_str().unwrap(), &kernel).unwrap();
+    std::fs::copy(img["initrd"].as_str().unwrap(), &initrd).unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(64 << 20))
+        .unwrap();
+    std::fs::create_dir_all("/run/vmscope").unwrap();
+    let socket = PathBuf::from(format!("/run/vmscope/{name}.sock"));
+    let xml = dir.path().join("domain.xml");
+    std::fs::write(&xml, domain_xml(&name, &kernel, &initrd, &disk, &socket)).unwrap();
+    let out = virsh(&["create", xml.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "virsh create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _domain = Domain(name.clone());
+    let uuid = String::from_utf8(virsh(&["domuuid", &name]).stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+
+    // vms: libvirt's name, UUID and state; the agent's socket path.
+    let (vms, _) = vms_json(&[]);
+    let vm = vms
+        .iter()
+        .find(|v| v["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not in {vms:#?}"));
+    assert_eq!(vm["libvirt"]["name"], name.as_str(), "{vm}");
+    assert_eq!(vm["libvirt"]["uuid"], uuid.as_str(), "{vm}");
+    assert_eq!(vm["libvirt"]["state"], "running", "{vm}");
+    assert_eq!(vm["agent"]["state"], "socket", "{vm}");
+    assert_eq!(vm["agent"]["detail"], socket.to_str().unwrap(), "{vm}");
+    let cmdline: Vec<&str> = vm["cmdline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        !cmdline.iter().any(|a| a.contains(socket.to_str().unwrap())),
+        "libvirt passed the socket by descriptor, not by path: {cmdline:?}"
+    );
+
+    // libvirt unreachable: one line, the VM still listed from /proc.
+    let (vms, err) = vms_json(&[(
+        "LIBVIRT_DEFAULT_URI",
+        "qemu:///system?socket=/nonexistent/libvirt-sock",
+    )]);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0]
+            .starts_with("vmscope: libvirt (qemu:///system?socket=/nonexistent/libvirt-sock): ")
+            && lines[0].contains("VMs are discovered from /proc"),
+        "{err}"
+    );
+    let vm = vms.iter().find(|v| v["name"] == name.as_str()).unwrap();
+    assert!(vm.get("libvirt").is_none(), "{vm}");
+
+    // Wait for the agent (the guest boots under TCG).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ok = vmscope_broker::connect(&socket, Some(Path::new(VMSCOPE)), Duration::from_secs(5))
+            .ok()
+            .and_then(|s| vmscope_protocol::AgentClient::connect(s, Duration::from_secs(5)).ok())
+            .is_some();
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest's agent never answered"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    // A plain `record -a` while the demo runs in the guest.
+    guest_exec(
+        &socket,
+        &[
+            "sh",
+            "-c",
+            "vmscope-agent demo -t 2 -d 14 >/dev/null 2>&1 &",
+        ],
+        Duration::from_secs(10),
+    );
+    let db = dir.path().join("rec.db");
+    common::run_ok(
+        Command::new(VMSCOPE)
+            .args(["record", "-a", "-d", "4", "-o"])
+            .arg(&db),
+    );
+    let meta = common::report_json(
+        &db,
+        &["--by", "domain,symbol", "--domain", &name, "--limit", "200"],
+    );
+    let dom = meta["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not in {}", meta["domains"]));
+    assert_eq!(dom["role"], "active", "{dom}");
+    let rows = common::rows(&meta);
+    let count = |sym: &str| -> u64 {
+        rows.iter()
+            .filter(|(k, _, _)| k.ends_with(sym))
+            .map(|(_, n, _)| n)
+            .sum()
+    };
+    let (a, b, g) = (
+        count("vmscope_demo_alpha"),
+        count("vmscope_demo_beta"),
+        count("vmscope_demo_gamma"),
+    );
+    eprintln!("{name} under record -a: alpha {a}, beta {b}, gamma {g} samples");
+    assert!(a > b && b > g && g > 0, "alpha {a}, beta {b}, gamma {g}");
+
+    // stat: the domain's two vCPUs, each its own cell.
+    let out = common::run_ok(
+        Command::new(VMSCOPE).args(["stat", "-i", "1s", "-n", "3", "--format", "json"]),
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let legend = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "legend")
+        .and_then(|l| l["legend"].as_str())
+        .expect("a legend");
+    let id = legend
+        .split_whitespace()
+        .find_map(|w| w.strip_suffix(&format!("={name}")))
+        .and_then(|d| d.strip_prefix('d'))
+        .and_then(|d| d.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{name} not in legend {legend}"));
+    let mut vcpu_labels: Vec<String> = lines
+        .iter()
+        .filter(|l| l["type"] == "cpu")
+        .flat_map(|l| l["cells"].as_array().unwrap().clone())
+        .filter(|c| c["domain"].as_u64() == Some(id) && c["kind"]["vcpu"].is_u64())
+        .map(|c| c["label"].as_str().unwrap().to_string())
+        .collect();
+    vcpu_labels.sort();
+    vcpu_labels.dedup();
+    assert_eq!(
+        vcpu_labels,
+        [format!("d{id}-0"), format!("d{id}-1")],
+        "{legend}"
+    );
+
+    // serve: the domain's counters under its libvirt name.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let serve = Reap(
+        Command::new(VMSCOPE)
+            .args(["serve", "--listen", &addr])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let want = format!("vmscope_vcpu_run_seconds_total{{domain=\"{name}\",vcpu=\"1\"}}");
+    let found = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        http_get(&addr, "/metrics").is_some_and(|m| m.contains(&want))
+    });
+    assert!(found, "serve never showed {want}");
+    drop(serve);
+
+    // account: disk requests from QEMU's counters through libvirtd.
+    std::thread::sleep(Duration::from_secs(4)); // the demo ends
+    guest_exec(
+        &socket,
+        &[
+            "sh",
+            "-c",
+            "(sleep 2; vmscope-agent dd if=/dev/vda bs=4k count=3000 iflag=direct) >/dev/null 2>&1 &",
+        ],
+        Duration::from_secs(10),
+    );
+    let out = common::run_ok(
+        Command::new(VMSCOPE).args(["account", "-i", "2s", "-n", "3", "--format", "json"]),
+    );
+    let mut disk_ops = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let iv: Value = serde_json::from_str(line).unwrap();
+        if iv["type"] == "header" {
+            continue;
+        }
+        let v = iv["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} not in {iv}"));
+        assert_eq!(v["disk_source"], "libvirt", "{v}");
+        disk_ops += v["disk_ops"].as_u64().unwrap();
+    }
+    let stats = String::from_utf8(virsh(&["domstats", "--raw", "--block", &name]).stdout).unwrap();
+    eprintln!(
+        "{name}: account counted {disk_ops} disk requests from libvirt; libvirt now: {}",
+        stats.replace('\n', " ")
+    );
+    assert!(
+        disk_ops >= 3000,
+        "{disk_ops} disk requests for 3000 O_DIRECT reads"
+    );
+
+    // The agent stopped (SIGSTOP: the guest's init would restart a killed
+    // one): a plain `record -a` keeps the domain passive and says why.
+    guest_exec(
+        &socket,
+        &[
+            "sh",
+            "-c",
+            "(sleep 1; killall -STOP vmscope-agent) >/dev/null 2>&1 &",
+        ],
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let db = dir.path().join("stopped.db");
+    let out = common::run_ok(
+        Command::new(VMSCOPE)
+            .args(["record", "-a", "-d", "2", "-o"])
+            .arg(&db),
+    );
+    let report = common::report_json(&db, &["--by", "domain"]);
+    let why = report["meta"][format!("agent_{name}")]
+        .as_str()
+        .unwrap_or_else(|| panic!("no fallback reason for {name}: {}", report["meta"]))
+        .to_string();
+    eprintln!("{name} with its agent stopped: {why}");
+    assert!(
+        why.starts_with("passive: its agent did not answer"),
+        "{why}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&name),
+        "record said nothing about {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Paused by libvirt: `vms` shows libvirt's state, the VM stays listed.
+    let out = virsh(&["suspend", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (vms, _) = vms_json(&[]);
+    let vm = vms.iter().find(|v| v["name"] == name.as_str()).unwrap();
+    assert_eq!(vm["libvirt"]["state"], "paused", "{vm}");
+}
+
+/// Kills the child (by its pid) when dropped.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
