@@ -158,7 +158,7 @@ fn wait_cpu(pid: u32) -> f64 {
     // SAFETY: an all-zero rusage is valid; wait4 writes it.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our own child; status and ru point to live locals.
-    let r = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut ru) };
+    let r = unsafe { libc::wait4(pid as i32, &raw mut status, 0, &raw mut ru) };
     if r < 0 {
         return 0.0;
     }
@@ -250,8 +250,8 @@ struct Session {
 
 /// The guest's profile: (context, process, image, symbol, stack, weight).
 const PROFILE: &[(&str, &str, &str, &str, &str, u32)] = &[
-    ("k", "swapper/0", "[kernel.kallsyms]", "native_safe_halt", "secondary_startup_64_no_verify;start_secondary;cpu_startup_entry;do_idle;default_idle_call;native_safe_halt", 300),
-    ("k", "swapper/0", "[kernel.kallsyms]", "__do_softirq", "secondary_startup_64_no_verify;start_secondary;cpu_startup_entry;do_idle;irq_exit_rcu;__do_softirq", 20),
+    ("k", "swapper", "[kernel.kallsyms]", "native_safe_halt", "secondary_startup_64_no_verify;start_secondary;cpu_startup_entry;do_idle;default_idle_call;native_safe_halt", 300),
+    ("k", "swapper", "[kernel.kallsyms]", "__do_softirq", "secondary_startup_64_no_verify;start_secondary;cpu_startup_entry;do_idle;irq_exit_rcu;__do_softirq", 20),
     ("k", "postgres", "[kernel.kallsyms]", "__schedule", "entry_SYSCALL_64_after_hwframe;do_syscall_64;__x64_sys_epoll_wait;do_epoll_wait;schedule_hrtimeout_range;schedule;__schedule", 40),
     ("k", "postgres", "[kernel.kallsyms]", "copy_user_enhanced_fast_string", "entry_SYSCALL_64_after_hwframe;do_syscall_64;ksys_read;vfs_read;ext4_file_read_iter;filemap_read;copy_page_to_iter;copy_user_enhanced_fast_string", 35),
     ("k", "postgres", "[kernel.kallsyms]", "filemap_get_read_batch", "entry_SYSCALL_64_after_hwframe;do_syscall_64;ksys_read;vfs_read;ext4_file_read_iter;filemap_read;filemap_get_pages;filemap_get_read_batch", 12),
@@ -318,7 +318,8 @@ impl Session {
             .into_iter()
             .map(|((cpu, which, event), n)| {
                 let (ctx, process, image, symbol, stack, _) = PROFILE[which];
-                // The idle task of each CPU is named after it, as in Linux.
+                // Per-CPU kernel threads are named after their CPU, as in Linux
+                // (the idle task is `swapper`, as the agent names it).
                 let process = if process.ends_with("/0") {
                     format!("{}/{cpu}", process.trim_end_matches("/0"))
                 } else {
@@ -373,7 +374,7 @@ fn thread_cpu_ns() -> u64 {
     // SAFETY: an all-zero timespec is valid; clock_gettime writes it.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: ts is a live local.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -449,7 +450,7 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                         capability::STREAMS,
                     ]
                     .iter()
-                    .map(|c| c.to_string())
+                    .map(ToString::to_string)
                     .collect(),
                     nonce,
                 }),
@@ -460,36 +461,34 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                     callchain,
                     ..
                 } => {
-                    if sessions.contains_key(&stream) {
-                        err(ErrorKind::Busy, "a profiling session already runs")
-                    } else if events.is_empty()
+                    use std::collections::hash_map::Entry;
+                    if events.is_empty()
                         || events.len() > MAX_PROFILE_EVENTS
                         || !(1..=MAX_PROFILE_FREQUENCY).contains(&frequency)
                     {
                         err(ErrorKind::BadRequest, "bad events or frequency")
-                    } else {
+                    } else if let Entry::Vacant(slot) = sessions.entry(stream) {
                         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
                         let now = Instant::now();
-                        sessions.insert(
-                            stream,
-                            Session {
-                                events: events.len(),
-                                frequency,
-                                callchain,
-                                start: now,
-                                generated: vec![0; vcpus as usize],
-                                seq: 0,
-                                rng: seed | 1,
-                                thread_cpu_ns: thread_cpu_ns(),
-                                last_cut: now,
-                            },
-                        );
+                        slot.insert(Session {
+                            events: events.len(),
+                            frequency,
+                            callchain,
+                            start: now,
+                            generated: vec![0; vcpus as usize],
+                            seq: 0,
+                            rng: seed | 1,
+                            thread_cpu_ns: thread_cpu_ns(),
+                            last_cut: now,
+                        });
                         totals.sessions.fetch_add(1, Ordering::SeqCst);
                         Response::ProfileReady {
                             cpus: vcpus,
                             events,
                             t_ns: vmscope_linux::clock_monotonic_ns(),
                         }
+                    } else {
+                        err(ErrorKind::Busy, "a profiling session already runs")
                     }
                 }
                 Request::ProfilePoll {} | Request::ProfileStop {} => {
@@ -529,7 +528,7 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                                 total: s.len() as u64,
                                 text: s[from..to].to_string(),
                                 modules: if offset == 0 {
-                                    MODULES.iter().map(|m| m.to_string()).collect()
+                                    MODULES.iter().map(ToString::to_string).collect()
                                 } else {
                                     Vec::new()
                                 },
