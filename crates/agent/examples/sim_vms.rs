@@ -143,7 +143,9 @@ fn parent(args: &[String]) {
         per_vm.insert(name, s.into());
         cpu_s += wait_cpu(child.id());
     }
-    println!(
+    // The reader may be gone (an interrupted benchmark): no panic then.
+    let _ = writeln!(
+        std::io::stdout(),
         "{}",
         serde_json::json!({
             "vms": count, "vcpus": vcpus, "sent_samples": sent, "sent_rows": rows,

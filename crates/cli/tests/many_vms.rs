@@ -79,7 +79,9 @@ fn every_simulated_vm_is_recorded_active_and_no_guest_sample_is_lost() {
     let names: Vec<String> = (0..N).map(|i| format!("{prefix}{i}")).collect();
     let mut rec = Command::new(VMSCOPE);
     let db = tmp.path().join("s.db");
-    rec.args(["record", "-a", "-F", "1000", "-d", "3", "--strict", "-o"])
+    // Not --strict: a VM of another test appearing meanwhile must not fail
+    // this one; every simulated VM's role is checked in the session.
+    rec.args(["record", "-a", "-F", "1000", "-d", "3", "-o"])
         .arg(&db);
     for v in vms.as_array().unwrap() {
         let name = v["name"].as_str().unwrap();
