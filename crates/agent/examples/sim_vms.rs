@@ -37,9 +37,11 @@
 //! `DIR/PREFIXi.sock`, prints `ready PID,PID,…` and runs until its standard
 //! input closes (or says `stop`). Then it ends every VM and prints one JSON
 //! line: `{"vms":N,"sent_samples":S,"sent_rows":R,"sessions":K,
-//! "cpu_s":C,"per_vm":{"NAME":S,…}}`: guest samples sent in `profile_data`
-//! answers fully written to the socket, and the simulators' own CPU
-//! (user + system, from wait4).
+//! "cpu_s":C,"per_vm":{"NAME":S,…},"by_hz":{"1000":S,…}}`: guest samples
+//! sent in `profile_data` answers fully written to the socket (in all, per
+//! VM, and per session frequency: a second host tool profiling the same
+//! VMs shows as more sessions), and the simulators' own CPU (user +
+//! system, from wait4).
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
@@ -130,6 +132,7 @@ fn parent(args: &[String]) {
     }
     // Each VM prints its totals and exits when its stdin closes.
     let mut per_vm = serde_json::Map::new();
+    let mut by_hz = std::collections::BTreeMap::<String, u64>::new();
     let (mut sent, mut rows, mut sessions, mut cpu_s) = (0u64, 0u64, 0u64, 0f64);
     for (name, mut child, mut out) in kids {
         drop(child.stdin.take());
@@ -141,6 +144,11 @@ fn parent(args: &[String]) {
         rows += v["sent_rows"].as_u64().unwrap_or(0);
         sessions += v["sessions"].as_u64().unwrap_or(0);
         per_vm.insert(name, s.into());
+        if let Some(m) = v["by_hz"].as_object() {
+            for (hz, n) in m {
+                *by_hz.entry(hz.clone()).or_default() += n.as_u64().unwrap_or(0);
+            }
+        }
         cpu_s += wait_cpu(child.id());
     }
     // The reader may be gone (an interrupted benchmark): no panic then.
@@ -149,7 +157,7 @@ fn parent(args: &[String]) {
         "{}",
         serde_json::json!({
             "vms": count, "vcpus": vcpus, "sent_samples": sent, "sent_rows": rows,
-            "sessions": sessions, "cpu_s": cpu_s, "per_vm": per_vm,
+            "sessions": sessions, "cpu_s": cpu_s, "per_vm": per_vm, "by_hz": by_hz,
         })
     );
 }
@@ -174,6 +182,10 @@ fn wait_cpu(pid: u32) -> f64 {
 #[derive(Default)]
 struct Totals {
     samples: AtomicU64,
+    /// Samples sent by sessions of each frequency: another host tool
+    /// profiling these VMs at the same time (its own stream, its own rate)
+    /// shows up here.
+    by_hz: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
     rows: AtomicU64,
     sessions: AtomicU64,
 }
@@ -221,6 +233,7 @@ fn child(args: &[String]) {
                     "sent_samples": totals.samples.load(Ordering::SeqCst),
                     "sent_rows": totals.rows.load(Ordering::SeqCst),
                     "sessions": totals.sessions.load(Ordering::SeqCst),
+                    "by_hz": *totals.by_hz.lock().unwrap(),
                 })
             );
             let _ = std::io::stdout().flush();
@@ -436,7 +449,7 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                 kind,
                 message: message.into(),
             };
-            let mut sent_samples = 0;
+            let mut sent_samples = (0, 0);
             let resp = match env.msg {
                 Request::Hello { nonce, .. } => Response::Hello(AgentHello {
                     protocol: PROTOCOL_VERSION,
@@ -500,7 +513,7 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                         Some(s) => {
                             let r = s.cut(stop);
                             if let Response::ProfileData { samples, rows, .. } = &r {
-                                sent_samples = *samples;
+                                sent_samples = (*samples, s.frequency);
                                 totals.rows.fetch_add(rows.len() as u64, Ordering::SeqCst);
                             }
                             if stop {
@@ -559,7 +572,15 @@ fn serve(mut conn: UnixStream, name: &str, vcpus: u32, totals: &Totals) {
                 return;
             }
             // Counted once the whole answer is on the socket.
-            totals.samples.fetch_add(sent_samples, Ordering::SeqCst);
+            totals.samples.fetch_add(sent_samples.0, Ordering::SeqCst);
+            if sent_samples.0 > 0 {
+                *totals
+                    .by_hz
+                    .lock()
+                    .unwrap()
+                    .entry(sent_samples.1)
+                    .or_default() += sent_samples.0;
+            }
         }
     }
 }
