@@ -37,7 +37,8 @@
 //! `DIR/PREFIXi.sock`, prints `ready PID,PID,…` and runs until its standard
 //! input closes (or says `stop`). Then it ends every VM and prints one JSON
 //! line: `{"vms":N,"sent_samples":S,"sent_rows":R,"sessions":K,
-//! "cpu_s":C,"per_vm":{"NAME":S,…},"by_hz":{"1000":S,…}}`: guest samples
+//! "cpu_s":C,"per_vm":{"NAME":S,…},"by_hz":{"1000":S,…},
+//! "per_vm_hz":{"NAME":{"1000":S,…},…}}`: guest samples
 //! sent in `profile_data` answers fully written to the socket (in all, per
 //! VM, and per session frequency: a second host tool profiling the same
 //! VMs shows as more sessions), and the simulators' own CPU (user +
@@ -133,6 +134,7 @@ fn parent(args: &[String]) {
     // Each VM prints its totals and exits when its stdin closes.
     let mut per_vm = serde_json::Map::new();
     let mut by_hz = std::collections::BTreeMap::<String, u64>::new();
+    let mut per_vm_hz = serde_json::Map::new();
     let (mut sent, mut rows, mut sessions, mut cpu_s) = (0u64, 0u64, 0u64, 0f64);
     for (name, mut child, mut out) in kids {
         drop(child.stdin.take());
@@ -143,11 +145,12 @@ fn parent(args: &[String]) {
         sent += s;
         rows += v["sent_rows"].as_u64().unwrap_or(0);
         sessions += v["sessions"].as_u64().unwrap_or(0);
-        per_vm.insert(name, s.into());
+        per_vm.insert(name.clone(), s.into());
         if let Some(m) = v["by_hz"].as_object() {
             for (hz, n) in m {
                 *by_hz.entry(hz.clone()).or_default() += n.as_u64().unwrap_or(0);
             }
+            per_vm_hz.insert(name.clone(), serde_json::Value::Object(m.clone()));
         }
         cpu_s += wait_cpu(child.id());
     }
@@ -158,6 +161,7 @@ fn parent(args: &[String]) {
         serde_json::json!({
             "vms": count, "vcpus": vcpus, "sent_samples": sent, "sent_rows": rows,
             "sessions": sessions, "cpu_s": cpu_s, "per_vm": per_vm, "by_hz": by_hz,
+            "per_vm_hz": per_vm_hz,
         })
     );
 }
