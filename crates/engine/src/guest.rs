@@ -140,7 +140,10 @@ impl GuestPollers {
 
     /// Tell every agent to stop and wait for the last rows.
     pub fn stop(mut self) -> Receiver<GuestEvent> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Release);
+        for t in &self.threads {
+            t.thread().unpark();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -158,11 +161,19 @@ fn poll_loop(
     let domain: Arc<str> = g.domain().into();
     let timeout = Duration::from_secs(5);
     loop {
+        // Parked until the next poll or until `stop` unparks it: one
+        // wake-up per poll. (A 20 ms sleep loop here woke each VM's thread
+        // 50 times a second, a cost that grew with the number of VMs:
+        // bench/many-vms.)
         let deadline = Instant::now() + every;
-        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(20));
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            std::thread::park_timeout(deadline - now);
         }
-        if stop.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Acquire) {
             match g.stop(timeout) {
                 Ok(delta) => {
                     let _ = tx.send(GuestEvent::Delta {
@@ -288,6 +299,34 @@ mod tests {
                 "timed out waiting for profile_ready".to_string()
             )]
         );
+    }
+
+    #[test]
+    fn stop_wakes_pollers_parked_until_a_distant_poll() {
+        // Polls an hour apart: the threads are parked, and only stop's
+        // unpark can end them; no poll happens before the stop.
+        let p = GuestPollers::spawn(
+            (0..8).map(|i| fake(&format!("v{i}"), true, None)).collect(),
+            Duration::from_secs(3600),
+            Instant::now(),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        let (tx, done) = channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(p.stop().try_iter().collect::<Vec<_>>());
+        });
+        let events = done
+            .recv_timeout(Duration::from_secs(60))
+            .expect("stop() did not wake the parked pollers");
+        let stopped = events
+            .iter()
+            .filter(|e| matches!(e, GuestEvent::Stopped { .. }))
+            .count();
+        let polled_rows = events
+            .iter()
+            .filter(|e| matches!(e, GuestEvent::Delta { delta, .. } if !delta.rows.is_empty()))
+            .count();
+        assert_eq!((stopped, polled_rows), (8, 0));
     }
 
     #[test]
