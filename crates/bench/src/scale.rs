@@ -377,6 +377,33 @@ impl ScaleOutcome {
         let one = self.mean(mode, 1)?;
         (one > 0.0).then(|| self.mean(mode, n).map(|x| x / one))?
     }
+
+    /// The paper's shape where this run can show it (theurer2006 §4-5:
+    /// several small guests scale better than one guest as large as all of
+    /// them): at the largest N both VM modes reached, the scaling factor of
+    /// N VMs × 1 vCPU is at least that of 1 VM × N vCPUs.
+    pub fn checks(&self) -> Vec<crate::netlab::Check> {
+        let n = self
+            .points
+            .iter()
+            .filter(|p| p.n > 1 && p.mode == Mode::Vms)
+            .map(|p| p.n)
+            .filter(|&n| {
+                self.scaling(Mode::Vms, n).is_some() && self.scaling(Mode::Vcpus, n).is_some()
+            })
+            .max();
+        let Some(n) = n else { return Vec::new() };
+        let (vms, vcpus) = (
+            self.scaling(Mode::Vms, n).unwrap_or(0.0),
+            self.scaling(Mode::Vcpus, n).unwrap_or(0.0),
+        );
+        vec![crate::netlab::Check {
+            claim: format!("{n} VMs × 1 vCPU scale at least as well as 1 VM × {n} vCPUs"),
+            holds: vms >= vcpus,
+            detail: format!("scaling factor at N = {n}: vms {vms:.2}, vcpus {vcpus:.2}"),
+            ratio: if vcpus > 0.0 { vms / vcpus } else { 0.0 },
+        }]
+    }
 }
 
 /// Runs `bench scale`; results go to `out` in `opts.format`.
@@ -610,7 +637,12 @@ fn run_in(
             })
         })
         .collect();
-    sink.trailer(summaries, &[], &outcome.charts, &outcome.notes)?;
+    sink.trailer(
+        summaries,
+        &outcome.checks(),
+        &outcome.charts,
+        &outcome.notes,
+    )?;
     drop(sink);
     driver::present(opts.format, opts.quiet, out, |w| {
         print_text(w, &outcome, opts.workload)
@@ -701,7 +733,7 @@ fn print_text(out: &mut dyn Write, o: &ScaleOutcome, w: Workload) -> std::io::Re
         ]);
     }
     writeln!(out, "{t}")?;
-    crate::netlab::print_tail(out, &[], &o.charts, &o.notes)
+    crate::netlab::print_tail(out, &o.checks(), &o.charts, &o.notes)
 }
 
 #[cfg(test)]
@@ -717,6 +749,65 @@ mod tests {
         for m in Mode::ALL {
             assert_eq!(Mode::parse(m.name()), Some(m));
         }
+    }
+
+    #[test]
+    fn the_papers_shape_is_a_yes_no_line_at_the_largest_common_n() {
+        let m = Arc::new(Manifest::default());
+        let mut points = Vec::new();
+        let mut results = Vec::new();
+        // vms scale 1 → 1.8 → 2.4; vcpus 1 → 1.9 (N = 3 not run for vcpus).
+        for (mode, n, v) in [
+            (Mode::Vms, 1, 10.0),
+            (Mode::Vms, 2, 18.0),
+            (Mode::Vms, 3, 24.0),
+            (Mode::Vcpus, 1, 10.0),
+            (Mode::Vcpus, 2, 19.0),
+        ] {
+            points.push(ScalePoint {
+                mode,
+                n,
+                point: Point::new(
+                    "scale",
+                    format!("{mode:?} {n}"),
+                    BTreeMap::new(),
+                    m.clone(),
+                    &[],
+                ),
+            });
+            results.push(PointOutcome::<ScaleSample> {
+                samples: Vec::new(),
+                values: vec![v, v],
+                flags: vec![None, None],
+                failed: None,
+                verdict: crate::stats::Verdict::Converged,
+                session: None,
+                profiled: None,
+                record_error: None,
+            });
+        }
+        let o = ScaleOutcome {
+            accel: None,
+            points,
+            results,
+            charts: Vec::new(),
+            notes: Vec::new(),
+        };
+        let c = o.checks();
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            c[0].line(),
+            "no: 2 VMs × 1 vCPU scale at least as well as 1 VM × 2 vCPUs \
+             (scaling factor at N = 2: vms 1.80, vcpus 1.90)"
+        );
+        assert!((c[0].ratio - 1.8 / 1.9).abs() < 1e-9);
+        // Without the vcpus mode there is nothing to compare.
+        let o = ScaleOutcome {
+            points: o.points[..3].to_vec(),
+            results: o.results[..3].to_vec(),
+            ..o
+        };
+        assert!(o.checks().is_empty());
     }
 
     #[test]

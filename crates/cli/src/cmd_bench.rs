@@ -7,7 +7,6 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::io::{IoOptions, TargetArg};
 use vmscope_bench::output::Format;
 use vmscope_bench::units::{parse_size, parse_size_list};
@@ -119,12 +118,8 @@ struct IoArgs {
     /// Leave the lab that --lab brought up running.
     #[arg(long)]
     keep_lab: bool,
-    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
-    #[arg(long, value_name = "DIR")]
-    run_dir: Option<PathBuf>,
-    /// Lab image and KVM-probe cache [env: VMSCOPE_CACHE, default /var/cache/vmscope].
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    lab_dirs: LabDirArgs,
     /// table: giacobbi's Table 1 per target; json: JSON lines (one per sample and metric,
     /// then summaries); csv: one line per sample and metric.
     #[arg(long, value_enum, default_value = "table")]
@@ -165,9 +160,6 @@ struct IoArgs {
     /// Seed of the shuffled round order.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Seconds each lab VM may take to answer the agent hello.
-    #[arg(long, default_value_t = 90, value_name = "SECS")]
-    hello_timeout: u64,
     /// No progress bar or notes on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -209,6 +201,26 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
     }
 }
 
+/// Where labs live and how long their agents may take: the options of
+/// every benchmark that brings up or finds lab VMs.
+#[derive(Args)]
+pub struct LabDirArgs {
+    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// Lab image and KVM-probe cache [env: VMSCOPE_CACHE, default /var/cache/vmscope].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Seconds each lab VM may take to answer the agent hello.
+    #[arg(long, default_value_t = 90, value_name = "SECS")]
+    pub hello_timeout: u64,
+}
+
+/// [`lab_options`] from [`LabDirArgs`].
+pub(crate) fn lab_dirs_options(d: LabDirArgs, quiet: bool) -> LabOptions {
+    lab_options(d.run_dir, d.cache_dir, d.hello_timeout, quiet)
+}
+
 /// The lab options every benchmark takes (`--run-dir`, `--cache-dir`,
 /// `--hello-timeout`, `--quiet`). Ctrl-C, SIGTERM or SIGHUP stop the
 /// benchmark between samples (or the lab's start-up); a lab the run brought
@@ -233,7 +245,7 @@ pub(crate) fn lab_options(
 }
 
 fn io(a: IoArgs) -> Result<ExitCode> {
-    let lab = lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
+    let lab = lab_dirs_options(a.lab_dirs, a.quiet);
     let opts = IoOptions {
         targets: a
             .targets
@@ -272,10 +284,7 @@ fn io(a: IoArgs) -> Result<ExitCode> {
         check_paper: a.check_paper,
         force_destroy: a.force_destroy_data,
         account: !a.no_account,
-        busy: BusyRule {
-            max_other_cpus: a.busy_threshold,
-            ..BusyRule::default()
-        },
+        busy: crate::cmd_bench_net::busy_rule(a.busy_threshold),
         busy_retries: a.busy_retries,
         drop_caches: !a.no_drop_caches,
         seed: a.seed,

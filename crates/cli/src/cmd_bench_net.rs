@@ -2,7 +2,7 @@
 //! into `NetOptions`, `ScaleOptions`, `OverheadOptions` and call
 //! `vmscope_bench::{net, scale, overhead}`.
 
-use crate::cmd_bench::FormatArg;
+use crate::cmd_bench::{FormatArg, LabDirArgs};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -11,6 +11,48 @@ use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::net::NetOptions;
 use vmscope_bench::units::parse_size_list;
 use vmscope_lab::LabOptions;
+
+/// How every point is sampled: the options `bench net`, `scale` and
+/// `overhead` share, with the same defaults.
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Samples per point at least, after the warm-up.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub repeat: usize,
+    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub max_repeat: usize,
+    /// Target half-width of the 95 % interval, as a fraction of the mean.
+    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
+    pub ci: f64,
+    /// Discarded runs per point before its samples.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub warmup: usize,
+    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
+    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
+    pub busy_threshold: f64,
+    /// Redo a busy sample this many times, then keep it flagged.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub busy_retries: usize,
+    /// Seed of the shuffled round order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// The busy-host rule of `--busy-threshold`.
+    pub fn busy(&self) -> BusyRule {
+        busy_rule(self.busy_threshold)
+    }
+}
+
+/// A sample with more than `max_other_cpus` CPUs of other load is busy.
+pub fn busy_rule(max_other_cpus: f64) -> BusyRule {
+    BusyRule {
+        max_other_cpus,
+        ..BusyRule::default()
+    }
+}
 
 pub const NET_HELP: &str = "\
 Examples:
@@ -52,18 +94,8 @@ pub struct NetArgs {
     /// Do not run iperf3 beside the engine.
     #[arg(long)]
     no_peer: bool,
-    /// Samples per point at least, after the warm-up.
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    repeat: usize,
-    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    max_repeat: usize,
-    /// Target half-width of the 95 % interval, as a fraction of the mean.
-    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
-    ci: f64,
-    /// Discarded runs per point before its samples.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    warmup: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Bring up this lab (spec file, or built-in guest-same-cpu, guest-separate-cpu), tear it
     /// down after. A lab that is already up is reused and left up.
     #[arg(long, value_name = "SPEC")]
@@ -74,12 +106,8 @@ pub struct NetArgs {
     /// Leave the lab that --lab brought up running.
     #[arg(long)]
     keep_lab: bool,
-    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
-    #[arg(long, value_name = "DIR")]
-    run_dir: Option<PathBuf>,
-    /// Lab image and KVM-probe cache [env: VMSCOPE_CACHE, default /var/cache/vmscope].
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    lab_dirs: LabDirArgs,
     /// table: one line per point with units; json: JSON lines (one per sample and metric,
     /// then summaries, checks, notes); csv: one line per sample and metric.
     #[arg(long, value_enum, default_value = "table")]
@@ -103,25 +131,13 @@ pub struct NetArgs {
     /// Do not run the accountant (no per-VM vCPU and I/O charge).
     #[arg(long)]
     no_account: bool,
-    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
-    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
-    busy_threshold: f64,
-    /// Redo a busy sample this many times, then keep it flagged.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    busy_retries: usize,
-    /// Seed of the shuffled round order.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Seconds each lab VM may take to answer the agent hello.
-    #[arg(long, default_value_t = 90, value_name = "SECS")]
-    hello_timeout: u64,
     /// No progress bar or notes on stderr.
     #[arg(long, short)]
     quiet: bool,
 }
 
 pub fn net(a: NetArgs) -> Result<ExitCode> {
-    let lab = crate::cmd_bench::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
+    let lab = crate::cmd_bench::lab_dirs_options(a.lab_dirs, a.quiet);
     let opts = NetOptions {
         paths: a.paths,
         recv_bufs: parse_size_list(&a.recv_buf, "--recv-buf").map_err(anyhow::Error::msg)?,
@@ -129,10 +145,10 @@ pub fn net(a: NetArgs) -> Result<ExitCode> {
         seconds: a.seconds,
         port: a.port,
         peer: !a.no_peer,
-        repeat: a.repeat,
-        max_repeat: a.max_repeat,
-        rel_ci: a.ci,
-        warmup: a.warmup,
+        repeat: a.sampling.repeat,
+        max_repeat: a.sampling.max_repeat,
+        rel_ci: a.sampling.ci,
+        warmup: a.sampling.warmup,
         lab: a.lab,
         lab_name: a.lab_name,
         lab_options: lab,
@@ -144,12 +160,9 @@ pub fn net(a: NetArgs) -> Result<ExitCode> {
         record_freq: a.record_freq,
         vmscope: std::env::current_exe()?,
         account: !a.no_account,
-        busy: BusyRule {
-            max_other_cpus: a.busy_threshold,
-            ..BusyRule::default()
-        },
-        busy_retries: a.busy_retries,
-        seed: a.seed,
+        busy: a.sampling.busy(),
+        busy_retries: a.sampling.busy_retries,
+        seed: a.sampling.seed,
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
@@ -194,18 +207,8 @@ pub struct ScaleArgs {
     /// memwrite: buffer per thread (k, M, G are powers of 1024).
     #[arg(long, default_value = "32M", value_name = "BYTES")]
     size: String,
-    /// Samples per point at least, after the warm-up.
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    repeat: usize,
-    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    max_repeat: usize,
-    /// Target half-width of the 95 % interval, as a fraction of the mean.
-    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
-    ci: f64,
-    /// Discarded runs per point before its samples.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    warmup: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// A lab spec (file, or built-in scale-vms, scale-vcpus) instead of the generated one.
     #[arg(long, value_name = "SPEC")]
     lab: Option<String>,
@@ -215,12 +218,8 @@ pub struct ScaleArgs {
     /// Leave the lab this run brought up running.
     #[arg(long)]
     keep_lab: bool,
-    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
-    #[arg(long, value_name = "DIR")]
-    run_dir: Option<PathBuf>,
-    /// Lab image and KVM-probe cache [env: VMSCOPE_CACHE, default /var/cache/vmscope].
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    lab_dirs: LabDirArgs,
     /// The vmscope-agent binary host-procs runs [default: $VMSCOPE_AGENT, or the installed one].
     #[arg(long, value_name = "FILE")]
     agent: Option<PathBuf>,
@@ -236,18 +235,6 @@ pub struct ScaleArgs {
     /// Also store every row in this session file (bench_samples table).
     #[arg(long, short = 'o', value_name = "FILE")]
     session: Option<PathBuf>,
-    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
-    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
-    busy_threshold: f64,
-    /// Redo a busy sample this many times, then keep it flagged.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    busy_retries: usize,
-    /// Seed of the shuffled round order.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Seconds each lab VM may take to answer the agent hello.
-    #[arg(long, default_value_t = 90, value_name = "SECS")]
-    hello_timeout: u64,
     /// No progress bar or notes on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -256,7 +243,7 @@ pub struct ScaleArgs {
 pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
     use vmscope_bench::scale::{Mode, ScaleOptions};
     use vmscope_workload::scale::Workload;
-    let lab = crate::cmd_bench::lab_options(a.run_dir, a.cache_dir, a.hello_timeout, a.quiet);
+    let lab = crate::cmd_bench::lab_dirs_options(a.lab_dirs, a.quiet);
     let workload = Workload::parse(&a.workload).ok_or_else(|| {
         anyhow::anyhow!(
             "--workload: unknown workload `{}` (memwrite, cpu)",
@@ -287,10 +274,10 @@ pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
         seconds: a.seconds,
         buffer: vmscope_bench::units::parse_size(&a.size)
             .map_err(|e| anyhow::anyhow!("--size: {e}"))?,
-        repeat: a.repeat,
-        max_repeat: a.max_repeat,
-        rel_ci: a.ci,
-        warmup: a.warmup,
+        repeat: a.sampling.repeat,
+        max_repeat: a.sampling.max_repeat,
+        rel_ci: a.sampling.ci,
+        warmup: a.sampling.warmup,
         lab: a.lab,
         lab_name: a.lab_name,
         lab_options: lab,
@@ -299,12 +286,9 @@ pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
-        busy: BusyRule {
-            max_other_cpus: a.busy_threshold,
-            ..BusyRule::default()
-        },
-        busy_retries: a.busy_retries,
-        seed: a.seed,
+        busy: a.sampling.busy(),
+        busy_retries: a.sampling.busy_retries,
+        seed: a.sampling.seed,
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
@@ -363,18 +347,8 @@ pub struct OverheadArgs {
     /// Sampling frequency of every profiler, Hz.
     #[arg(long, short = 'F', default_value_t = 1000, value_name = "HZ")]
     freq: u64,
-    /// Samples per point at least, after the warm-up.
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    repeat: usize,
-    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    max_repeat: usize,
-    /// Target half-width of the 95 % interval, as a fraction of the mean.
-    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
-    ci: f64,
-    /// Discarded runs per point before its samples.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    warmup: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
@@ -387,15 +361,6 @@ pub struct OverheadArgs {
     /// Also store every row in this session file (bench_samples table).
     #[arg(long, short = 'o', value_name = "FILE")]
     session: Option<PathBuf>,
-    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
-    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
-    busy_threshold: f64,
-    /// Redo a busy sample this many times, then keep it flagged.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    busy_retries: usize,
-    /// Seed of the shuffled round order.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
     /// No progress bar or notes on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -438,21 +403,18 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
             .map_err(|e| anyhow::anyhow!("--size: {e}"))?,
         kinds,
         freq: a.freq,
-        repeat: a.repeat,
-        max_repeat: a.max_repeat,
-        rel_ci: a.ci,
-        warmup: a.warmup,
+        repeat: a.sampling.repeat,
+        max_repeat: a.sampling.max_repeat,
+        rel_ci: a.sampling.ci,
+        warmup: a.sampling.warmup,
         lab_options: lab,
         vmscope: std::env::current_exe()?,
         work_dir: a.out_dir,
         format: a.format.into(),
         session: a.session,
-        busy: BusyRule {
-            max_other_cpus: a.busy_threshold,
-            ..BusyRule::default()
-        },
-        busy_retries: a.busy_retries,
-        seed: a.seed,
+        busy: a.sampling.busy(),
+        busy_retries: a.sampling.busy_retries,
+        seed: a.sampling.seed,
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };

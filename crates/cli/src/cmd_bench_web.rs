@@ -1,12 +1,11 @@
 //! `vmscope bench web`: turns arguments into `WebOptions` and calls
 //! `vmscope_bench::web`.
 
-use crate::cmd_bench::FormatArg;
+use crate::cmd_bench::{FormatArg, LabDirArgs};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use vmscope_bench::hygiene::BusyRule;
 use vmscope_bench::units::parse_size;
 use vmscope_bench::web::{parse_rates, WebOptions};
 
@@ -80,12 +79,8 @@ pub struct WebArgs {
     /// Leave the labs this run brought up running.
     #[arg(long)]
     keep_lab: bool,
-    /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
-    #[arg(long, value_name = "DIR")]
-    run_dir: Option<PathBuf>,
-    /// Lab image and KVM-probe cache [env: VMSCOPE_CACHE, default /var/cache/vmscope].
-    #[arg(long, value_name = "DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    lab_dirs: LabDirArgs,
     /// table: one line per configuration and rate with units; json: JSON lines (one per sample
     /// and metric, then summaries, checks, notes); csv: one line per sample and metric.
     #[arg(long, value_enum, default_value = "table")]
@@ -111,9 +106,6 @@ pub struct WebArgs {
     /// Seed of the shuffled round order.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Seconds each lab VM may take to answer the agent hello.
-    #[arg(long, default_value_t = 90, value_name = "SECS")]
-    hello_timeout: u64,
     /// No progress bar or notes on stderr.
     #[arg(long, short)]
     quiet: bool,
@@ -139,21 +131,13 @@ pub fn web(a: WebArgs) -> Result<ExitCode> {
         rel_ci: a.ci,
         warmup: a.warmup,
         lab_prefix: a.lab_prefix,
-        lab_options: crate::cmd_bench::lab_options(
-            a.run_dir,
-            a.cache_dir,
-            a.hello_timeout,
-            a.quiet,
-        ),
+        lab_options: crate::cmd_bench::lab_dirs_options(a.lab_dirs, a.quiet),
         keep_lab: a.keep_lab,
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
         account: !a.no_account,
-        busy: BusyRule {
-            max_other_cpus: a.busy_threshold,
-            ..BusyRule::default()
-        },
+        busy: crate::cmd_bench_net::busy_rule(a.busy_threshold),
         busy_retries: a.busy_retries,
         seed: a.seed,
         quiet: a.quiet,

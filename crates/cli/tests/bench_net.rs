@@ -329,6 +329,19 @@ fn lab_bench_net_scale_overhead() {
             assert!(sc > 0.0, "{s}");
         }
     }
+    // The paper's shape, as a yes/no line with its numbers (either answer
+    // is a finding on this machine; the line must be there and say both).
+    let check = lines
+        .iter()
+        .find(|v| v["type"] == "check")
+        .unwrap_or_else(|| panic!("no scaling check in {lines:?}"));
+    eprintln!("{check}");
+    assert!(
+        check["claim"].as_str().unwrap().contains("2 VMs × 1 vCPU")
+            && check["detail"].as_str().unwrap().contains("vms ")
+            && check["detail"].as_str().unwrap().contains("vcpus "),
+        "{check}"
+    );
     let png = std::fs::read(charts.join("scale-cpu.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(
