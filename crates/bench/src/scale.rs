@@ -86,6 +86,13 @@ pub struct ScaleOptions {
     pub keep_lab: bool,
     /// The agent binary run as the host's processes.
     pub agent: PathBuf,
+    /// `--record DIR`: after its samples, each point runs once more under
+    /// `vmscope record -a` (VMs active), stored as DIR/scale-N.db.
+    pub record: Option<PathBuf>,
+    /// Sampling frequency of `--record`, Hz.
+    pub record_freq: u64,
+    /// The `vmscope` binary `--record` starts.
+    pub vmscope: PathBuf,
     pub format: Format,
     pub charts: Option<PathBuf>,
     pub session: Option<PathBuf>,
@@ -113,6 +120,9 @@ impl Default for ScaleOptions {
             lab_options: LabOptions::default(),
             keep_lab: false,
             agent: PathBuf::from("vmscope-agent"),
+            record: None,
+            record_freq: 999,
+            vmscope: PathBuf::from("vmscope"),
             format: Format::Table,
             charts: None,
             session: None,
@@ -584,14 +594,22 @@ fn run_in(
         big,
         probe: CpuProbe::new(false),
     };
-    let drive_opts = DriveOptions::sampling(
-        opts.warmup,
-        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
-        opts.seed,
-        opts.busy,
-        opts.busy_retries,
-        opts.lab_options.cancel.clone(),
-    );
+    let drive_opts = DriveOptions {
+        record: opts.record.as_ref().map(|d| driver::RecordPoints {
+            dir: d.clone(),
+            freq: opts.record_freq,
+            vmscope: opts.vmscope.clone(),
+            experiment: "scale".into(),
+        }),
+        ..DriveOptions::sampling(
+            opts.warmup,
+            StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
+            opts.seed,
+            opts.busy,
+            opts.busy_retries,
+            opts.lab_options.cancel.clone(),
+        )
+    };
     let mut sink = Sink::for_format(
         opts.format,
         &mut *out,
@@ -634,6 +652,8 @@ fn run_in(
                 "flagged_samples": r.flagged(),
                 "failed": r.failed,
                 "manifest": p.point.manifest,
+                "session": r.session,
+                "record_error": r.record_error,
             })
         })
         .collect();

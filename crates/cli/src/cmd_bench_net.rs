@@ -54,6 +54,19 @@ pub fn busy_rule(max_other_cpus: f64) -> BusyRule {
     }
 }
 
+/// Profiled points: the options of every bench command that can record a
+/// session during each point.
+#[derive(Args)]
+pub struct RecordArgs {
+    /// After its samples, run each point once more under `vmscope record -a` (VMs active),
+    /// storing DIR/EXPERIMENT-N.db annotated with the point (its name is in the results).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+    /// Sampling frequency of --record, Hz.
+    #[arg(long, default_value_t = 999, value_name = "HZ")]
+    pub record_freq: u64,
+}
+
 pub const NET_HELP: &str = "\
 Examples:
   vmscope bench net --lab guest-same-cpu              host->guest0 and guest0->host, receive buffers 1K..256K,
@@ -121,13 +134,8 @@ pub struct NetArgs {
     /// Also store every row in this session file (bench_samples table).
     #[arg(long, short = 'o', value_name = "FILE")]
     session: Option<PathBuf>,
-    /// After its samples, run each point once more under `vmscope record -a` (VMs active),
-    /// storing DIR/net-N.db named after the point.
-    #[arg(long, value_name = "DIR")]
-    record: Option<PathBuf>,
-    /// Sampling frequency of --record, Hz.
-    #[arg(long, default_value_t = 999, value_name = "HZ")]
-    record_freq: u64,
+    #[command(flatten)]
+    record: RecordArgs,
     /// Do not run the accountant (no per-VM vCPU and I/O charge).
     #[arg(long)]
     no_account: bool,
@@ -156,8 +164,8 @@ pub fn net(a: NetArgs) -> Result<ExitCode> {
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
-        record: a.record,
-        record_freq: a.record_freq,
+        record: a.record.record,
+        record_freq: a.record.record_freq,
         vmscope: std::env::current_exe()?,
         account: !a.no_account,
         busy: a.sampling.busy(),
@@ -207,6 +215,8 @@ pub struct ScaleArgs {
     /// memwrite: buffer per thread (k, M, G are powers of 1024).
     #[arg(long, default_value = "32M", value_name = "BYTES")]
     size: String,
+    #[command(flatten)]
+    record: RecordArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// A lab spec (file, or built-in scale-vms, scale-vcpus) instead of the generated one.
@@ -283,6 +293,9 @@ pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
         lab_options: lab,
         keep_lab: a.keep_lab,
         agent,
+        record: a.record.record,
+        record_freq: a.record.record_freq,
+        vmscope: std::env::current_exe()?,
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
