@@ -324,6 +324,19 @@ impl Experiment for OverheadExperiment {
     }
 }
 
+/// Mean of `f` over the samples of `r` whose profiler gave a value.
+fn profiler_mean(
+    r: &PointOutcome<OverheadSample>,
+    f: impl Fn(&Stopped) -> Option<f64>,
+) -> Option<f64> {
+    let v: Vec<f64> = r
+        .samples
+        .iter()
+        .filter_map(|x| x.profiler.as_ref().and_then(&f))
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 /// A profiler's throughput loss against no profiler.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Loss {
@@ -374,15 +387,10 @@ impl OverheadOutcome {
         loss(&s, &none)
     }
 
-    /// Mean of `f` over the samples of profiler `k` that have a value.
+    /// [`profiler_mean`] of profiler `k`'s point.
     fn mean_of(&self, k: Kind, f: impl Fn(&Stopped) -> Option<f64>) -> Option<f64> {
         let i = self.kinds.iter().position(|x| *x == k)?;
-        let v: Vec<f64> = self.results[i]
-            .samples
-            .iter()
-            .filter_map(|x| x.profiler.as_ref().and_then(&f))
-            .collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        profiler_mean(&self.results[i], f)
     }
 
     /// The active recorder's loss split into its host side (the loss with
@@ -478,11 +486,8 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         ));
     }
     // -o is checked and locked before anything runs.
-    let session_out = opts
-        .session
-        .as_deref()
-        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
-        .transpose()?;
+    let session_out =
+        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
     let mut notes = Vec::new();
     let (guest, accel) = match &opts.vm {
         Some(name) => {
@@ -581,14 +586,7 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
     if let Sink::Json(_) = &sink {
         for ((k, p), r) in e.points.iter().zip(&outcome.results) {
             let s = r.summary();
-            let prof = |f: &dyn Fn(&Stopped) -> f64| {
-                let v: Vec<f64> = r
-                    .samples
-                    .iter()
-                    .filter_map(|x| x.profiler.as_ref().map(f))
-                    .collect();
-                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-            };
+            let prof = |f: &dyn Fn(&Stopped) -> f64| profiler_mean(r, |x| Some(f(x)));
             sink.record(&serde_json::json!({
                 "type": "summary",
                 "experiment": "overhead",
@@ -667,14 +665,7 @@ fn print_text(
         let s = r.summary();
         let f = crate::output::fixed;
         let l = o.loss(*k);
-        let mean_prof = |g: &dyn Fn(&Stopped) -> f64| {
-            let v: Vec<f64> = r
-                .samples
-                .iter()
-                .filter_map(|x| x.profiler.as_ref().map(g))
-                .collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
+        let mean_prof = |g: &dyn Fn(&Stopped) -> f64| profiler_mean(r, |x| Some(g(x)));
         let mut note = r.failed.clone().unwrap_or_default();
         if r.flagged() > 0 {
             note = format!("{note} {} flagged", r.flagged()).trim().to_string();

@@ -479,28 +479,16 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
         None
     };
     // -o is checked and locked before anything runs.
-    let session_out = opts
-        .session
-        .as_deref()
-        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
-        .transpose()?;
+    let session_out =
+        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
     let progress = Progress::new(0, opts.quiet);
-    let session = spec
-        .as_ref()
-        .map(|spec| LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, &progress))
-        .transpose()?;
-    let r = run_in(
-        opts,
-        session.as_ref().map(|s| &s.state),
-        session_out,
+    LabSession::run_within(
+        spec.as_ref(),
+        &opts.lab_options,
+        opts.keep_lab,
         &progress,
-        out,
-    );
-    progress.finish();
-    if let Some(s) = session {
-        s.close()?;
-    }
-    r
+        |lab| run_in(opts, lab, session_out, &progress, out),
+    )
 }
 
 fn run_in(

@@ -24,6 +24,16 @@ pub fn prepare_output(
     )?)
 }
 
+/// [`prepare_output`] of `-o` when one was given.
+pub fn prepare_optional(
+    path: Option<&Path>,
+    force: bool,
+    command_line: &str,
+) -> Result<Option<SessionOutput>, BenchError> {
+    path.map(|p| prepare_output(p, force, command_line))
+        .transpose()
+}
+
 /// Writes `rows` into the prepared session (as `FILE.partial`, renamed over
 /// `FILE` when complete), with `meta` key/values (command, experiment) in
 /// its metadata.

@@ -777,11 +777,8 @@ pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchEr
             .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
     }
     // -o is checked and locked before anything runs.
-    let session_out = opts
-        .session
-        .as_deref()
-        .map(|p| crate::session::prepare_output(p, false, &opts.command_line))
-        .transpose()?;
+    let session_out =
+        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
     let progress = Progress::new(0, opts.quiet);
     let r = run_configs(
         opts,

@@ -201,6 +201,21 @@ pub fn run(a: BenchArgs) -> Result<ExitCode> {
     }
 }
 
+/// Runs a benchmark writing to stdout; its exit code: 0, or 1 when
+/// points failed (a VM died). Errors (bad input: 2) are the caller's.
+pub(crate) fn run_to_stdout(
+    run: impl FnOnce(&mut dyn std::io::Write) -> Result<usize, vmscope_bench::BenchError>,
+) -> Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let failed = run(&mut out)?;
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// Where labs live and how long their agents may take: the options of
 /// every benchmark that brings up or finds lab VMs.
 #[derive(Args)]
@@ -291,12 +306,5 @@ fn io(a: IoArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let outcome = vmscope_bench::io::run(&opts, &mut out)?;
-    Ok(if outcome.failed_points() > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    run_to_stdout(|out| vmscope_bench::io::run(&opts, out).map(|o| o.failed_points()))
 }

@@ -174,13 +174,8 @@ pub fn net(a: NetArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let outcome = vmscope_bench::net::run(&opts, &mut out)?;
-    Ok(if outcome.failed_points() > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+    crate::cmd_bench::run_to_stdout(|out| {
+        vmscope_bench::net::run(&opts, out).map(|o| o.failed_points())
     })
 }
 
@@ -305,13 +300,8 @@ pub fn scale(a: ScaleArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let outcome = vmscope_bench::scale::run(&opts, &mut out)?;
-    Ok(if outcome.failed_points() > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+    crate::cmd_bench::run_to_stdout(|out| {
+        vmscope_bench::scale::run(&opts, out).map(|o| o.failed_points())
     })
 }
 
@@ -431,12 +421,7 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let outcome = vmscope_bench::overhead::run(&opts, &mut out)?;
-    Ok(if outcome.failed_points() > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+    crate::cmd_bench::run_to_stdout(|out| {
+        vmscope_bench::overhead::run(&opts, out).map(|o| o.failed_points())
     })
 }

@@ -143,12 +143,7 @@ pub fn web(a: WebArgs) -> Result<ExitCode> {
         quiet: a.quiet,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let outcome = vmscope_bench::web::run(&opts, &mut out)?;
-    Ok(if outcome.failed_points() > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+    crate::cmd_bench::run_to_stdout(|out| {
+        vmscope_bench::web::run(&opts, out).map(|o| o.failed_points())
     })
 }

@@ -95,6 +95,27 @@ impl LabSession {
         Ok(s)
     }
 
+    /// Runs `body` in the lab of `spec` (none: no lab), opened with
+    /// [`LabSession::open_shown`] before and closed after, whatever `body`
+    /// returned; `progress` is finished before the lab closes.
+    pub fn run_within<T>(
+        spec: Option<&LabSpec>,
+        opts: &LabOptions,
+        keep: bool,
+        progress: &crate::progress::Progress,
+        body: impl FnOnce(Option<&LabState>) -> Result<T, BenchError>,
+    ) -> Result<T, BenchError> {
+        let session = spec
+            .map(|spec| LabSession::open_shown(spec, opts, keep, progress))
+            .transpose()?;
+        let r = body(session.as_ref().map(|s| &s.state));
+        progress.finish();
+        if let Some(s) = session {
+            s.close()?;
+        }
+        r
+    }
+
     /// Tears the lab down if this run brought it up and it is not kept.
     pub fn close(mut self) -> Result<(), BenchError> {
         self.closed = true;

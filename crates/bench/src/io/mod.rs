@@ -359,11 +359,8 @@ pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchErro
         ));
     }
     // The session output is checked and locked before anything runs.
-    let session_out = opts
-        .session
-        .as_deref()
-        .map(|p| crate::session::prepare_output(p, opts.force, &opts.command_line))
-        .transpose()?;
+    let session_out =
+        crate::session::prepare_optional(opts.session.as_deref(), opts.force, &opts.command_line)?;
     let progress = Progress::new(0, opts.quiet);
     let host_manifest = Manifest::host(&opts.command_line);
 
