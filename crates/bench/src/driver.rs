@@ -193,6 +193,17 @@ pub struct RecordPoints {
     pub freq: u64,
     pub vmscope: PathBuf,
     pub experiment: String,
+    /// Sessions are DIR/STEM-N.db (N: the point's number); `None`: the
+    /// experiment's name. For experiments driven one point at a time.
+    pub stem: Option<String>,
+}
+
+impl RecordPoints {
+    /// Where point `i`'s session goes.
+    pub fn path(&self, i: usize) -> PathBuf {
+        let stem = self.stem.as_deref().unwrap_or(&self.experiment);
+        self.dir.join(format!("{stem}-{}.db", i + 1))
+    }
 }
 
 /// How the loop runs.
@@ -384,7 +395,7 @@ pub fn drive<E: Experiment>(
                 continue;
             }
             progress.set_message(format!("{}: profiled run", e.name(i)));
-            let path = rec.dir.join(format!("{}-{}.db", rec.experiment, i + 1));
+            let path = rec.path(i);
             let spec = profiler::Spec {
                 kind: profiler::Kind::Active,
                 freq: rec.freq,
@@ -409,6 +420,11 @@ pub fn drive<E: Experiment>(
                         let _ = sess.annotate("bench_config_hash", &e.hash(i));
                         let _ = sess.annotate("bench_value", &e.value(&s).to_string());
                     }
+                    progress.note(&format!(
+                        "{}: profiled run stored in {}",
+                        e.name(i),
+                        path.display()
+                    ));
                     o.session = Some(path);
                     o.profiled = Some(s);
                 }

@@ -852,6 +852,7 @@ fn run_in(
             freq: opts.record_freq,
             vmscope: opts.vmscope.clone(),
             experiment: "net".into(),
+            stem: None,
         }),
         ..DriveOptions::sampling(
             opts.warmup,

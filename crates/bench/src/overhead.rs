@@ -57,6 +57,10 @@ pub struct OverheadOptions {
     pub vmscope: PathBuf,
     /// Sessions and perf.data files go here.
     pub work_dir: PathBuf,
+    /// `--record DIR`: every kept sample's profiled run stays in DIR as
+    /// `overhead-PROFILER-N.db` (perf: `.data`), annotated with its point
+    /// and named in the results (the work directory's files are reused).
+    pub record: Option<PathBuf>,
     pub format: Format,
     pub session: Option<PathBuf>,
     pub busy: BusyRule,
@@ -84,6 +88,7 @@ impl Default for OverheadOptions {
             lab_options: LabOptions::default(),
             vmscope: PathBuf::from("vmscope"),
             work_dir: std::env::temp_dir().join("vmscope-bench-overhead"),
+            record: None,
             format: Format::Table,
             session: None,
             busy: BusyRule::default(),
@@ -105,6 +110,8 @@ pub struct OverheadSample {
     pub load: LoadSample,
     /// Why the sample is suspect besides a busy host.
     pub note: Option<String>,
+    /// `--record`: the profiled run's session (or perf.data), kept.
+    pub recording: Option<PathBuf>,
 }
 
 struct OverheadExperiment {
@@ -131,29 +138,57 @@ impl OverheadExperiment {
         ]
     }
 
-    fn start(&mut self, kind: Kind) -> Result<(Option<profiler::Running>, f64), VmFailure> {
+    /// Starts profiler `kind` (none: nothing); its output goes to the
+    /// work directory, or to `--record`'s for a kept sample.
+    fn start(&mut self, kind: Kind, step: Step) -> Result<Started, VmFailure> {
         if kind == Kind::None {
-            return Ok((None, 0.0));
+            return Ok((None, 0.0, None));
         }
         self.runs += 1;
         let ext = if kind == Kind::Perf { "data" } else { "db" };
+        let kept = match (&self.opts.record, step) {
+            (Some(dir), Step::Sample) => {
+                Some(dir.join(format!("overhead-{}-{}.{ext}", kind.name(), self.runs)))
+            }
+            _ => None,
+        };
+        let output = kept.clone().unwrap_or_else(|| {
+            self.opts
+                .work_dir
+                .join(format!("{}-{}.{ext}", kind.name(), self.runs % 2))
+        });
         let t0 = Instant::now();
         let r = profiler::start(&profiler::Spec {
             kind,
             freq: self.opts.freq,
             vms: Vec::new(),
-            output: self
-                .opts
-                .work_dir
-                .join(format!("{}-{}.{ext}", kind.name(), self.runs % 2)),
+            output,
             vmscope: self.opts.vmscope.clone(),
             ready_timeout: Duration::from_secs(120),
             strict: false,
         })
         .map_err(|e| failed(format!("{kind}: {e}")))?;
-        Ok((Some(r), t0.elapsed().as_secs_f64()))
+        Ok((Some(r), t0.elapsed().as_secs_f64(), kept))
+    }
+
+    /// A kept session says which point and value it profiled (what
+    /// `vmscope compare` shows beside it).
+    fn annotate(&self, i: usize, path: &std::path::Path, value: f64) {
+        if path.extension().is_some_and(|e| e == "db") {
+            if let Ok(sess) = vmscope_store::Session::open(path) {
+                let p = &self.points[i].1;
+                let _ = sess.annotate("bench_experiment", "overhead");
+                let _ = sess.annotate("bench_point", &p.name);
+                let _ = sess.annotate("bench_config_hash", &p.config_hash);
+                let _ = sess.annotate("bench_value", &value.to_string());
+            }
+        }
     }
 }
+
+/// A started profiler, the seconds it took to start sampling, and where
+/// its output is kept (`--record`).
+type Started = (Option<profiler::Running>, f64, Option<PathBuf>);
 
 impl Experiment for OverheadExperiment {
     type Sample = OverheadSample;
@@ -174,7 +209,7 @@ impl Experiment for OverheadExperiment {
         self.guest.iter().map(|g| g.name().to_string()).collect()
     }
 
-    fn run(&mut self, i: usize, _step: Step) -> Result<OverheadSample, VmFailure> {
+    fn run(&mut self, i: usize, step: Step) -> Result<OverheadSample, VmFailure> {
         let kind = self.points[i].0;
         let own: Vec<u32> = self
             .guest
@@ -182,82 +217,91 @@ impl Experiment for OverheadExperiment {
             .and_then(|g| g.vm().pid)
             .into_iter()
             .collect();
-        let (run, prof, ready_s, mark, note): (ScaleRun, _, f64, LoadMark, Option<String>) =
-            if let Some(mut g) = self.guest.take() {
-                let r = (|| {
-                    if let Some(d) = g.dead() {
-                        return Err(VmFailure::Dead(d));
-                    }
-                    let out = "/tmp/vmscope-overhead.json";
-                    let script = format!(
-                        "rm -f {out} {out}.tmp; (sleep {}; {} > {out}.tmp 2>&1; mv {out}.tmp {out}) \
+        let (run, prof, ready_s, mark, note, kept): (
+            ScaleRun,
+            _,
+            f64,
+            LoadMark,
+            Option<String>,
+            Option<PathBuf>,
+        ) = if let Some(mut g) = self.guest.take() {
+            let r = (|| {
+                if let Some(d) = g.dead() {
+                    return Err(VmFailure::Dead(d));
+                }
+                let out = "/tmp/vmscope-overhead.json";
+                let script = format!(
+                    "rm -f {out} {out}.tmp; (sleep {}; {} > {out}.tmp 2>&1; mv {out}.tmp {out}) \
                          </dev/null >/dev/null 2>&1 &",
-                        self.opts.delay,
-                        self.argv().join(" ")
-                    );
-                    g.sh(&script, Duration::from_secs(60))?;
-                    let started = Instant::now();
-                    // The recorder takes the agent channel while it runs.
-                    g.disconnect();
-                    let mark = self.probe.mark(&own);
-                    let (p, ready) = self.start(kind)?;
-                    let note = (ready > self.opts.delay).then(|| {
-                        format!(
-                            "the profiler took {ready:.1} s to start, more than the {:.1} s delay",
-                            self.opts.delay
-                        )
-                    });
-                    let end = started
-                        + Duration::from_secs_f64(self.opts.delay + self.opts.seconds + 0.5);
-                    std::thread::sleep(end.saturating_duration_since(Instant::now()));
-                    let stopped = p
-                        .map(profiler::Running::stop)
-                        .transpose()
-                        .map_err(|e| failed(format!("{kind}: {e}")))?;
-                    // The workload may lag under an emulated vCPU: poll.
-                    let deadline = Instant::now() + Duration::from_secs(120);
-                    let line = loop {
-                        let o = g.sh(
-                            &format!("cat {out} 2>/dev/null || true"),
-                            Duration::from_secs(60),
-                        )?;
-                        if !o.stdout.trim().is_empty() {
-                            break o.stdout;
-                        }
-                        if Instant::now() > deadline {
-                            return Err(failed(format!(
-                                "VM {}: the workload wrote no result in {out}",
-                                g.name()
-                            )));
-                        }
-                        std::thread::sleep(Duration::from_millis(300));
-                    };
-                    let run: ScaleRun = serde_json::from_str(line.trim()).map_err(|e| {
-                        failed(format!(
-                            "VM {}: the workload's line: {e}: {line:.200}",
-                            g.name()
-                        ))
-                    })?;
-                    Ok((run, stopped, ready, mark, note))
-                })();
-                self.guest = Some(g);
-                r?
-            } else {
+                    self.opts.delay,
+                    self.argv().join(" ")
+                );
+                g.sh(&script, Duration::from_secs(60))?;
+                let started = Instant::now();
+                // The recorder takes the agent channel while it runs.
+                g.disconnect();
                 let mark = self.probe.mark(&own);
-                let (p, ready) = self.start(kind)?;
-                let run = engine::run(&ScaleSpec {
-                    workload: self.opts.workload,
-                    threads: self.opts.threads,
-                    duration: Duration::from_secs_f64(self.opts.seconds),
-                    buffer: self.opts.buffer,
-                })
-                .map_err(failed)?;
+                let (p, ready, kept) = self.start(kind, step)?;
+                let note = (ready > self.opts.delay).then(|| {
+                    format!(
+                        "the profiler took {ready:.1} s to start, more than the {:.1} s delay",
+                        self.opts.delay
+                    )
+                });
+                let end =
+                    started + Duration::from_secs_f64(self.opts.delay + self.opts.seconds + 0.5);
+                std::thread::sleep(end.saturating_duration_since(Instant::now()));
                 let stopped = p
                     .map(profiler::Running::stop)
                     .transpose()
                     .map_err(|e| failed(format!("{kind}: {e}")))?;
-                (run, stopped, ready, mark, None)
-            };
+                // The workload may lag under an emulated vCPU: poll.
+                let deadline = Instant::now() + Duration::from_secs(120);
+                let line = loop {
+                    let o = g.sh(
+                        &format!("cat {out} 2>/dev/null || true"),
+                        Duration::from_secs(60),
+                    )?;
+                    if !o.stdout.trim().is_empty() {
+                        break o.stdout;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(failed(format!(
+                            "VM {}: the workload wrote no result in {out}",
+                            g.name()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                };
+                let run: ScaleRun = serde_json::from_str(line.trim()).map_err(|e| {
+                    failed(format!(
+                        "VM {}: the workload's line: {e}: {line:.200}",
+                        g.name()
+                    ))
+                })?;
+                Ok((run, stopped, ready, mark, note, kept))
+            })();
+            self.guest = Some(g);
+            r?
+        } else {
+            let mark = self.probe.mark(&own);
+            let (p, ready, kept) = self.start(kind, step)?;
+            let run = engine::run(&ScaleSpec {
+                workload: self.opts.workload,
+                threads: self.opts.threads,
+                duration: Duration::from_secs_f64(self.opts.seconds),
+                buffer: self.opts.buffer,
+            })
+            .map_err(failed)?;
+            let stopped = p
+                .map(profiler::Running::stop)
+                .transpose()
+                .map_err(|e| failed(format!("{kind}: {e}")))?;
+            (run, stopped, ready, mark, None, kept)
+        };
+        if let Some(path) = &kept {
+            self.annotate(i, path, run.rate());
+        }
         let mut load = self.probe.since(&mark);
         // The profiler is the experiment's own load, not other load.
         if let Some(p) = &prof {
@@ -269,6 +313,7 @@ impl Experiment for OverheadExperiment {
             ready_s,
             load,
             note,
+            recording: kept,
         })
     }
 
@@ -515,6 +560,13 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         path: opts.work_dir.clone(),
         message: e.to_string(),
     })?;
+    if let Some(dir) = &opts.record {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
+            what: "--record directory",
+            path: dir.clone(),
+            message: e.to_string(),
+        })?;
+    }
     let mut facts: Vec<(&str, String)> = Vec::new();
     if let Some(a) = &accel {
         facts.push(("accel", a.clone()));
@@ -611,6 +663,7 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
                 "flagged_samples": r.flagged(),
                 "failed": r.failed,
                 "manifest": p.manifest,
+                "recordings": r.samples.iter().filter_map(|x| x.recording.clone()).collect::<Vec<_>>(),
             }))?;
         }
         if let Some(sp) = outcome.split() {
@@ -699,6 +752,18 @@ fn print_text(
     writeln!(out, "{t}")?;
     if let Some(sp) = o.split() {
         writeln!(out, "split: {}", sp.describe())?;
+    }
+    if let Some(dir) = &opts.record {
+        let n: usize = o
+            .results
+            .iter()
+            .map(|r| r.samples.iter().filter(|x| x.recording.is_some()).count())
+            .sum();
+        writeln!(
+            out,
+            "recorded: {n} profiled runs kept in {} (overhead-PROFILER-N.db, perf: .data)",
+            dir.display()
+        )?;
     }
     for n in &o.notes {
         writeln!(out, "note: {n}")?;

@@ -588,6 +588,7 @@ fn run_in(
             freq: opts.record_freq,
             vmscope: opts.vmscope.clone(),
             experiment: "scale".into(),
+            stem: None,
         }),
         ..DriveOptions::sampling(
             opts.warmup,

@@ -84,6 +84,13 @@ pub struct WebOptions {
     pub format: Format,
     pub charts: Option<PathBuf>,
     pub session: Option<PathBuf>,
+    /// `--record DIR`: after its samples, each point runs once more under
+    /// `vmscope record -a` (VMs active), stored as DIR/web-CONFIG-RATE-1.db.
+    pub record: Option<PathBuf>,
+    /// Sampling frequency of `--record`, Hz.
+    pub record_freq: u64,
+    /// The `vmscope` binary `--record` starts.
+    pub vmscope: PathBuf,
     pub account: bool,
     pub busy: BusyRule,
     pub busy_retries: usize,
@@ -113,6 +120,9 @@ impl Default for WebOptions {
             format: Format::Table,
             charts: None,
             session: None,
+            record: None,
+            record_freq: 999,
+            vmscope: PathBuf::from("vmscope"),
             account: true,
             busy: BusyRule::default(),
             busy_retries: 2,
@@ -928,7 +938,17 @@ fn run_configs(
                 runner: &mut runner,
                 index,
             };
-            let (mut r, rows) = driver::drive(&mut one, &drive_opts, &[], &mut sink, progress)?;
+            let point_opts = DriveOptions {
+                record: opts.record.as_ref().map(|d| driver::RecordPoints {
+                    dir: d.clone(),
+                    freq: opts.record_freq,
+                    vmscope: opts.vmscope.clone(),
+                    experiment: "web".into(),
+                    stem: Some(record_stem(&cfg.label, rate)),
+                }),
+                ..drive_opts.clone()
+            };
+            let (mut r, rows) = driver::drive(&mut one, &point_opts, &[], &mut sink, progress)?;
             rows_all.extend(rows);
             let r = r.remove(0);
             let f = judge(&r, rate, opts.follow);
@@ -1156,6 +1176,23 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
     out
 }
 
+/// The file name stem of a profiled point's session: `web-CONFIG-RATE`,
+/// with anything but letters, digits, `-` and `_` in the label (a spec
+/// given as a path) made `_`.
+fn record_stem(label: &str, rate: u32) -> String {
+    let label: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("web-{label}-{rate}")
+}
+
 fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
     let pt = &o.points[i];
     let r = &o.results[i];
@@ -1180,6 +1217,8 @@ fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
         "host_cpu_per_reply_s": mean_of(r, WebSample::cpu_per_reply_s),
         "vm_io_charge_s": mean_of(r, WebSample::vm_io_charge_s),
         "manifest": pt.point.manifest,
+        "session": r.session,
+        "record_error": r.record_error,
     });
     if let serde_json::Value::Object(o) = more {
         m.extend(o);
@@ -1326,6 +1365,13 @@ mod tests {
             let e = parse_rates(bad).unwrap_err();
             assert!(e.starts_with("--rate"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_profiled_point_is_named_after_its_configuration_and_rate() {
+        assert_eq!(record_stem("host", 100), "web-host-100");
+        assert_eq!(record_stem("guest-same-cpu", 250), "web-guest-same-cpu-250");
+        assert_eq!(record_stem("/tmp/my lab.toml", 5), "web-_tmp_my_lab_toml-5");
     }
 
     fn sample(

@@ -59,7 +59,7 @@ pub fn busy_rule(max_other_cpus: f64) -> BusyRule {
 #[derive(Args)]
 pub struct RecordArgs {
     /// After its samples, run each point once more under `vmscope record -a` (VMs active),
-    /// storing DIR/EXPERIMENT-N.db annotated with the point (its name is in the results).
+    /// storing DIR/EXPERIMENT-N.db (web: DIR/web-CONFIG-RATE-1.db) annotated with the point (its name is in the results).
     #[arg(long, value_name = "DIR")]
     pub record: Option<PathBuf>,
     /// Sampling frequency of --record, Hz.
@@ -355,9 +355,13 @@ pub struct OverheadArgs {
     /// Lab run directories [env: VMSCOPE_RUN, default /run/vmscope/labs].
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
-    /// Where the profiled runs' sessions and perf.data files go.
+    /// Where the profiled runs' sessions and perf.data files go (reused run after run).
     #[arg(long, default_value = "vmscope-bench-overhead", value_name = "DIR")]
     out_dir: PathBuf,
+    /// Keep every sample's profiled run in DIR as overhead-PROFILER-N.db (perf: .data),
+    /// annotated with its point and named in the results (`vmscope compare` reads them).
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
     /// table, json (JSON lines) or csv.
     #[arg(long, value_enum, default_value = "table")]
     format: FormatArg,
@@ -413,6 +417,7 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
         lab_options: lab,
         vmscope: std::env::current_exe()?,
         work_dir: a.out_dir,
+        record: a.record,
         format: a.format.into(),
         session: a.session,
         busy: a.sampling.busy(),

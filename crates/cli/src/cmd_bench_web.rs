@@ -94,6 +94,8 @@ pub struct WebArgs {
     /// Also store every row in this session file (bench_samples table).
     #[arg(long, short = 'o', value_name = "FILE")]
     session: Option<PathBuf>,
+    #[command(flatten)]
+    record: crate::cmd_bench_net::RecordArgs,
     /// Do not run the accountant (no per-VM I/O charge).
     #[arg(long)]
     no_account: bool,
@@ -136,6 +138,9 @@ pub fn web(a: WebArgs) -> Result<ExitCode> {
         format: a.format.into(),
         charts: (!a.no_charts).then_some(a.out_dir),
         session: a.session,
+        record: a.record.record,
+        record_freq: a.record.record_freq,
+        vmscope: std::env::current_exe()?,
         account: !a.no_account,
         busy: crate::cmd_bench_net::busy_rule(a.busy_threshold),
         busy_retries: a.busy_retries,
