@@ -259,10 +259,10 @@ struct Meter {
 }
 
 impl Meter {
-    /// The cost since the last step, and the next rate under the budget
-    /// (applied to `rec` here).
-    fn step(&mut self, rec: &mut Recorder) -> ProfilerCost {
-        let (cost_s, capacity_s) = self.cost.step();
+    /// The cost since the last step (`samples`: taken so far), and the
+    /// next rate under the budget (applied to `rec` here).
+    fn step(&mut self, rec: &mut Recorder, samples: u64) -> ProfilerCost {
+        let (cost_s, capacity_s) = self.cost.step(samples);
         let step = ProfilerCost {
             cost_ns: (cost_s * 1e9) as u64,
             capacity_ns: (capacity_s * 1e9) as u64,
@@ -340,16 +340,45 @@ impl Worker {
         }
         let names: Vec<String> = specs.iter().map(|s| s.kind.name()).collect();
         let mut rec = Recorder::open(&RingOptions {
-            events: specs,
+            events: specs.clone(),
             target: Target::AllCpus,
             callchain: cfg.callchain,
             ring_pages: 0,
         })
         .map_err(linux_error)?;
+        // Under a budget, what one sample costs the vCPU it lands on: this
+        // guest's kernel keeps no interrupt time, and under emulation the
+        // sampling interrupts are most of profiling's cost. Measured before
+        // the session's own cost starts counting (a one-off, logged).
+        let per_sample = match cfg.budget {
+            Some(_) => match vmscope_linux::samplecost::calibrate(&specs, cfg.callchain) {
+                Ok(Some(c)) => {
+                    log!(
+                        "sampling interrupts: {:.1} µs per sample ({} samples at {} Hz, \
+                         calibration took {:.0} ms of CPU)",
+                        c.per_sample_s * 1e6,
+                        c.samples,
+                        c.hz,
+                        c.cpu_s * 1e3
+                    );
+                    c.per_sample_s
+                }
+                Ok(None) => {
+                    log!("sampling interrupts: not calibrated (no frequency event, or no CPU)");
+                    0.0
+                }
+                Err(e) => {
+                    log!("sampling interrupts: not calibrated: {e}");
+                    0.0
+                }
+            },
+            None => 0.0,
+        };
         // From here the session's own work counts (this thread's CPU); the
         // interrupt level until sampling starts is the guest's own.
-        let cost =
+        let mut cost =
             SelfCost::start_thread(vmscope_linux::ProcRoot::system(), rec.cpus().len() as u32);
+        cost.set_sample_cost(per_sample);
         // The guest's own kernel is the "host" kernel here: /proc/kallsyms.
         let mut conv = Converter::new(
             Symbolizer::new(SymbolizerOptions::default()),
@@ -477,7 +506,7 @@ impl Worker {
                 None
             } else {
                 cost_sent = stopped;
-                Some(meter.step(&mut rec))
+                Some(meter.step(&mut rec, conv.stats().samples))
             };
             let resp = pending.cut(stopped, cost);
             let last = matches!(resp, Response::ProfileData { last: true, .. });

@@ -37,45 +37,80 @@ pub(crate) struct CostBook {
     /// VM name → its agent's cost so far and where its last step ended.
     vms: BTreeMap<String, (ProfilerCost, f64)>,
     steps: Vec<ProfilerStep>,
+    /// Each active VM's agent's share of the budget.
     budget: Option<f64>,
     requested_hz: u64,
+    /// What one host sample costs beyond the irq column, when calibrated.
+    per_sample: Option<vmscope_linux::samplecost::SampleCost>,
 }
 
 impl CostBook {
-    /// Start measuring the host recorder `rec` (call before the agents are
-    /// armed: until [`CostBook::sampling_starts`], interrupt time is the
-    /// host's own level). `budget` is a fraction of the host's CPU.
-    /// Under a budget the recorder is set to the controller's starting
-    /// rate here (before it is enabled).
+    /// Start measuring the host recorder `rec`, opened with `events` (call
+    /// before the agents are armed: until [`CostBook::sampling_starts`],
+    /// interrupt time is the host's own level). `budget` is a fraction of
+    /// the host's CPU, shared with `active_vms` agents
+    /// ([`vmscope_model::budget::shares`]). Under a budget the recorder is set to the
+    /// controller's starting rate here (before it is enabled), and what
+    /// one sample costs is calibrated first (`samplecost`: kernels without
+    /// interrupt time accounting hide it).
     pub(crate) fn new(
         rec: &mut Recorder,
-        requested_hz: u64,
+        events: &[vmscope_model::EventSpec],
+        callchain: bool,
         budget: Option<f64>,
+        active_vms: usize,
     ) -> Result<CostBook, EngineError> {
+        let requested_hz = requested_hz(events);
+        let (host_budget, guest_budget) = match budget {
+            Some(b) => {
+                let (h, g) = vmscope_model::budget::shares(b, active_vms);
+                (Some(h), Some(g))
+            }
+            None => (None, None),
+        };
         let cpus = rec.cpus().len() as u32;
         let asked = if rec.has_frequency_events() {
             requested_hz
         } else {
             0
         };
-        let ctl = budget
+        let ctl = host_budget
             .filter(|_| asked > 0)
             .map(|b| RateController::new(b, asked));
         let host_rate = ctl.as_ref().map_or(asked, RateController::rate);
         if host_rate != asked {
             rec.set_frequency(host_rate)?;
         }
+        // A calibration that fails leaves the cost to the irq column, as
+        // without a budget; the closing note says which it was.
+        let per_sample = match ctl {
+            Some(_) => vmscope_linux::samplecost::calibrate(events, callchain)
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        let mut meter = SelfCost::start(ProcRoot::system(), cpus);
+        if let Some(c) = &per_sample {
+            meter.set_sample_cost(c.per_sample_s);
+        }
         Ok(CostBook {
-            meter: SelfCost::start(ProcRoot::system(), cpus),
+            meter,
             ctl,
-            host: ProfilerCost::new("host", asked, budget, Some(cpus)),
+            host: ProfilerCost::new("host", asked, host_budget, Some(cpus)),
             host_rate,
             host_last_t: 0.0,
             vms: BTreeMap::new(),
             steps: Vec::new(),
-            budget,
+            budget: guest_budget,
             requested_hz,
+            per_sample,
         })
+    }
+
+    /// The budget each active VM's agent is given (its share of
+    /// `--overhead-budget`).
+    pub(crate) fn guest_budget(&self) -> Option<f64> {
+        self.budget
     }
 
     /// Sampling starts now.
@@ -83,10 +118,15 @@ impl CostBook {
         self.meter.sampling_starts();
     }
 
-    /// One step of the host recorder, `t` seconds into the recording; under
-    /// a budget its rate may change.
-    pub(crate) fn host_step(&mut self, rec: &mut Recorder, t: f64) -> Result<(), EngineError> {
-        let (cost_s, capacity_s) = self.meter.step();
+    /// One step of the host recorder, `t` seconds into the recording, with
+    /// `samples` taken so far; under a budget its rate may change.
+    pub(crate) fn host_step(
+        &mut self,
+        rec: &mut Recorder,
+        t: f64,
+        samples: u64,
+    ) -> Result<(), EngineError> {
+        let (cost_s, capacity_s) = self.meter.step(samples);
         let step = CostStep {
             cost_s,
             capacity_s,
@@ -163,6 +203,16 @@ impl CostBook {
     ) -> Result<Vec<String>, EngineError> {
         self.flush(writer)?;
         let mut notes = Vec::new();
+        if let Some(c) = &self.per_sample {
+            let line = format!(
+                "{:.1} µs per sample (calibrated on {} samples at {} Hz; counted with the \
+                 recorder's CPU, since this kernel's irq time does not show them)",
+                c.per_sample_s * 1e6,
+                c.samples,
+                c.hz
+            );
+            writer.set_meta("profiler_host_interrupts", &line)?;
+        }
         for p in self.snapshot() {
             writer.set_meta(&p.meta_key(), &p.describe())?;
             if let Some(n) = p.note() {

@@ -172,11 +172,16 @@ impl LiveSession {
             .collect();
         // What profiling costs, from here (the interrupt level until
         // sampling starts is the host's own).
-        let requested_hz = crate::cost::requested_hz(&opts.events);
-        let mut cost = CostBook::new(&mut rec, requested_hz, opts.overhead_budget)?;
+        let mut cost = CostBook::new(
+            &mut rec,
+            &opts.events,
+            opts.callchain,
+            opts.overhead_budget,
+            opts.plan.guests.len(),
+        )?;
         let mut guests = opts.plan.guests;
         for g in &mut guests {
-            g.set_overhead_budget(opts.overhead_budget);
+            g.set_overhead_budget(cost.guest_budget());
         }
         let mut events = Vec::new();
         let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
@@ -262,8 +267,11 @@ impl LiveSession {
             self.last_ended_check = Instant::now();
         }
         if self.last_cost_step.elapsed() >= COST_STEP {
-            self.cost
-                .host_step(&mut self.rec, self.t0.elapsed().as_secs_f64())?;
+            self.cost.host_step(
+                &mut self.rec,
+                self.t0.elapsed().as_secs_f64(),
+                self.conv.stats().samples,
+            )?;
             self.last_cost_step = Instant::now();
         }
         Ok(())

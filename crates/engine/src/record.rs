@@ -526,11 +526,16 @@ impl Run<'_, '_> {
 
         // What profiling costs, from here (the interrupt level until
         // sampling starts is the host's own).
-        let requested_hz = crate::cost::requested_hz(opts.events);
-        let mut cost = crate::cost::CostBook::new(rec, requested_hz, opts.overhead_budget)?;
+        let mut cost = crate::cost::CostBook::new(
+            rec,
+            opts.events,
+            opts.callchain,
+            opts.overhead_budget,
+            opts.plan.guests.len(),
+        )?;
         let mut guests = opts.plan.guests;
         for g in &mut guests {
-            g.set_overhead_budget(opts.overhead_budget);
+            g.set_overhead_budget(cost.guest_budget());
         }
         // The readiness barrier: every active agent armed before the host starts.
         let mut notes = Vec::new();
@@ -628,7 +633,7 @@ impl Run<'_, '_> {
                 }
             }
             if last_flush.elapsed() >= opts.flush_interval {
-                cost.host_step(rec, t0.elapsed().as_secs_f64())?;
+                cost.host_step(rec, t0.elapsed().as_secs_f64(), conv.stats().samples)?;
                 cost.flush(writer)?;
                 writer.flush(&conv.take_delta())?;
                 agents.flush(writer, &conv)?;
@@ -687,7 +692,7 @@ impl Run<'_, '_> {
             }
         }
         writer.flush(&conv.take_delta())?;
-        cost.host_step(rec, duration.as_secs_f64())?;
+        cost.host_step(rec, duration.as_secs_f64(), conv.stats().samples)?;
         if let Some(p) = pollers.take() {
             for ev in p.stop().try_iter() {
                 guest_cost(&mut cost, &ev, t0);

@@ -22,6 +22,7 @@ pub mod numa;
 pub mod procfs;
 pub mod recorder;
 mod ring;
+pub mod samplecost;
 pub mod sched;
 pub mod selfcost;
 pub mod softirq;

@@ -3,8 +3,10 @@
 //! CPU time (every thread, from getrusage) plus the interrupt time above
 //! the level measured before sampling started (the kernel's own irq and
 //! softirq accounting in `/proc/stat`, where sampling interrupts land),
-//! against the capacity observed: wall time × CPUs sampled. The budget rule
-//! that uses it is `vmscope_model::budget`.
+//! against the capacity observed: wall time × CPUs sampled. Where the
+//! kernel keeps no interrupt time, the samples taken times the cost of one
+//! sample measured at the start ([`crate::samplecost`]) stands in for it.
+//! The budget rule that uses it is `vmscope_model::budget`.
 
 use crate::ProcRoot;
 use std::time::Instant;
@@ -22,6 +24,11 @@ pub struct SelfCost {
     irq_s: f64,
     /// Interrupt seconds per second before sampling started.
     baseline_irq: f64,
+    /// CPU seconds one sample costs beyond the irq column
+    /// ([`SelfCost::set_sample_cost`]; 0: not measured).
+    per_sample_s: f64,
+    /// Samples counted at the previous step.
+    samples: u64,
 }
 
 /// CPU seconds (user + system) of this process, all threads.
@@ -29,9 +36,19 @@ pub fn own_cpu_s() -> f64 {
     rusage_cpu_s(libc::RUSAGE_SELF)
 }
 
-/// CPU seconds (user + system) of the calling thread.
+/// CPU seconds of the calling thread: its run time as the scheduler
+/// accounts it (`CLOCK_THREAD_CPUTIME_ID`, nanoseconds; rusage's thread
+/// figures are the same time rounded to microseconds).
 pub fn thread_cpu_s() -> f64 {
-    rusage_cpu_s(libc::RUSAGE_THREAD)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 fn rusage_cpu_s(who: libc::c_int) -> f64 {
@@ -70,6 +87,8 @@ impl SelfCost {
             cpu_s: 0.0,
             irq_s,
             baseline_irq: 0.0,
+            per_sample_s: 0.0,
+            samples: 0,
         };
         c.cpu_s = c.cpu_now();
         c
@@ -102,17 +121,27 @@ impl SelfCost {
         self.cpu_s = self.cpu_now();
     }
 
-    /// (cost, capacity) in seconds since the previous step.
-    pub fn step(&mut self) -> (f64, f64) {
+    /// Each sample costs the CPU it lands on `per_sample_s` seconds that
+    /// neither this process's CPU time nor the irq column shows (measured
+    /// by [`crate::samplecost::calibrate`]).
+    pub fn set_sample_cost(&mut self, per_sample_s: f64) {
+        self.per_sample_s = per_sample_s.max(0.0);
+    }
+
+    /// (cost, capacity) in seconds since the previous step; `samples` is
+    /// the number of samples taken so far in the session.
+    pub fn step(&mut self, samples: u64) -> (f64, f64) {
         let now = Instant::now();
         let dt = now.duration_since(self.t).as_secs_f64();
         let cpu = self.cpu_now();
         let irq = irq_s(&self.proc);
         let irq_extra = (irq - self.irq_s - self.baseline_irq * dt).max(0.0);
-        let cost = (cpu - self.cpu_s).max(0.0) + irq_extra;
+        let interrupts = samples.saturating_sub(self.samples) as f64 * self.per_sample_s;
+        let cost = (cpu - self.cpu_s).max(0.0) + irq_extra + interrupts;
         self.t = now;
         self.cpu_s = cpu;
         self.irq_s = irq;
+        self.samples = self.samples.max(samples);
         (cost, dt * f64::from(self.cpus))
     }
 }
@@ -139,11 +168,27 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
-        let (cost, capacity) = c.step();
+        let (cost, capacity) = c.step(0);
         // CPU time is at least most of the busy loop (a loaded machine may
         // preempt it; it cannot run more than the wall time).
         assert!(cost > 0.02, "cost {cost}");
         assert!(capacity >= 0.4, "capacity {capacity}");
         assert!(cost <= capacity, "{cost} > {capacity}");
+    }
+
+    #[test]
+    fn samples_cost_what_was_calibrated_per_sample() {
+        let mut c = SelfCost::start_thread(ProcRoot::system(), 1);
+        c.sampling_starts();
+        c.set_sample_cost(0.001);
+        // 500 samples at 1 ms each, and (sleeping) next to no CPU time.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let (cost, _) = c.step(500);
+        assert!((0.5..0.51).contains(&cost), "{cost}");
+        // Only the samples since the last step count.
+        let (cost, _) = c.step(600);
+        assert!((0.1..0.11).contains(&cost), "{cost}");
+        let (cost, _) = c.step(600);
+        assert!(cost < 0.01, "{cost}");
     }
 }

@@ -52,6 +52,19 @@ pub fn start_hz(requested_hz: u64) -> u64 {
     }
 }
 
+/// How `--overhead-budget` is shared: (host recorder, each active VM's
+/// agent). A VM's slowdown is what the host side takes from its vCPU
+/// threads plus what its agent (and its sampling interrupts) takes inside
+/// it, so with active VMs each side gets half the budget and the VM's
+/// slowdown stays within the whole; with none the host keeps all of it.
+pub fn shares(budget: f64, active_vms: usize) -> (f64, f64) {
+    if active_vms == 0 {
+        (budget, budget)
+    } else {
+        (budget / 2.0, budget / 2.0)
+    }
+}
+
 /// A budget as a fraction of the observed CPU: `--overhead-budget 1` is
 /// 0.01. Valid budgets are above 0 % and below 100 %.
 pub fn parse_budget_pct(s: &str) -> Result<f64, String> {
@@ -360,6 +373,13 @@ mod tests {
             .summary()
             .describe(Some(1))
             .contains("not met even at the lowest rate"));
+    }
+
+    #[test]
+    fn with_active_vms_the_host_and_each_agent_get_half() {
+        assert_eq!(shares(0.01, 0), (0.01, 0.01));
+        assert_eq!(shares(0.01, 1), (0.005, 0.005));
+        assert_eq!(shares(0.02, 32), (0.01, 0.01));
     }
 
     #[test]
