@@ -247,7 +247,7 @@ mod tests {
             }
             Ok(None) => panic!("the CPU was too busy to calibrate within {MAX_WALL:?}"),
             Err(LinuxError::PermissionDenied { .. }) => {
-                eprintln!("SKIP: perf events are not allowed here (perf_event_paranoid)")
+                eprintln!("SKIP: perf events are not allowed here (perf_event_paranoid)");
             }
             Err(e) => panic!("{e}"),
         }
