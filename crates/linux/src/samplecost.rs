@@ -20,9 +20,10 @@
 //! is not in the thread's CPU time, the estimate comes out near 0, and the
 //! irq column carries the cost instead: the two never count it twice.
 //!
-//! Off and on windows alternate ([`PAIRS`] of each) and the median of the
-//! per-pair estimates is kept, so a window that another task or the
-//! hypervisor disturbed does not decide it. The unit of work runs a
+//! Each unit is timed on its own, so a unit the hypervisor (or, under
+//! emulation, the host) descheduled for milliseconds is left out rather
+//! than charged to sampling ([`PREEMPTED`]); off and on windows alternate
+//! ([`PAIRS`] of each) and the median of the per-pair estimates is kept. The unit of work runs a
 //! shallow stack, so a deep call chain in real code costs somewhat more
 //! per sample than measured here.
 
@@ -71,11 +72,12 @@ fn max_sample_rate() -> Option<u64> {
         .ok()
 }
 
-/// One unit of work: a few thousand dependent multiply-adds.
+/// One unit of work: a few thousand dependent multiply-adds (a few µs
+/// natively, tens under emulation).
 #[inline(never)]
 fn unit(seed: u64) -> u64 {
     let mut x = seed;
-    for _ in 0..2000 {
+    for _ in 0..4000 {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
@@ -83,26 +85,68 @@ fn unit(seed: u64) -> u64 {
     std::hint::black_box(x)
 }
 
-/// Runs units until the thread has used `window` of CPU: (units, CPU s).
-fn spin(window: Duration, deadline: Instant) -> Option<(u64, f64)> {
-    let start = thread_cpu_s();
+/// A unit that took longer than its usual time by more than this was
+/// descheduled by what is below the thread's kernel (under emulation the
+/// host preempts the vCPU thread for milliseconds, and the guest charges
+/// that time to whatever it was running), not interrupted by a sample: it
+/// is left out. A sampling interrupt costs tens of µs natively and a few
+/// hundred under TCG.
+const PREEMPTED: f64 = 2e-3;
+
+/// Runs units until the thread has used `window` of CPU; each unit's time
+/// on the thread's CPU clock. `None` past `deadline`.
+fn spin(window: Duration, deadline: Instant) -> Option<Vec<f64>> {
     let goal = window.as_secs_f64();
-    let mut n = 0u64;
-    let mut x = n;
+    let start = thread_cpu_s();
+    let mut times = Vec::with_capacity(1024);
+    let mut x = 0u64;
+    let mut t = start;
     loop {
-        for _ in 0..8 {
-            x = unit(x);
-            n += 1;
-        }
-        let used = thread_cpu_s() - start;
-        if used >= goal {
+        x = unit(x);
+        let now = thread_cpu_s();
+        times.push(now - t);
+        t = now;
+        if now - start >= goal {
             std::hint::black_box(x);
-            return Some((n, used));
+            return Some(times);
         }
-        if Instant::now() > deadline {
+        if times.len() % 64 == 0 && Instant::now() > deadline {
             return None;
         }
     }
+}
+
+/// A unit's usual time: the 20th percentile of a window without sampling.
+fn usual(times: &[f64]) -> f64 {
+    let mut v = times.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 5).copied().unwrap_or(0.0)
+}
+
+/// One pair's estimate of a sample's cost. A sample lands in one unit
+/// (units are far shorter than the time between samples) and makes it
+/// longer by what the sample cost, so with `samples` samples taken in the
+/// on window, the `samples` units that ran longest beyond the usual time
+/// (of the off window) are the sampled ones, and the median of their excess
+/// is the cost of one sample. Preempted units are left out first. The
+/// median keeps the other interrupts (the timer tick) that land among them
+/// from deciding it.
+fn per_sample(off: &[f64], on: &[f64], samples: u64) -> Option<f64> {
+    if samples == 0 || off.is_empty() {
+        return None;
+    }
+    let base = usual(off);
+    let mut x: Vec<f64> = on
+        .iter()
+        .map(|t| t - base)
+        .filter(|e| *e < PREEMPTED)
+        .collect();
+    x.sort_by(|a, b| b.total_cmp(a));
+    let k = (samples as usize).min(x.len());
+    if k == 0 {
+        return None;
+    }
+    Some(x[k / 2].max(0.0))
 }
 
 /// The session's frequency events at the calibration rate (events with a
@@ -154,13 +198,13 @@ pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleC
         return Ok(None);
     }
     for _ in 0..PAIRS {
-        let Some((n_off, cpu_off)) = spin(WINDOW, deadline) else {
+        let Some(off) = spin(WINDOW, deadline) else {
             return Ok(None);
         };
         rec.enable()?;
         let on = spin(WINDOW, deadline);
         rec.disable()?;
-        let Some((n_on, cpu_on)) = on else {
+        let Some(on) = on else {
             return Ok(None);
         };
         buf.clear();
@@ -170,12 +214,7 @@ pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleC
             .filter(|r| matches!(r, Record::Sample(s) if s.tid == tid))
             .count() as u64;
         samples_total += samples;
-        if samples == 0 || n_off == 0 {
-            continue;
-        }
-        let per_unit = cpu_off / n_off as f64;
-        let extra = cpu_on - n_on as f64 * per_unit;
-        estimates.push(extra / samples as f64);
+        estimates.extend(per_sample(&off, &on, samples));
     }
     if estimates.is_empty() {
         return Ok(None);
@@ -225,8 +264,35 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         let slept = thread_cpu_s() - t;
         assert!(slept < 0.02, "sleeping used {slept} s of CPU");
-        let (n, used) = spin(Duration::from_millis(30), w + Duration::from_secs(10)).unwrap();
-        assert!(n > 0 && used >= 0.03, "{n} units in {used} s");
+        let times = spin(Duration::from_millis(30), w + Duration::from_secs(10)).unwrap();
+        let used: f64 = times.iter().sum();
+        assert!(
+            !times.is_empty() && used >= 0.03,
+            "{} units in {used} s",
+            times.len()
+        );
+    }
+
+    #[test]
+    fn interrupted_units_count_and_preempted_ones_do_not() {
+        // Units of 10 µs with 1 µs of jitter; with sampling, 5 of 100 units
+        // took 100 µs more (5 samples), one 30 µs more (a timer tick), and
+        // one was preempted for 5 ms.
+        let off: Vec<f64> = (0..100).map(|i| 10e-6 + (i % 2) as f64 * 1e-6).collect();
+        let mut on = off.clone();
+        for u in on.iter_mut().take(5) {
+            *u += 100e-6;
+        }
+        on[50] += 5e-3;
+        on[60] += 30e-6;
+        let c = per_sample(&off, &on, 5).unwrap();
+        assert!((c - 100e-6).abs() < 2e-6, "{c}");
+        // A preemption in the off window alone changes nothing either.
+        let mut off2 = off.clone();
+        off2[7] += 5e-3;
+        let c = per_sample(&off2, &on, 5).unwrap();
+        assert!((c - 100e-6).abs() < 2e-6, "{c}");
+        assert_eq!(per_sample(&off, &on, 0), None);
     }
 
     /// A live calibration where perf events can be opened: samples were
