@@ -278,7 +278,7 @@ mod tests {
         // Units of 10 µs with 1 µs of jitter; with sampling, 5 of 100 units
         // took 100 µs more (5 samples), one 30 µs more (a timer tick), and
         // one was preempted for 5 ms.
-        let off: Vec<f64> = (0..100).map(|i| 10e-6 + (i % 2) as f64 * 1e-6).collect();
+        let off: Vec<f64> = (0..100).map(|i| 10e-6 + f64::from(i % 2) * 1e-6).collect();
         let mut on = off.clone();
         for u in on.iter_mut().take(5) {
             *u += 100e-6;
