@@ -51,6 +51,11 @@ fn fake_qemu() -> Result<PathBuf, String> {
         .parent()
         .map(|d| d.join("examples/fake_qemu"))
         .ok_or("no target dir")?;
+    // Built in the profile of the vmscope under test, where it is looked for.
+    let release = exe
+        .parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == "release");
     let st = Command::new(env!("CARGO"))
         .args([
             "build",
@@ -60,6 +65,7 @@ fn fake_qemu() -> Result<PathBuf, String> {
             "--example",
             "fake_qemu",
         ])
+        .args(release.then_some("--release"))
         .status()
         .map_err(|e| format!("cargo build: {e}"))?;
     if !st.success() || !bin.exists() {
