@@ -61,7 +61,8 @@ pub struct RecordArgs {
     /// Kernel symbols from this file instead of /proc/kallsyms.
     #[arg(long)]
     pub kallsyms: Option<PathBuf>,
-    /// Ring buffer size per CPU in pages (power of two).
+    /// Ring buffer size per CPU in pages (power of two); 0: chosen from the rate and -g,
+    /// enough for 0.25 s of samples (1 MiB up to 32 MiB per CPU).
     #[arg(short = 'm', long = "mmap-pages", default_value_t = 0,
           value_parser = crate::args::pages, allow_negative_numbers = true)]
     pub mmap_pages: usize,

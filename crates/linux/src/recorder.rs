@@ -37,7 +37,8 @@ pub struct RingOptions {
     pub target: Target,
     /// Record kernel and user call chains (PERF_SAMPLE_CALLCHAIN).
     pub callchain: bool,
-    /// Data pages per ring (a power of two); 0 = 1 MiB worth of pages.
+    /// Data pages per ring (a power of two); 0 = sized from the sampling
+    /// rate ([`auto_ring_bytes`]).
     pub ring_pages: usize,
 }
 
@@ -55,8 +56,34 @@ impl Default for RingOptions {
     }
 }
 
-/// Default ring size in bytes (256 pages of 4 KiB).
-const DEFAULT_RING_BYTES: usize = 1 << 20;
+/// Smallest ring chosen from the rate, bytes (256 pages of 4 KiB).
+const MIN_AUTO_RING_BYTES: usize = 1 << 20;
+/// Largest ring chosen from the rate, bytes per CPU.
+const MAX_AUTO_RING_BYTES: usize = 32 << 20;
+/// Seconds of samples a ring chosen from the rate holds: the reader is
+/// woken at half, so it has this long over half to get the CPU before
+/// samples are lost (a busy 2-CPU host delays it by tens of ms).
+const RING_SECONDS: f64 = 0.25;
+
+/// The ring size (bytes, a power of two) for `events` sampled at their
+/// frequencies, per CPU: enough for [`RING_SECONDS`] of records at the
+/// highest rate the events ask for (a sample with a call chain is taken
+/// as 512 bytes, without as 64), between 1 MiB and 32 MiB. Events with a
+/// fixed period count as 4 kHz. At the kernel's ceiling of 100 kHz with
+/// call chains this is 16 MiB per CPU, 32× perf's default.
+pub fn auto_ring_bytes(events: &[EventSpec], callchain: bool) -> usize {
+    let hz: u64 = events
+        .iter()
+        .map(|e| match e.rate {
+            SampleRate::Frequency(f) => f,
+            SampleRate::Period(_) => vmscope_model::event::DEFAULT_FREQUENCY,
+        })
+        .sum();
+    let per_sample = if callchain { 512.0 } else { 64.0 };
+    let want = (hz as f64 * per_sample * RING_SECONDS) as usize;
+    want.clamp(MIN_AUTO_RING_BYTES, MAX_AUTO_RING_BYTES)
+        .next_power_of_two()
+}
 
 /// A set of opened sampling events and their rings.
 pub struct Recorder {
@@ -293,7 +320,7 @@ impl Recorder {
         let cpus = online_cpus(Path::new("/sys"))?;
         let page = page_size();
         let data_pages = match opts.ring_pages {
-            0 => (DEFAULT_RING_BYTES / page).max(1),
+            0 => (auto_ring_bytes(&opts.events, opts.callchain) / page).max(1),
             n => n,
         };
         let ring_bytes = data_pages * page;
@@ -689,6 +716,22 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { b.__bindgen_anon_1.sample_freq }, 999);
         assert_eq!(b.sample_type, SAMPLE_TYPE);
+    }
+
+    #[test]
+    fn rings_grow_with_the_rate_between_1_and_32_mib() {
+        let ev = |hz| {
+            vec![EventSpec {
+                kind: EventKind::CpuClock,
+                rate: SampleRate::Frequency(hz),
+            }]
+        };
+        assert_eq!(auto_ring_bytes(&ev(99), true), 1 << 20);
+        assert_eq!(auto_ring_bytes(&ev(4000), false), 1 << 20);
+        // 100 kHz with call chains: 12.8 MB -> 16 MiB.
+        assert_eq!(auto_ring_bytes(&ev(100_000), true), 16 << 20);
+        assert_eq!(auto_ring_bytes(&ev(100_000), false), 2 << 20);
+        assert_eq!(auto_ring_bytes(&ev(10_000_000), true), 32 << 20);
     }
 
     #[test]
