@@ -69,7 +69,9 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
     );
     run_ok(
         Command::new("perf")
-            .args(["record", "-F", "999", "-g", "-q", "-o"])
+            // --buildid-mmap: immune to the build-id bit the kernel leaks
+            // from other sessions (crates/perfdata/tests/live.rs).
+            .args(["record", "--buildid-mmap", "-F", "999", "-g", "-q", "-o"])
             .arg(&data)
             .arg("--")
             .arg(&demo)

@@ -16,6 +16,7 @@ pub mod guest;
 pub mod import;
 #[cfg(feature = "host")]
 pub mod live;
+pub mod pipeline;
 #[cfg(feature = "host")]
 pub mod plan;
 #[cfg(feature = "host")]

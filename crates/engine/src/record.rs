@@ -2,8 +2,9 @@
 //! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
 
 use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
+use crate::pipeline::ConvertThread;
 use crate::plan::SessionPlan;
-use crate::{Converter, EngineError};
+use crate::{Converter, ConverterStats, EngineError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -521,6 +522,9 @@ impl Run<'_, '_> {
             conv.push(r);
         }
         conv.set_origin(vmscope_linux::clock_monotonic_ns());
+        // From here the converter runs on its own thread: reading the rings
+        // never waits on symbol loading (crate::pipeline).
+        let mut conv = ConvertThread::spawn(conv)?;
         // The same origin for agents' rows: the second they arrive in.
         let t_origin = Instant::now();
 
@@ -625,7 +629,10 @@ impl Run<'_, '_> {
                     eprintln!("{r:?}");
                 }
             }
-            conv.push_batch(buf.drain(..));
+            conv.push_batch(std::mem::replace(&mut buf, Vec::with_capacity(4096)));
+            for t in conv.try_taken() {
+                writer.flush(&t.delta)?;
+            }
             if let Some(p) = &pollers {
                 for ev in p.events.try_iter() {
                     guest_cost(&mut cost, &ev, t0);
@@ -635,8 +642,10 @@ impl Run<'_, '_> {
             if last_flush.elapsed() >= opts.flush_interval {
                 cost.host_step(rec, t0.elapsed().as_secs_f64(), conv.stats().samples)?;
                 cost.flush(writer)?;
-                writer.flush(&conv.take_delta())?;
-                agents.flush(writer, &conv)?;
+                // The delta is written when the converter answers (a
+                // later turn of the loop): asking never waits.
+                conv.ask();
+                agents.flush(writer, conv.stats())?;
                 mark_ended_vms(writer, &vm_detail, &mut agents, t0)?;
                 writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
                 (self.progress)(t0.elapsed(), conv.stats().samples);
@@ -670,7 +679,7 @@ impl Run<'_, '_> {
         rec.disable()?;
         buf.clear();
         rec.read(Duration::from_millis(0), &mut buf)?;
-        conv.push_batch(buf.drain(..));
+        conv.push_batch(std::mem::take(&mut buf));
         if let Some(mut c) = self.child.take() {
             if status.is_none() && c.stop(Duration::from_secs(2)) {
                 let why = match (ended, opts.duration) {
@@ -691,6 +700,11 @@ impl Run<'_, '_> {
                 ));
             }
         }
+        // Every batch converted: the answers not yet written, then the rest.
+        let (rest, mut conv) = conv.finish()?;
+        for t in rest {
+            writer.flush(&t.delta)?;
+        }
         writer.flush(&conv.take_delta())?;
         cost.host_step(rec, duration.as_secs_f64(), conv.stats().samples)?;
         if let Some(p) = pollers.take() {
@@ -699,7 +713,7 @@ impl Run<'_, '_> {
                 agents.take(ev, writer, &vm_detail, &mut notes)?;
             }
         }
-        agents.flush(writer, &conv)?;
+        agents.flush(writer, conv.stats())?;
         notes.extend(cost.finish(writer)?);
         let mut all_warnings = conv.symbolizer_mut().warnings();
         all_warnings.sort();
@@ -781,11 +795,14 @@ impl AgentBook {
         Ok(())
     }
 
-    fn flush(&mut self, writer: &mut SessionWriter, conv: &Converter) -> Result<(), EngineError> {
+    fn flush(
+        &mut self,
+        writer: &mut SessionWriter,
+        stats: &ConverterStats,
+    ) -> Result<(), EngineError> {
         writer.flush_agent(&self.delta.take())?;
         for ((domain, event), (busy, samples)) in &self.totals.busy {
-            let host = conv
-                .stats()
+            let host = stats
                 .guest_period
                 .get(&(domain.clone(), *event))
                 .copied()

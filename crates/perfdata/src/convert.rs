@@ -19,6 +19,8 @@ use vmscope_model::{split_callchain, CpuMode, EventKind, Record, SampleRecord, S
 
 /// `PERF_RECORD_MISC_MMAP_BUILD_ID`: an MMAP2 record carries a build id.
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+/// `perf_event_attr.build_id` (flag bit 34): MMAP2 records carry build ids.
+const ATTR_BUILD_ID: u64 = 1 << 34;
 /// `PROT_EXEC`.
 const PROT_EXEC: u32 = 4;
 /// `PERF_TYPE_RAW`.
@@ -31,6 +33,8 @@ struct AttrDecode {
     read_format: u64,
     /// Period of samples whose sample_type lacks PERIOD.
     fixed_period: u64,
+    /// `attr.build_id`: the session asked for build ids in MMAP2 records.
+    build_id: bool,
 }
 
 /// Build ids by path, with bracketed kernel names also found by prefix
@@ -141,6 +145,7 @@ fn run_inner<R: Read + Seek>(
             sample_type: raw.map_or(a.attr.sample_format.bits(), |r| r.sample_type),
             read_format: raw.map_or(a.attr.read_format.bits(), |r| r.read_format),
             fixed_period: period.unwrap_or(1),
+            build_id: a.attr.flags.bits() & ATTR_BUILD_ID != 0,
         });
     }
 
@@ -284,6 +289,26 @@ impl Converter<'_> {
                 });
             }
             RecordType::MMAP2 => {
+                // The kernel (6.18 here) sets MISC_MMAP_BUILD_ID on the MMAP2
+                // record it shares among every listener as soon as one that
+                // asked for build ids (`perf record --buildid-mmap`, a
+                // vmscope recording) gets it, and never clears it: a
+                // session that did not ask then gets the bit over the
+                // device/inode layout (maj, min, ino). perf's own tools
+                // assert on such records (util/build-id.c). Without
+                // attr.build_id on any event the bit can only be that leak:
+                // read the record as what it is, with no build id.
+                let leaked;
+                let rec = if rec.misc & MISC_MMAP_BUILD_ID != 0
+                    && !self.decode.iter().any(|d| d.build_id)
+                {
+                    let mut r = rec.clone();
+                    r.misc &= !MISC_MMAP_BUILD_ID;
+                    leaked = r;
+                    &leaked
+                } else {
+                    rec
+                };
                 // The parser asserts on an out-of-range build-id length.
                 if rec.misc & MISC_MMAP_BUILD_ID != 0
                     && rec.data.get(32..33).is_some_and(|b| b.as_slice()[0] > 20)

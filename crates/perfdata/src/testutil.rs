@@ -29,6 +29,7 @@ const FLAG_MMAP: u64 = 1 << 8;
 const FLAG_COMM: u64 = 1 << 9;
 const FLAG_FREQ: u64 = 1 << 10;
 const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
+const FLAG_BUILD_ID: u64 = 1 << 34;
 const MISC_COMM_EXEC: u16 = 1 << 13;
 const MISC_MMAP_DATA: u16 = 1 << 13;
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
@@ -111,6 +112,9 @@ pub struct PerfDataBuilder {
     now: u64,
     data: Vec<u8>,
     ids: Vec<u64>,
+    /// An MMAP2 record with a build id was added: the attr asks for them
+    /// (`perf record --buildid-mmap`), as the kernel requires.
+    build_id_mmaps: bool,
 }
 
 impl Default for PerfDataBuilder {
@@ -142,6 +146,7 @@ impl PerfDataBuilder {
             now: 0,
             data: Vec::new(),
             ids: vec![1],
+            build_id_mmaps: false,
         }
     }
 
@@ -220,7 +225,31 @@ impl PerfDataBuilder {
     }
 
     /// An MMAP or MMAP2 record.
-    pub fn mmap(mut self, m: MmapSpec) -> Self {
+    pub fn mmap(self, m: MmapSpec) -> Self {
+        self.mmap_with(m, None)
+    }
+
+    /// An MMAP2 record as the kernel writes it for a session that did not
+    /// ask for build ids while another session on the host did: the
+    /// `PERF_RECORD_MISC_MMAP_BUILD_ID` bit set (the kernel sets it on the
+    /// record it shares among listeners and never clears it) over the
+    /// device/inode layout: `maj`, minor 0, `ino`, generation 0.
+    pub fn mmap2_leaked_build_id_bit(self, m: MmapSpec, maj: u32, ino: u64) -> Self {
+        let mut field = [0u8; 24];
+        field[0..4].copy_from_slice(&maj.to_le_bytes());
+        field[8..16].copy_from_slice(&ino.to_le_bytes());
+        self.mmap_with(
+            MmapSpec {
+                mmap2: true,
+                build_id: None,
+                ..m
+            },
+            Some(field),
+        )
+    }
+
+    /// `leaked`: the 24 bytes after pgoff, written with the build-id bit.
+    fn mmap_with(mut self, m: MmapSpec, leaked: Option<[u8; 24]>) -> Self {
         let mut b = Vec::new();
         b.extend_from_slice(&m.pid.to_le_bytes());
         b.extend_from_slice(&m.tid.to_le_bytes());
@@ -229,7 +258,11 @@ impl PerfDataBuilder {
         b.extend_from_slice(&m.pgoff.to_le_bytes());
         let mut misc = misc_of(m.mode);
         if m.mmap2 || m.build_id.is_some() {
-            if let Some(id) = &m.build_id {
+            if let Some(field) = leaked {
+                misc |= MISC_MMAP_BUILD_ID;
+                b.extend_from_slice(&field);
+            } else if let Some(id) = &m.build_id {
+                self.build_id_mmaps = true;
                 misc |= MISC_MMAP_BUILD_ID;
                 let mut field = [0u8; 24];
                 let n = id.len().min(20);
@@ -331,6 +364,9 @@ impl PerfDataBuilder {
         let mut flags = FLAG_MMAP | FLAG_COMM | FLAG_SAMPLE_ID_ALL;
         if self.freq {
             flags |= FLAG_FREQ;
+        }
+        if self.build_id_mmaps {
+            flags |= FLAG_BUILD_ID;
         }
         a.extend_from_slice(&flags.to_le_bytes());
         a.resize(ATTR_SIZE, 0);

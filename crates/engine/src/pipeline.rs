@@ -1,0 +1,216 @@
+//! The converter on its own thread, so reading the rings never waits on
+//! conversion: the first sample of a newly seen binary loads that binary's
+//! symbol table (ELF symbols, DWARF), which takes tens to hundreds of
+//! milliseconds; on the ring-reading thread that stalled the reads and let
+//! the rings fill on hosts that exec many short-lived programs.
+//!
+//! The ring reader hands each batch of records over an unbounded channel
+//! (records stay in the order read, so mmaps, execs and exits keep their
+//! order relative to samples), and asks for the profile accumulated so far
+//! without waiting: the answer comes back on a second channel and is picked
+//! up on a later turn of the loop. [`ConvertThread::finish`] waits for
+//! every batch to be converted and returns the converter (warnings,
+//! build-ids, the last delta). The converter thread is a thread of the
+//! recorder process, so its CPU time is in the recorder's own cost
+//! (getrusage of the process counts every thread).
+//!
+//! Every symbol table is still loaded once per binary (path, build-id) and
+//! cached by the [`vmscope_symbols::Symbolizer`] the converter owns.
+
+use crate::{Converter, ConverterStats, EngineError};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+use vmscope_model::{Profile, Record};
+
+enum Msg {
+    Batch(Vec<Record>),
+    /// Send what accumulated since the previous take, with the counters.
+    Take,
+}
+
+/// What the converter accumulated since the previous take.
+pub struct Taken {
+    pub delta: Profile,
+    /// Counters, cumulative, as of this delta.
+    pub stats: ConverterStats,
+}
+
+/// A [`Converter`] running on a helper thread; see the module docs.
+pub struct ConvertThread {
+    tx: Option<Sender<Msg>>,
+    done: Receiver<Taken>,
+    /// Taken answers asked for and not yet received.
+    outstanding: usize,
+    /// Counters as of the last answer received.
+    stats: ConverterStats,
+    handle: Option<JoinHandle<Converter>>,
+}
+
+impl ConvertThread {
+    /// Move `conv` to a new thread named `vmscope-convert`.
+    pub fn spawn(conv: Converter) -> Result<ConvertThread, EngineError> {
+        let (tx, rx) = channel::<Msg>();
+        let (done_tx, done) = channel::<Taken>();
+        let stats = conv.stats().clone();
+        let handle = std::thread::Builder::new()
+            .name("vmscope-convert".into())
+            .spawn(move || {
+                let mut conv = conv;
+                for msg in rx {
+                    match msg {
+                        Msg::Batch(b) => conv.push_batch(b),
+                        Msg::Take => {
+                            let t = Taken {
+                                delta: conv.take_delta(),
+                                stats: conv.stats().clone(),
+                            };
+                            // The reader gone: nothing to answer.
+                            let _ = done_tx.send(t);
+                        }
+                    }
+                }
+                conv
+            })
+            .map_err(|e| EngineError::Invalid(format!("cannot start the converter thread: {e}")))?;
+        Ok(ConvertThread {
+            tx: Some(tx),
+            done,
+            outstanding: 0,
+            stats,
+            handle: Some(handle),
+        })
+    }
+
+    /// Hand over one ring read (never blocks).
+    pub fn push_batch(&mut self, batch: Vec<Record>) {
+        if batch.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            // A send fails only when the thread ended (it panicked);
+            // `finish` reports that.
+            let _ = tx.send(Msg::Batch(batch));
+        }
+    }
+
+    /// Ask for the profile accumulated so far (never blocks); answers come
+    /// from [`ConvertThread::try_taken`]. At most one question is
+    /// outstanding: asking again before the answer came is a no-op.
+    pub fn ask(&mut self) {
+        if self.outstanding > 0 {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            if tx.send(Msg::Take).is_ok() {
+                self.outstanding += 1;
+            }
+        }
+    }
+
+    /// The answers that have arrived (never blocks).
+    pub fn try_taken(&mut self) -> Vec<Taken> {
+        let v: Vec<Taken> = self.done.try_iter().collect();
+        self.outstanding = self.outstanding.saturating_sub(v.len());
+        if let Some(t) = v.last() {
+            self.stats = t.stats.clone();
+        }
+        v
+    }
+
+    /// Counters as of the last answer received.
+    pub fn stats(&self) -> &ConverterStats {
+        &self.stats
+    }
+
+    /// Wait until every batch handed over is converted; returns the answers
+    /// not yet collected (in order) and the converter, whose remaining
+    /// delta the caller takes.
+    pub fn finish(mut self) -> Result<(Vec<Taken>, Converter), EngineError> {
+        drop(self.tx.take());
+        let conv = self
+            .handle
+            .take()
+            .expect("joined once")
+            .join()
+            .map_err(|_| EngineError::Invalid("the converter thread panicked".into()))?;
+        let taken: Vec<Taken> = self.done.try_iter().collect();
+        Ok((taken, conv))
+    }
+}
+
+impl Drop for ConvertThread {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmscope_model::{CpuMode, SampleRecord};
+    use vmscope_symbols::{Symbolizer, SymbolizerOptions};
+
+    fn sample(time: u64) -> Record {
+        Record::Sample(SampleRecord {
+            time,
+            pid: 0,
+            tid: 0,
+            cpu: 0,
+            event: 0,
+            period: 1,
+            mode: CpuMode::Kernel,
+            ip: 0xffff_ffff_8100_0000,
+            callchain: Vec::new(),
+        })
+    }
+
+    fn converter() -> Converter {
+        let opts = SymbolizerOptions {
+            kallsyms: Some("/nonexistent/kallsyms".into()),
+            ..SymbolizerOptions::default()
+        };
+        Converter::new(Symbolizer::new(opts), Default::default())
+    }
+
+    /// The same records give the same profile and counters on the thread as
+    /// on the caller's thread, whether taken in pieces or at the end.
+    #[test]
+    fn converts_like_the_inline_converter() {
+        let batches: Vec<Vec<Record>> = (0..50u64)
+            .map(|b| {
+                (0..40u64)
+                    .map(|i| sample(b * 100_000_000 + i * 1_000))
+                    .collect()
+            })
+            .collect();
+        let mut inline = converter();
+        for b in &batches {
+            inline.push_batch(b.clone());
+        }
+        let want = inline.take_delta();
+
+        let mut t = ConvertThread::spawn(converter()).unwrap();
+        let mut got = Profile::new();
+        for (i, b) in batches.into_iter().enumerate() {
+            t.push_batch(b);
+            if i % 7 == 0 {
+                t.ask();
+            }
+            for taken in t.try_taken() {
+                got.merge(taken.delta);
+            }
+        }
+        let (rest, mut conv) = t.finish().unwrap();
+        for taken in rest {
+            got.merge(taken.delta);
+        }
+        got.merge(conv.take_delta());
+        assert_eq!(conv.stats().samples, 2000);
+        assert_eq!(got.total_samples, 2000);
+        assert_eq!(got.rows, want.rows);
+        assert_eq!(got.bins, want.bins);
+    }
+}
