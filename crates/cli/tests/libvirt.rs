@@ -18,7 +18,12 @@
 //!   line and still lists the VM from /proc;
 //! - with its agent stopped, a plain `record -a` keeps it passive and
 //!   states the fallback reason;
-//! - paused by libvirt, `vms` shows it paused.
+//! - paused by libvirt, `vms` shows it paused;
+//! - a libvirt lab (`lab up --libvirt`, one small VM): `virsh list` shows
+//!   its domain, `vms` lists it under its libvirt name, its agent answers
+//!   `lab exec`, `lab status` says it is a libvirt domain, a second `lab
+//!   up` says the lab is up, and `lab down` leaves no domain, no socket in
+//!   /run/vmscope and no run directory.
 //!
 //! Skips with a printed reason without root, QEMU, libvirt or the agent.
 
@@ -33,79 +38,7 @@ const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 const URI: &str = "qemu:///system";
 
 fn virsh(args: &[&str]) -> Output {
-    Command::new("virsh")
-        .args(["-c", URI, "-q"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run virsh")
-}
-
-fn libvirt_answers() -> bool {
-    virsh(&["version"]).status.success()
-}
-
-/// Daemons this test started (by the pid each wrote), stopped on drop.
-struct Daemons(Vec<(String, u32)>);
-
-impl Daemons {
-    /// `virtlogd` and `libvirtd` when libvirt does not answer yet.
-    fn ensure() -> Result<Daemons, String> {
-        let mut started = Daemons(Vec::new());
-        if libvirt_answers() {
-            return Ok(started);
-        }
-        for (daemon, pidfile) in [
-            ("virtlogd", "/run/virtlogd.pid"),
-            ("libvirtd", "/run/libvirtd.pid"),
-        ] {
-            let running = std::fs::read_to_string(pidfile)
-                .ok()
-                .and_then(|p| p.trim().parse::<u32>().ok())
-                .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-            if running {
-                continue;
-            }
-            let st = Command::new(daemon)
-                .arg("-d")
-                .status()
-                .map_err(|e| format!("cannot start {daemon}: {e}"))?;
-            if !st.success() {
-                return Err(format!("{daemon} -d failed: {st}"));
-            }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let pid = loop {
-                if let Some(p) = std::fs::read_to_string(pidfile)
-                    .ok()
-                    .and_then(|p| p.trim().parse::<u32>().ok())
-                {
-                    break p;
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("{daemon} wrote no {pidfile}"));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            started.0.push((daemon.to_string(), pid));
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !libvirt_answers() {
-            if Instant::now() > deadline {
-                return Err("libvirtd started but does not answer on qemu:///system".into());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(started)
-    }
-}
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for (name, pid) in self.0.iter().rev() {
-            let _ = Command::new("kill").arg(pid.to_string()).status();
-            eprintln!("stopped {name} (pid {pid}), which this test started");
-        }
-    }
+    vmscope_lab::libvirt::virsh(URI, args).expect("run virsh")
 }
 
 /// The transient domain, destroyed on drop.
@@ -215,7 +148,7 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
             return;
         }
     }
-    let _daemons = match Daemons::ensure() {
+    let _daemons = match vmscope_lab::libvirt::Daemons::ensure(URI) {
         Ok(d) => d,
         Err(why) => {
             vmscope_testkit::skip(&why);
@@ -496,6 +429,106 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
     let (vms, _) = vms_json(&[]);
     let vm = vms.iter().find(|v| v["name"] == name.as_str()).unwrap();
     assert_eq!(vm["libvirt"]["state"], "paused", "{vm}");
+    drop(_domain);
+
+    libvirt_lab(&env, dir.path());
+}
+
+/// `lab down` of the test's lab when dropped.
+struct LabDown<'a>(&'a common::LabEnv, String);
+
+impl Drop for LabDown<'_> {
+    fn drop(&mut self) {
+        let _ = lab_cmd(self.0, &["down", &self.1]).output();
+    }
+}
+
+fn lab_cmd(env: &common::LabEnv, args: &[&str]) -> Command {
+    let mut c = Command::new(VMSCOPE);
+    c.arg("lab")
+        .arg("--run-dir")
+        .arg(&env.run)
+        .arg("--cache-dir")
+        .arg(&env.cache)
+        .args(args)
+        .env("VMSCOPE_AGENT", &env.agent)
+        .stdin(Stdio::null());
+    c
+}
+
+/// Issue 17 item 3: the lab's VMs as transient libvirt domains.
+fn libvirt_lab(env: &common::LabEnv, dir: &Path) {
+    let lab = format!("libvirt-l{}", std::process::id());
+    let domain = format!("{lab}-vm0");
+    let spec = common::write_spec(
+        dir,
+        &lab,
+        &format!(
+            "name = \"{lab}\"\naccel = \"tcg\"\n[[vm]]\nname = \"vm0\"\nvcpus = 1\nmemory_mib = 256\n\
+             [[vm.nic]]\nkind = \"user\"\n[[vm.disk]]\nbackend = \"file\"\nsize_mib = 16\n"
+        ),
+    );
+    let spec = spec.to_str().unwrap();
+    let _down = LabDown(env, lab.clone());
+    let t = Instant::now();
+    common::run_ok(&mut lab_cmd(env, &["up", "--libvirt", "-q", spec]));
+    eprintln!(
+        "lab {lab} up under libvirt in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let listed = String::from_utf8(virsh(&["list", "--name"]).stdout).unwrap();
+    assert!(listed.lines().any(|l| l.trim() == domain), "{listed}");
+    let (vms, _) = vms_json(&[]);
+    let vm = vms
+        .iter()
+        .find(|v| v["name"] == domain.as_str())
+        .unwrap_or_else(|| panic!("{domain} not in {vms:#?}"));
+    assert_eq!(vm["libvirt"]["name"], domain.as_str(), "{vm}");
+    assert_eq!(vm["libvirt"]["state"], "running", "{vm}");
+    let socket = vmscope_lab::libvirt::agent_socket(&domain);
+    assert_eq!(vm["agent"]["detail"], socket.to_str().unwrap(), "{vm}");
+
+    // The agent answers through the lab.
+    let out = common::run_ok(&mut lab_cmd(
+        env,
+        &["exec", "vm0", "--lab", &lab, "--", "cat", "/proc/cmdline"],
+    ));
+    let cmdline = String::from_utf8_lossy(&out.stdout);
+    assert!(cmdline.contains("vmscope_name=vm0"), "{cmdline}");
+
+    // The state says libvirt; a second `up` says the lab is up.
+    let out = common::run_ok(&mut lab_cmd(env, &["status", &lab, "--format", "json"]));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st[0]["manager"], "libvirt", "{st}");
+    assert_eq!(st[0]["vms"][0]["libvirt"]["name"], domain.as_str(), "{st}");
+    assert_eq!(st[0]["vms"][0]["running"], true, "{st}");
+    let out = common::run_ok(&mut lab_cmd(env, &["status", &lab]));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&format!("VMs are libvirt domains: {domain} ({URI})")),
+        "{table}"
+    );
+    let out = lab_cmd(env, &["up", "--libvirt", "-q", spec])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("lab '{lab}' is already up")), "{err}");
+
+    // Down: no domain (transient: destroyed is undefined), no socket, no files.
+    let out = common::run_ok(&mut lab_cmd(env, &["down", &lab]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("removed libvirt domain {domain}")),
+        "{said}"
+    );
+    assert!(
+        !virsh(&["dominfo", &domain]).status.success(),
+        "{domain} still defined"
+    );
+    assert!(!socket.exists(), "{} left behind", socket.display());
+    assert_eq!(common::leftovers(env, &lab), Vec::<String>::new());
 }
 
 /// Kills the child (by its pid) when dropped.
