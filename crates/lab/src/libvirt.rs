@@ -92,8 +92,7 @@ pub fn check_available(uri: &str) -> Result<()> {
     let why = String::from_utf8_lossy(&out.stderr)
         .lines()
         .map(|l| l.trim().trim_start_matches("error: "))
-        .filter(|l| !l.is_empty())
-        .last()
+        .rfind(|l| !l.is_empty())
         .unwrap_or("no answer")
         .to_string();
     Err(LabError::Resource {
@@ -221,9 +220,7 @@ fn indent(text: &str, by: &str) -> String {
 pub fn domain_xml(d: &DomainXml) -> String {
     let vm = d.vm;
     let (dtype, cpu) = match d.accel {
-        Accelerator::Kvm { cpu } if cpu == "host" => {
-            ("kvm", "<cpu mode='host-passthrough'/>".to_string())
-        }
+        Accelerator::Kvm { cpu: "host" } => ("kvm", "<cpu mode='host-passthrough'/>".to_string()),
         Accelerator::Kvm { cpu } => (
             "kvm",
             format!(
@@ -305,26 +302,23 @@ pub fn domain_xml(d: &DomainXml) -> String {
     }
     for (j, nic) in vm.nics.iter().enumerate() {
         let mac = d.macs.get(j).map(String::as_str).unwrap_or_default();
-        match &nic.tap {
+        if let Some(tap) = &nic.tap {
             // The lab's own tap on its bridge, handed to libvirt unmanaged.
-            Some(tap) => {
-                x.push_str("    <interface type='ethernet'>\n");
-                x.push_str(&format!("      <mac address='{}'/>\n", esc(mac)));
-                x.push_str(&format!(
-                    "      <target dev='{}' managed='no'/>\n",
-                    esc(tap)
-                ));
-                x.push_str("      <model type='virtio'/>\n");
-                x.push_str(&format!(
-                    "      <driver name='{}'/>\n",
-                    if nic.vhost { "vhost" } else { "qemu" }
-                ));
-            }
-            None => {
-                x.push_str("    <interface type='user'>\n");
-                x.push_str(&format!("      <mac address='{}'/>\n", esc(mac)));
-                x.push_str("      <model type='virtio'/>\n");
-            }
+            x.push_str("    <interface type='ethernet'>\n");
+            x.push_str(&format!("      <mac address='{}'/>\n", esc(mac)));
+            x.push_str(&format!(
+                "      <target dev='{}' managed='no'/>\n",
+                esc(tap)
+            ));
+            x.push_str("      <model type='virtio'/>\n");
+            x.push_str(&format!(
+                "      <driver name='{}'/>\n",
+                if nic.vhost { "vhost" } else { "qemu" }
+            ));
+        } else {
+            x.push_str("    <interface type='user'>\n");
+            x.push_str(&format!("      <mac address='{}'/>\n", esc(mac)));
+            x.push_str("      <model type='virtio'/>\n");
         }
         x.push_str("    </interface>\n");
     }

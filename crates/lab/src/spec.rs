@@ -1214,7 +1214,11 @@ ip = "10.9.9.9"
 
     #[test]
     fn manager_key() {
-        let s = parse(&GOOD.replace("accel = \"tcg\"", "manager = \"libvirt\"")).unwrap();
+        let s = parse(&GOOD.replace(
+            "accel = \"tcg\"",
+            "manager = \"libvirt\"\nsubnet = \"10.9.9.0/24\"",
+        ))
+        .unwrap();
         assert_eq!(s.manager, Manager::Libvirt);
         let (line, _, msg) = spec_err(&GOOD.replace("accel = \"tcg\"", "manager = \"xen\""));
         assert_eq!(line, 3, "{msg}");
