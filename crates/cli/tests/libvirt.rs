@@ -26,6 +26,11 @@
 //!   /run/vmscope and no run directory.
 //!
 //! Skips with a printed reason without root, QEMU, libvirt or the agent.
+//!
+//! Without libvirt (a paused QEMU is enough): an agent socket vmscope may
+//! not connect to (root-owned, mode 0700; `top` run as `nobody` with only
+//! CAP_PERFMON, since root passes every permission check) leaves the VM
+//! listed, passive, its reason saying permission was denied on that path.
 
 mod common;
 
@@ -137,8 +142,126 @@ fn libvirt_channel_xml_is_the_readmes() {
     assert!(readme.contains(&xml), "README.md lacks:\n{xml}");
 }
 
+/// The two tests watch the whole host; one at a time.
+static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Kills a daemonized QEMU (by its pid file) when dropped.
+struct Qemu(PathBuf);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if let Some(p) = std::fs::read_to_string(&self.0)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+        {
+            let _ = vmscope_lab::state::kill_process(p);
+        }
+    }
+}
+
+#[test]
+fn denied_agent_socket_is_named_with_its_path() {
+    let _host = HOST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !vmscope_testkit::is_root() {
+        vmscope_testkit::skip("needs root (to start QEMU and drop to nobody)");
+        return;
+    }
+    for (tool, pkg) in [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("setpriv", "util-linux"),
+    ] {
+        if vmscope_lab::util::which(tool).is_none() {
+            vmscope_testkit::skip(&format!("{tool} not installed (apt-get install {pkg})"));
+            return;
+        }
+    }
+    let dir = tempfile::Builder::new().prefix("lvdeny").tempdir().unwrap();
+    let name = format!("libvirt-deny{}", std::process::id());
+    let socket = dir.path().join("agent.sock");
+    let pidfile = dir.path().join("qemu.pid");
+    // Paused (-S): the guest never runs; only its channel matters.
+    let out = Command::new("qemu-system-x86_64")
+        .args(["-name", &format!("guest={name},debug-threads=on")])
+        .args([
+            "-S",
+            "-M",
+            "pc",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-display",
+            "none",
+        ])
+        .args(["-m", "64", "-device", "virtio-serial-pci", "-chardev"])
+        .arg(format!(
+            "socket,id=ag,path={},server=on,wait=off",
+            socket.display()
+        ))
+        .args(["-device", "virtserialport,chardev=ag,name=vmscope.agent"])
+        .arg("-pidfile")
+        .arg(&pidfile)
+        .arg("-daemonize")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _qemu = Qemu(pidfile);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=+perfmon",
+            "--ambient-caps=+perfmon",
+        ])
+        .arg(VMSCOPE)
+        .args(["top", "-b", "-n", "1", "--format", "json"])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .next_back()
+        .expect("a JSON document");
+    let vm = doc["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not listed: {doc}"));
+    let why = vm["reason"].as_str().unwrap_or_default();
+    eprintln!("{name} as nobody: {why}");
+    assert_eq!(vm["role"], "passive", "{vm}");
+    assert!(
+        why.starts_with(&format!(
+            "passive: the vmscope.agent channel exists but permission was denied: {} (",
+            socket.display()
+        )),
+        "{why}"
+    );
+}
+
 #[test]
 fn libvirt_domain_is_profiled_accounted_and_listed() {
+    let _host = HOST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let env = need_lab!("lv");
     for tool in ["virsh", "libvirtd", "virtlogd"] {
         if vmscope_lab::util::which(tool).is_none() {
