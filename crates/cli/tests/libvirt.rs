@@ -271,7 +271,7 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
             return;
         }
     }
-    let _daemons = match vmscope_lab::libvirt::Daemons::ensure(URI) {
+    let daemons = match vmscope_lab::libvirt::Daemons::ensure(URI) {
         Ok(d) => d,
         Err(why) => {
             vmscope_testkit::skip(&why);
@@ -554,7 +554,12 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
     assert_eq!(vm["libvirt"]["state"], "paused", "{vm}");
     drop(_domain);
 
-    libvirt_lab(&env, dir.path());
+    let libvirtd = daemons
+        .started()
+        .iter()
+        .find(|(n, _)| n == "libvirtd")
+        .map(|(_, p)| *p);
+    libvirt_lab(&env, dir.path(), libvirtd);
 }
 
 /// `lab down` of the test's lab when dropped.
@@ -580,7 +585,7 @@ fn lab_cmd(env: &common::LabEnv, args: &[&str]) -> Command {
 }
 
 /// Issue 17 item 3: the lab's VMs as transient libvirt domains.
-fn libvirt_lab(env: &common::LabEnv, dir: &Path) {
+fn libvirt_lab(env: &common::LabEnv, dir: &Path, libvirtd: Option<u32>) {
     let lab = format!("libvirt-l{}", std::process::id());
     let domain = format!("{lab}-vm0");
     let spec = common::write_spec(
@@ -620,6 +625,15 @@ fn libvirt_lab(env: &common::LabEnv, dir: &Path) {
     let cmdline = String::from_utf8_lossy(&out.stdout);
     assert!(cmdline.contains("vmscope_name=vm0"), "{cmdline}");
 
+    // libvirtd stops answering mid-session (SIGSTOP on the libvirtd this
+    // test started): `account` says so once and goes on with /proc.
+    match libvirtd {
+        Some(pid) => libvirtd_stops_mid_account(&domain, pid),
+        None => {
+            eprintln!("note: libvirtd was not started by this test; not stopping it mid-session")
+        }
+    }
+
     // The state says libvirt; a second `up` says the lab is up.
     let out = common::run_ok(&mut lab_cmd(env, &["status", &lab, "--format", "json"]));
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -652,6 +666,58 @@ fn libvirt_lab(env: &common::LabEnv, dir: &Path) {
     );
     assert!(!socket.exists(), "{} left behind", socket.display());
     assert_eq!(common::leftovers(env, &lab), Vec::<String>::new());
+}
+
+/// `account` over a libvirt domain while libvirtd is stopped half-way:
+/// QEMU's counters through libvirt first, then one note naming libvirt,
+/// then /proc's counts; every interval still lists the domain.
+fn libvirtd_stops_mid_account(domain: &str, libvirtd: u32) {
+    let child = Command::new(VMSCOPE)
+        .args(["account", "-i", "1s", "-n", "5", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: signals to the libvirtd this test started.
+    unsafe { libc::kill(libvirtd as i32, libc::SIGSTOP) };
+    let out = child.wait_with_output();
+    unsafe { libc::kill(libvirtd as i32, libc::SIGCONT) };
+    let out = out.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut sources = Vec::new();
+    let mut notes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let iv: Value = serde_json::from_str(line).unwrap();
+        if iv["type"] == "header" {
+            continue;
+        }
+        let v = iv["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == domain)
+            .unwrap_or_else(|| panic!("{domain} not in {iv}"));
+        sources.push(v["disk_source"].as_str().unwrap().to_string());
+        notes.extend(
+            v["notes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str())
+                .filter(|n| n.contains("libvirt") || n.contains("virsh"))
+                .map(str::to_string),
+        );
+    }
+    eprintln!("{domain}: disk sources with libvirtd stopped half-way: {sources:?}; {notes:?}");
+    assert_eq!(sources.len(), 5, "{sources:?}");
+    assert_eq!(sources[0], "libvirt", "{sources:?}");
+    assert_eq!(sources.last().unwrap(), "proc-io", "{sources:?}");
+    assert_eq!(notes.len(), 1, "{notes:?}");
 }
 
 /// Kills the child (by its pid) when dropped.
