@@ -630,7 +630,7 @@ fn libvirt_lab(env: &common::LabEnv, dir: &Path, libvirtd: Option<u32>) {
     match libvirtd {
         Some(pid) => libvirtd_stops_mid_account(&domain, pid),
         None => {
-            eprintln!("note: libvirtd was not started by this test; not stopping it mid-session")
+            eprintln!("note: libvirtd was not started by this test; not stopping it mid-session");
         }
     }
 
