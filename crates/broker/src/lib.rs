@@ -170,8 +170,11 @@ pub fn connect(
     if let Ok(s) = UnixStream::connect(&listen) {
         return Ok(s);
     }
-    // QEMU's socket must exist before a broker is worth starting.
-    if let Err(e) = std::fs::metadata(agent_socket) {
+    // QEMU's socket must exist before a broker is worth starting, and be
+    // one this user may connect to (connect(2) needs write permission on
+    // it): a broker started for a socket owned by another user would only
+    // fail in its log.
+    if let Err(e) = std::fs::metadata(agent_socket).and_then(|_| writable(agent_socket)) {
         return Err(io_err("cannot connect to", agent_socket)(e));
     }
     let dir = broker_dir();
@@ -191,6 +194,22 @@ pub fn connect(
             });
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether this process (its effective ids) may write `path`: what
+/// connect(2) on a Unix socket asks. Root passes unless the file system
+/// says otherwise.
+fn writable(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated string for the call's duration.
+    let r = unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

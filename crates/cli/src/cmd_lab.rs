@@ -67,6 +67,11 @@ enum LabCommand {
         /// Override the spec's accelerator.
         #[arg(long, value_enum)]
         accel: Option<AccelArg>,
+        /// Run the VMs as transient libvirt domains on qemu:///system (the
+        /// spec's `manager = "libvirt"`), agent channel at
+        /// /run/vmscope/LAB-VM.sock; needs a running libvirtd.
+        #[arg(long)]
+        libvirt: bool,
         /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/, /usr/lib/vmscope/vmscope-agent].
         #[arg(long, value_name = "PATH")]
         agent: Option<PathBuf>,
@@ -85,7 +90,7 @@ enum LabCommand {
         format: LabFormat,
     },
     /// Show running labs: accelerator (and why), VMs, pids, vCPU threads,
-    /// whether each QEMU still runs.
+    /// whether each QEMU still runs, and the libvirt domains of a libvirt lab.
     Status {
         /// Lab name [default: every lab].
         name: Option<String>,
@@ -135,8 +140,9 @@ enum LabCommand {
         #[arg(long)]
         dump: bool,
     },
-    /// Stop a lab and remove everything it made: QEMU processes, taps,
-    /// bridge, loop devices, volumes, sockets, files.
+    /// Stop a lab and remove everything it made: QEMU processes (libvirt
+    /// domains are destroyed, which undefines them), taps, bridge, loop
+    /// devices, volumes, sockets, files.
     Down {
         /// Spec file or lab name [default: the only lab that is up].
         target: Option<String>,
@@ -193,6 +199,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         LabCommand::Up {
             spec,
             accel,
+            libvirt,
             agent,
             hello_timeout,
             kvm_timeout,
@@ -204,6 +211,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 None => LabSpec::parse(DEFAULT_SPEC, Path::new("<built-in labs/one-vm.toml>"))?,
             };
             opts.agent = agent;
+            opts.manager = libvirt.then_some(vmscope_lab::Manager::Libvirt);
             opts.accel = accel.map(|a| match a {
                 AccelArg::Auto => Accel::Auto,
                 AccelArg::Kvm => Accel::Kvm,
@@ -386,6 +394,15 @@ fn print_states(states: &[LabState], format: LabFormat) -> anyhow::Result<()> {
             "lab {} ({:?}): accel {} — {}",
             st.name, st.phase, st.accel, st.accel_reason
         );
+        if st.manager == vmscope_lab::Manager::Libvirt {
+            let domains: Vec<String> = st
+                .vms
+                .iter()
+                .filter_map(|v| v.libvirt.as_ref())
+                .map(|d| format!("{} ({})", d.name, d.uri))
+                .collect();
+            println!("VMs are libvirt domains: {}", domains.join(", "));
+        }
         if let Some(b) = &st.bridge {
             println!("bridge {b} {}", st.bridge_address.as_deref().unwrap_or(""));
         }
@@ -420,7 +437,10 @@ fn print_states(states: &[LabState], format: LabFormat) -> anyhow::Result<()> {
                 (None, None) => "-".into(),
             };
             t.add_row(vec![
-                v.name.clone(),
+                match &v.libvirt {
+                    Some(d) => format!("{} (domain {})", v.name, d.name),
+                    None => v.name.clone(),
+                },
                 v.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
                 state.to_string(),
                 st.accel.clone(),

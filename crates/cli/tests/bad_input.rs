@@ -645,6 +645,10 @@ fn fixtures(dir: &Path) {
             "l13.toml",
             "name = \"x\"\n\n[[vm]]\nname = \"a\"\nbogus_key = 1\n",
         ),
+        (
+            "l14.toml",
+            "name = \"x\"\nmanager = \"xen\"\n\n[[vm]]\nname = \"a\"\n",
+        ),
     ] {
         w(&format!("specs/{name}"), text.as_bytes());
     }
@@ -1415,6 +1419,12 @@ fn table() -> Vec<Row> {
             "lab up specs/l13.toml",
             2,
             &["unknown field `bogus_key`"],
+        ),
+        row(
+            "l14",
+            "lab up specs/l14.toml",
+            2,
+            &["specs/l14.toml:2", "manager", "unknown variant `xen`"],
         ),
         row(
             "L09",

@@ -194,8 +194,11 @@ impl Libvirt {
     }
 }
 
-/// Fill each VM's [`Vm::libvirt`] from `domains`: by UUID (libvirt passes
-/// `-uuid`), else by name. Returns how many VMs matched.
+/// Fill each VM's [`Vm::libvirt`] from `domains` (of one connection or
+/// several): by UUID (libvirt passes `-uuid`), else by name when exactly
+/// one domain has it. Two VMs never take the same domain's record, and a
+/// VM never takes another connection's domain of the same name. Returns
+/// how many VMs matched.
 pub fn annotate(vms: &mut [Vm], domains: &[LibvirtDomain]) -> usize {
     let mut n = 0;
     for vm in vms.iter_mut() {
@@ -205,8 +208,14 @@ pub fn annotate(vms: &mut [Vm], domains: &[LibvirtDomain]) -> usize {
             .and_then(|u| domains.iter().find(|d| d.uuid.eq_ignore_ascii_case(u)));
         let hit = by_uuid.or_else(|| {
             let base = vm.name.split('@').next().unwrap_or(&vm.name);
-            // A name alone only when no UUID contradicts it.
-            domains.iter().find(|d| d.name == base && vm.uuid.is_none())
+            // A name alone only when no UUID contradicts it, and only when
+            // one domain has it: two connections (qemu:///system and a
+            // user's qemu:///session) may each have a domain of that name.
+            let mut named = domains.iter().filter(|d| d.name == base);
+            match (named.next(), named.next()) {
+                (Some(d), None) if vm.uuid.is_none() => Some(d),
+                _ => None,
+            }
         });
         if let Some(d) = hit {
             vm.libvirt = Some(d.clone());
@@ -400,6 +409,76 @@ Domain: 'libvirt-b'
             "failed to connect to the hypervisor: Failed to connect socket to '/var/run/libvirt/libvirt-sock': No such file or directory"
         );
         assert_eq!(quote("a'b"), "'a'\\''b'");
+    }
+
+    fn vm(name: &str, pid: u32, uuid: Option<&str>) -> Vm {
+        Vm {
+            name: name.into(),
+            pid,
+            uuid: uuid.map(str::to_string),
+            exe: None,
+            accel: crate::Accel::Unknown,
+            vcpus: Vec::new(),
+            io_threads: Vec::new(),
+            vhost: Vec::new(),
+            disks: Vec::new(),
+            taps: Vec::new(),
+            qmp: None,
+            qmp_used: false,
+            agent: crate::AgentChannel::None,
+            libvirt: None,
+            cmdline: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn domain(name: &str, uuid: &str, uri: &str) -> LibvirtDomain {
+        LibvirtDomain {
+            name: name.into(),
+            uuid: uuid.into(),
+            state: "running".into(),
+            uri: uri.into(),
+        }
+    }
+
+    /// Two domains named `web`, one on qemu:///system and one on a user's
+    /// qemu:///session: discovery lists two VMs (`web@PID`), each gets its
+    /// own connection's record by UUID; none is merged or swapped.
+    #[test]
+    fn same_name_on_two_connections_stays_two() {
+        const A: &str = "1b4e28ba-2fa1-11d2-883f-0016d3cca427";
+        const B: &str = "6fa459ea-ee8a-3ca4-894e-db77e160355e";
+        let domains = [
+            domain("web", A, "qemu:///system"),
+            domain("web", B, "qemu:///session"),
+        ];
+        let mut vms = vec![vm("web@200", 200, Some(B)), vm("web@100", 100, Some(A))];
+        assert_eq!(annotate(&mut vms, &domains), 2);
+        let lv = |i: usize| vms[i].libvirt.clone().unwrap();
+        assert_eq!(
+            (lv(0).uri.as_str(), lv(0).uuid.as_str()),
+            ("qemu:///session", B)
+        );
+        assert_eq!(
+            (lv(1).uri.as_str(), lv(1).uuid.as_str()),
+            ("qemu:///system", A)
+        );
+        assert_ne!(vms[0].name, vms[1].name);
+
+        // Only one connection asked (the other's daemon is down): the
+        // session's VM keeps no record rather than the system's.
+        let mut vms = vec![vm("web@200", 200, Some(B)), vm("web@100", 100, Some(A))];
+        assert_eq!(annotate(&mut vms, &domains[..1]), 1);
+        assert!(vms[0].libvirt.is_none(), "{:?}", vms[0].libvirt);
+        assert_eq!(vms[1].libvirt.as_ref().unwrap().uuid, A);
+
+        // No UUID on the command line and the name on both connections:
+        // ambiguous, so neither record is taken.
+        let mut vms = vec![vm("web", 300, None)];
+        assert_eq!(annotate(&mut vms, &domains), 0);
+        // The name on one connection only: taken.
+        assert_eq!(annotate(&mut vms, &domains[1..]), 1);
+        assert_eq!(vms[0].libvirt.as_ref().unwrap().uri, "qemu:///session");
     }
 
     #[test]

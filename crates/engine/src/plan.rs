@@ -148,6 +148,7 @@ impl SessionPlan {
 
 const FIX_NO_CHANNEL: &str = "give the VM the vmscope.agent virtio-serial port (docs/protocol.md §6) and run vmscope-agent in the guest";
 const FIX_UNREACHABLE: &str = "give the channel a Unix socket bound to a path (libvirt: <source mode='bind' path='/run/vmscope/NAME.sock'/>, docs/protocol.md §6)";
+const FIX_DENIED: &str = "run vmscope as root, or as the user that owns the socket (or give this user write access to it and its directories)";
 const FIX_NO_ANSWER: &str =
     "check that vmscope-agent runs in the guest (systemctl status vmscope-agent)";
 const FIX_OLD_AGENT: &str =
@@ -263,6 +264,18 @@ fn connect(vm: &Vm, timeout: Duration) -> Result<AgentProfiler, (String, Option<
 /// Why connecting failed, in words a user acts on, and the fix.
 fn connect_reason(e: &ConnectError, timeout: Duration) -> (String, Option<String>) {
     match e {
+        ConnectError::Channel(vmscope_broker::BrokerError::Io { path, source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            (
+                format!(
+                    "the {} channel exists but permission was denied: {} ({source})",
+                    vmscope_discover::agent_channel::AGENT_PORT,
+                    path.display()
+                ),
+                Some(FIX_DENIED.into()),
+            )
+        }
         ConnectError::Channel(e) => (
             format!("its agent's channel cannot be reached ({e})"),
             Some("check that the VM is running".into()),
@@ -373,6 +386,32 @@ mod tests {
             p.describe(),
             "passive: no 'vmscope.agent' channel on its QEMU command line (fix: add it)"
         );
+    }
+
+    #[test]
+    fn a_denied_channel_says_permission_and_names_the_path() {
+        let e = ConnectError::Channel(vmscope_broker::BrokerError::Io {
+            what: "cannot connect to",
+            path: "/run/vmscope/web.sock".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        });
+        let (why, fix) = connect_reason(&e, Duration::from_secs(3));
+        assert!(
+            why.starts_with(
+                "the vmscope.agent channel exists but permission was denied: /run/vmscope/web.sock ("
+            ),
+            "{why}"
+        );
+        assert_eq!(fix.as_deref(), Some(FIX_DENIED));
+        // Any other failure to reach the channel keeps its own words.
+        let e = ConnectError::Channel(vmscope_broker::BrokerError::Io {
+            what: "cannot connect to",
+            path: "/run/vmscope/web.sock".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        });
+        assert!(connect_reason(&e, Duration::from_secs(3))
+            .0
+            .starts_with("its agent's channel cannot be reached"));
     }
 
     /// libvirt domains on discovery's fixture tree: a plain `record -a`

@@ -10,7 +10,7 @@ use crate::kvm_probe;
 use crate::names;
 use crate::qemu::{self, MAX_SOCKET_PATH};
 use crate::qemu_args::Accelerator;
-use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, VmSpec};
+use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, Manager, VmSpec};
 use crate::start::{ip, Starter};
 use crate::state::{self, HelloInfo, LabState, Phase, Resource, TeardownReport, VmState};
 use crate::util;
@@ -33,6 +33,8 @@ pub struct LabOptions {
     pub kernel_package: Option<String>,
     /// Overrides the spec's `accel`.
     pub accel: Option<Accel>,
+    /// Overrides the spec's `manager` (`lab up --libvirt`).
+    pub manager: Option<Manager>,
     /// How long each VM may take to answer the agent hello.
     pub hello_timeout: Duration,
     /// How long the KVM probe VM may take to answer (here KVM never does).
@@ -54,6 +56,7 @@ impl Default for LabOptions {
             agent: None,
             kernel_package: None,
             accel: None,
+            manager: None,
             hello_timeout: Duration::from_secs(90),
             kvm_probe_timeout: Duration::from_secs(12),
             kvm_cpu: std::env::var("VMSCOPE_KVM_CPU").unwrap_or_else(|_| "host".into()),
@@ -114,8 +117,11 @@ pub fn list_labs(run_root: &Path) -> Vec<String> {
 
 /// Whether the VM's QEMU process is running.
 pub fn vm_running(vm: &VmState) -> bool {
-    vm.pid
-        .is_some_and(|p| state::process_matches(p, &marker(&vm.dir)))
+    let m = match &vm.libvirt {
+        Some(d) => crate::libvirt::marker(&d.name),
+        None => marker(&vm.dir),
+    };
+    vm.pid.is_some_and(|p| state::process_matches(p, &m))
 }
 
 /// The string in a VM's QEMU command line that identifies it.
@@ -192,6 +198,10 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
                 stale_own.push(name.clone());
             }
         }
+    }
+    let manager = opts.manager.unwrap_or(spec.manager);
+    if manager == Manager::Libvirt {
+        crate::libvirt::check_available(crate::libvirt::SYSTEM_URI)?;
     }
     let facts = HostFacts::probe();
     spec::check_host(spec, &facts, &stale_own)?;
@@ -279,6 +289,7 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
     std::fs::create_dir_all(&run_dir)
         .map_err(|e| LabError::io("create run directory", &run_dir, e))?;
     let mut st = LabState::new(&spec.name, &run_dir);
+    st.manager = manager;
     st.spec_file = spec.file.clone();
     st.image_hash = boot.image.as_ref().map(|i| i.hash.clone());
     st.kernel_release = boot.image.as_ref().map(|i| i.kernel_release.clone());
@@ -409,9 +420,12 @@ fn bring_up(
 
     // Threads and pinning.
     for (vi, vm) in spec.vms.iter().enumerate() {
-        let mut q = qmps.remove(0);
+        let q: Option<_> = qmps.remove(0);
         let vs = &mut st.vms[vi];
-        let threads = qemu::query_threads(&vs.name, vs.pid.unwrap_or(0), &mut q)?;
+        let threads = match q {
+            Some(mut q) => qemu::query_threads(&vs.name, vs.pid.unwrap_or(0), &mut q)?,
+            None => crate::libvirt::query_threads(vs)?,
+        };
         vs.vcpu_tids = threads.vcpus;
         vs.iothread_tids = threads.iothreads;
         pin_vm(vm, vs)?;

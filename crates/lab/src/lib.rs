@@ -10,6 +10,8 @@
 //! - [`lab`]: [`up`], [`down`], the bridge, waiting for agents; `start`: one
 //!   VM in stages (NICs, disks, boot files, QEMU); `kvm_probe`: whether KVM
 //!   really runs guests here.
+//! - [`libvirt`]: labs whose VMs are transient libvirt domains
+//!   (`manager = "libvirt"`): domain XML, `virsh`, libvirtd's availability.
 //! - [`state`]: the state file and idempotent teardown.
 //! - [`names`]: bridge, tap and volume names derived from the lab name.
 //! - [`cancel`]: the cancel flag the long waits of `up` check (a signal
@@ -25,6 +27,7 @@ pub mod error;
 pub mod image;
 mod kvm_probe;
 pub mod lab;
+pub mod libvirt;
 pub mod modules;
 pub mod names;
 pub mod qemu;
@@ -40,5 +43,5 @@ pub use lab::{
     connect_agent, down, find_vm, list_labs, load_state, load_state_in, state_path, up, vm_running,
     LabOptions,
 };
-pub use spec::{Accel, LabSpec};
+pub use spec::{Accel, LabSpec, Manager};
 pub use state::{HelloInfo, LabState, Phase, TeardownReport, VmState};

@@ -8,6 +8,8 @@
 //! ```toml
 //! name = "one-vm"            # lab name: bridge vmsbr-<short>, taps vmst-<short>-N
 //! accel = "auto"             # "auto" | "kvm" | "tcg"
+//! # manager = "libvirt"      # "qemu" (default: the lab runs QEMU itself) |
+//! #                         # "libvirt" (transient domains on qemu:///system)
 //! # kernel = "/boot/vmlinuz" # own kernel instead of the built guest image
 //! # initrd = "/path/initrd"  # own initramfs (the agent must be in it)
 //! # subnet = "10.77.5.0/24"  # bridge subnet for tap NICs (default from the name)
@@ -60,6 +62,27 @@ impl std::fmt::Display for Accel {
     }
 }
 
+/// Who runs a lab's VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Manager {
+    /// The lab starts QEMU itself (detached, QMP on a socket of its own).
+    #[default]
+    Qemu,
+    /// Each VM is a transient libvirt domain on qemu:///system, with the
+    /// agent channel declared as a libvirt user would (see [`crate::libvirt`]).
+    Libvirt,
+}
+
+impl std::fmt::Display for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Manager::Qemu => "qemu",
+            Manager::Libvirt => "libvirt",
+        })
+    }
+}
+
 /// A whole lab, validated.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabSpec {
@@ -67,6 +90,8 @@ pub struct LabSpec {
     /// The file this spec came from, if any.
     pub file: Option<PathBuf>,
     pub accel: Accel,
+    /// Who runs the VMs (`manager = "qemu" | "libvirt"`).
+    pub manager: Manager,
     /// Own kernel for every VM (else the built guest image).
     pub kernel: Option<PathBuf>,
     /// Own initramfs for every VM.
@@ -210,6 +235,8 @@ struct RawSpec {
     name: Spanned<String>,
     #[serde(default)]
     accel: Option<Spanned<Accel>>,
+    #[serde(default)]
+    manager: Option<Manager>,
     kernel: Option<Spanned<PathBuf>>,
     initrd: Option<Spanned<PathBuf>>,
     subnet: Option<Spanned<String>>,
@@ -850,6 +877,7 @@ impl LabSpec {
             name,
             file: Some(file.to_path_buf()),
             accel,
+            manager: raw.manager.unwrap_or_default(),
             kernel: raw.kernel.map(toml::Spanned::into_inner),
             initrd: raw.initrd.map(toml::Spanned::into_inner),
             subnet,
@@ -1185,6 +1213,19 @@ ip = "10.9.9.9"
 "#;
 
     #[test]
+    fn manager_key() {
+        let s = parse(&GOOD.replace(
+            "accel = \"tcg\"",
+            "manager = \"libvirt\"\nsubnet = \"10.9.9.0/24\"",
+        ))
+        .unwrap();
+        assert_eq!(s.manager, Manager::Libvirt);
+        let (line, _, msg) = spec_err(&GOOD.replace("accel = \"tcg\"", "manager = \"xen\""));
+        assert_eq!(line, 3, "{msg}");
+        assert!(msg.contains("xen") || msg.contains("variant"), "{msg}");
+    }
+
+    #[test]
     fn parses_a_good_spec() {
         let s = parse(&GOOD.replace(
             "accel = \"tcg\"",
@@ -1193,6 +1234,7 @@ ip = "10.9.9.9"
         .unwrap();
         assert_eq!(s.name, "t");
         assert_eq!(s.accel, Accel::Tcg);
+        assert_eq!(s.manager, Manager::Qemu);
         assert_eq!(s.vms.len(), 2);
         assert_eq!(s.vms[0].vcpus, 2);
         assert_eq!(s.vms[0].pin_vcpus, vec![0, 1]);

@@ -10,7 +10,7 @@ use crate::lab::{marker, Boot, LabOptions};
 use crate::names;
 use crate::qemu;
 use crate::qemu_args::{Accelerator, DriveArgs, QemuArgs};
-use crate::spec::{DiskBackend, DiskSpec, HostFacts, LabSpec, NicKind, VmSpec};
+use crate::spec::{DiskBackend, DiskSpec, HostFacts, LabSpec, Manager, NicKind, VmSpec};
 use crate::state::{DiskState, LabState, NicState, Resource, VmState};
 use crate::util;
 use std::path::{Path, PathBuf};
@@ -56,9 +56,14 @@ impl KernelCmdline {
 
 impl Starter<'_> {
     /// Start VM number `vi` of the spec; returns its QMP session once QEMU
-    /// answers (the agent's hello is waited for later, for all VMs at once).
-    pub fn start_vm(&mut self, st: &mut LabState, vi: usize, vm: &VmSpec) -> Result<Qmp> {
+    /// answers (the agent's hello is waited for later, for all VMs at once),
+    /// or `None` for a libvirt domain (libvirtd holds its monitor).
+    pub fn start_vm(&mut self, st: &mut LabState, vi: usize, vm: &VmSpec) -> Result<Option<Qmp>> {
         let dir = st.run_dir.join(&vm.name);
+        // Under libvirt the same stages run; libvirt binds the agent socket
+        // where README.md tells a user to put it, and starts QEMU.
+        let domain = (st.manager == Manager::Libvirt)
+            .then(|| crate::libvirt::domain_name(&self.spec.name, &vm.name));
         let i = st.intend(Resource::Dir { path: dir.clone() })?;
         std::fs::create_dir_all(&dir).map_err(|e| LabError::io("create", &dir, e))?;
         st.created(i, None)?;
@@ -66,7 +71,10 @@ impl Starter<'_> {
             name: vm.name.clone(),
             dir: dir.clone(),
             qmp: dir.join("qmp.sock"),
-            agent_socket: vm.agent.then(|| dir.join("agent.sock")),
+            agent_socket: vm.agent.then(|| match &domain {
+                Some(d) => crate::libvirt::agent_socket(d),
+                None => dir.join("agent.sock"),
+            }),
             console_socket: dir.join("console.sock"),
             console_log: dir.join("console.log"),
             vcpus: vm.vcpus,
@@ -82,7 +90,7 @@ impl Starter<'_> {
         q.machine(&vm.name, self.accel, vm.vcpus, u64::from(vm.memory_mib))
             .control(&pidfile, &vs.qmp)
             .console_socket(&vs.console_socket, &vs.console_log);
-        if let Some(sock) = &vs.agent_socket {
+        if let (Some(sock), None) = (&vs.agent_socket, &domain) {
             q.agent(sock);
         }
         q.iothreads(vm.iothreads);
@@ -98,7 +106,10 @@ impl Starter<'_> {
         vs.initrd = initrd;
         vs.cmdline = cmdline;
         vs.qemu_argv = q.argv();
-        self.launch(st, vi, vm, vs, &pidfile)
+        if let Some(d) = domain {
+            return crate::libvirt::launch(self, st, vm, vs, &d).map(|()| None);
+        }
+        self.launch(st, vi, vm, vs, &pidfile).map(Some)
     }
 
     /// Taps on the bridge (or user networking), one virtio-net NIC each,

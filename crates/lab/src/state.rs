@@ -47,6 +47,8 @@ pub enum Resource {
         pidfile: PathBuf,
         marker: String,
     },
+    /// A transient libvirt domain (destroying it undefines it).
+    LibvirtDomain { uri: String, name: String },
     /// A tap interface.
     Tap { name: String },
     /// A bridge.
@@ -72,6 +74,7 @@ impl Resource {
                 Some(p) => format!("qemu process {p} (VM {vm})"),
                 None => format!("qemu process of VM {vm}"),
             },
+            Resource::LibvirtDomain { uri, name } => format!("libvirt domain {name} ({uri})"),
             Resource::Tap { name } => format!("tap {name}"),
             Resource::Bridge { name } => format!("bridge {name}"),
             Resource::LoopDevice { device, backing } => match device {
@@ -166,6 +169,21 @@ pub struct VmState {
     pub initrd: Option<PathBuf>,
     pub cmdline: String,
     pub qemu_argv: Vec<String>,
+    /// The libvirt domain running this VM (`manager = "libvirt"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub libvirt: Option<LibvirtDomainState>,
+}
+
+/// A lab VM that is a transient libvirt domain.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LibvirtDomainState {
+    /// Connection URI (`qemu:///system`).
+    pub uri: String,
+    /// Domain name (the lab's name, `-`, the VM's name).
+    pub name: String,
+    pub uuid: String,
+    /// The domain XML given to `virsh create`.
+    pub xml: PathBuf,
 }
 
 /// The state of one lab.
@@ -177,6 +195,9 @@ pub struct LabState {
     pub phase: Phase,
     /// `kvm` or `tcg`.
     pub accel: String,
+    /// Who runs the VMs: `qemu` (the lab itself) or `libvirt`.
+    #[serde(default)]
+    pub manager: crate::spec::Manager,
     /// Why this accelerator (probe verdict); copied into session metadata.
     pub accel_reason: String,
     pub lab_pid: u32,
@@ -200,6 +221,7 @@ impl LabState {
             run_dir: run_dir.to_path_buf(),
             phase: Phase::Starting,
             accel: String::new(),
+            manager: crate::spec::Manager::Qemu,
             accel_reason: String::new(),
             lab_pid: std::process::id(),
             created_unix: std::time::SystemTime::now()
@@ -304,7 +326,12 @@ pub fn teardown(state: &mut LabState) -> TeardownReport {
     let _ = state.save();
     // Processes first (they hold taps, loop devices and files open), then the rest newest first.
     let mut order: Vec<usize> = (0..state.resources.len()).rev().collect();
-    order.sort_by_key(|&i| !matches!(state.resources[i].resource, Resource::Process { .. }));
+    order.sort_by_key(|&i| {
+        !matches!(
+            state.resources[i].resource,
+            Resource::Process { .. } | Resource::LibvirtDomain { .. }
+        )
+    });
     let mut failed = Vec::new();
     for i in order {
         let r = state.resources[i].resource.clone();
@@ -370,6 +397,7 @@ pub fn remove(r: &Resource) -> std::result::Result<Removal, String> {
             }
             Ok(Removal::Removed)
         }
+        Resource::LibvirtDomain { uri, name } => crate::libvirt::destroy(uri, name),
         Resource::Tap { name } | Resource::Bridge { name } => {
             if !Path::new("/sys/class/net").join(name).exists() {
                 return Ok(Removal::AlreadyGone);
