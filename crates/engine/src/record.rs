@@ -1,5 +1,6 @@
 //! Live recording: perf_event rings → converter → session file, flushed
-//! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
+//! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that
+//! (agent rows: one second more, see `AgentBook::flush`).
 
 use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
 use crate::plan::SessionPlan;
@@ -785,10 +786,10 @@ impl AgentBook {
     /// transaction (one commit a flush, however many VMs); `all` at the end
     /// of the session writes the current second's rows too.
     ///
-    /// Rows of the second under way stay here until it is over: polls come
-    /// every 500 ms and flushes every second, so writing them at once
-    /// wrote most (key, second) rows twice, the second time as an update of
-    /// the first (bench/many-vms: the agent rows' SQLite upserts were the
+    /// Rows of the second under way stay here until it is over: a second's
+    /// rows come in two polls (500 ms apart), so writing them at once wrote
+    /// most (key, second) rows twice, the second time as an update of the
+    /// first (bench/many-vms: the agent rows' SQLite upserts were the
     /// largest cost of many active VMs in the recorder). The session's rows
     /// are the same; a killed recorder loses one second more of agent rows.
     fn flush(
