@@ -40,6 +40,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 use vmscope_protocol::frame::{encode_frame, FrameDecoder, ENCODING_JSON};
 use vmscope_protocol::{
@@ -320,6 +321,17 @@ struct Shared {
     dropped: AtomicU64,
     /// The agent channel closed: the VM is gone.
     gone: std::sync::atomic::AtomicBool,
+    /// Write end of the accept loop's wake-up pipe: a byte here makes the
+    /// loop look at its exit conditions now (a client left, the VM is gone).
+    wake: UnixStream,
+}
+
+impl Shared {
+    /// Wakes the accept loop (see [`Shared::wake`]). Never blocks: a full
+    /// pipe already holds a wake-up.
+    fn wake_accept_loop(&self) {
+        let _ = (&self.wake).write(&[1]);
+    }
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -394,6 +406,12 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
     let reader = agent
         .try_clone()
         .map_err(io_err("cannot configure", &opts.agent_socket))?;
+    let (wake, woken) =
+        UnixStream::pair().map_err(io_err("cannot make a wake-up pipe for", &opts.listen))?;
+    for s in [&wake, &woken] {
+        s.set_nonblocking(true)
+            .map_err(io_err("cannot configure", &opts.listen))?;
+    }
     let shared = Arc::new(Shared {
         router: Mutex::new(Router {
             routes: HashMap::new(),
@@ -405,6 +423,7 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
         streams,
         dropped: AtomicU64::new(0),
         gone: std::sync::atomic::AtomicBool::new(false),
+        wake,
     });
     {
         let shared = Arc::clone(&shared);
@@ -416,56 +435,93 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
     listener
         .set_nonblocking(true)
         .map_err(io_err("cannot configure", &opts.listen))?;
-    let result = accept_loop(&listener, &shared, opts);
+    let result = accept_loop(&listener, &woken, &shared, opts);
     let _ = std::fs::remove_file(&opts.listen);
     drop(lock);
     result
 }
 
-/// Longest wait for a connection before the loop looks at its exit
-/// conditions again (idle, VM gone).
-const ACCEPT_WAIT: Duration = Duration::from_millis(200);
+/// Longest wait of the accept loop while clients are connected. Their
+/// leaving and the VM going wake it at once (the wake-up pipe); this only
+/// bounds the cost of a wake-up that never came.
+const ACCEPT_WAIT: Duration = Duration::from_secs(5);
 
-/// Waits until `listener` has a connection to accept, or `most` passes.
-/// poll(2) rather than a short sleep loop: an idle broker wakes 5 times a
-/// second, not 50, and one runs per VM (bench/many-vms).
-fn wait_readable(listener: &UnixListener, most: Duration) {
+/// Waits until `listener` has a connection to accept, `woken` has a
+/// wake-up byte (drained here), or `most` passes. poll(2) on both rather
+/// than a timed loop: one broker runs per VM, and with clients connected a
+/// broker's main thread sleeps until something happens instead of waking
+/// 5 times a second (bench/many-vms: 32 brokers' wake-ups were 1 % of a
+/// CPU).
+fn wait_readable(listener: &UnixListener, woken: &UnixStream, most: Duration) {
     use std::os::fd::AsRawFd;
-    let mut fds = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&raw mut fds, 1, most.as_millis() as libc::c_int) };
+    let mut fds = [
+        libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: woken.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // Rounded up, so an idle deadline 0.4 ms away does not spin.
+    let ms = most
+        .as_micros()
+        .div_ceil(1000)
+        .min(libc::c_int::MAX as u128) as libc::c_int;
+    // SAFETY: two valid pollfds for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if fds[1].revents != 0 {
+        let mut sink = [0u8; 64];
+        while matches!((&*woken).read(&mut sink), Ok(n) if n > 0) {}
+    }
 }
 
 fn accept_loop(
     listener: &UnixListener,
+    woken: &UnixStream,
     shared: &Arc<Shared>,
     opts: &BrokerOptions,
 ) -> Result<(), BrokerError> {
     loop {
-        match listener.accept() {
+        let wait = match listener.accept() {
             Ok((sock, _)) => {
                 if let Err(e) = add_client(sock, shared) {
                     blog!("cannot take a client: {e}");
                 }
+                None
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(listener, ACCEPT_WAIT),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(()),
             Err(e) => return Err(io_err("cannot accept on", &opts.listen)(e)),
-        }
-        let r = shared
-            .router
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if r.clients.is_empty() && r.last_seen.elapsed() >= opts.idle_exit {
-            blog!("no client for {:?}: exiting", opts.idle_exit);
-            return Ok(());
-        }
-        if shared.gone.load(Ordering::Relaxed) {
-            blog!("the agent channel closed (VM gone): exiting");
-            return Ok(());
+        };
+        let most = {
+            let r = shared
+                .router
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let idle = r.last_seen.elapsed();
+            if r.clients.is_empty() && idle >= opts.idle_exit {
+                blog!("no client for {:?}: exiting", opts.idle_exit);
+                return Ok(());
+            }
+            if shared.gone.load(Ordering::Relaxed) {
+                blog!("the agent channel closed (VM gone): exiting");
+                return Ok(());
+            }
+            // No client: until the idle deadline. Clients: until one
+            // leaves (drop_client wakes the loop) or the VM goes.
+            if r.clients.is_empty() {
+                opts.idle_exit - idle
+            } else {
+                ACCEPT_WAIT
+            }
+        };
+        // A wake-up written after the checks above is still in the pipe:
+        // poll returns at once and the loop checks again.
+        if wait.is_some() {
+            wait_readable(listener, woken, most);
         }
     }
 }
@@ -599,6 +655,7 @@ fn forward_request(stream: u32, body: &[u8], encoding: u8, shared: &Shared) -> b
     if let Err(e) = agent.write_all(&frame) {
         blog!("writing to the agent channel failed: {e}");
         shared.gone.store(true, Ordering::Relaxed);
+        shared.wake_accept_loop();
         let _ = agent.shutdown(std::net::Shutdown::Both);
         return false;
     }
@@ -667,6 +724,8 @@ fn drop_client(stream: u32, shared: &Shared) {
         r.next_id += 1;
         id
     };
+    // The accept loop starts the idle clock now, not at its next poll.
+    shared.wake_accept_loop();
     if shared.streams {
         if let Ok(frame) =
             vmscope_protocol::encode_request_on(stream, close_id, &Request::CloseStream {})
@@ -699,6 +758,7 @@ fn agent_reader(mut agent: UnixStream, shared: &Shared) {
         }
     }
     shared.gone.store(true, Ordering::Relaxed);
+    shared.wake_accept_loop();
     // Every client learns the channel is gone: its connection ends.
     let r = shared
         .router
@@ -709,12 +769,25 @@ fn agent_reader(mut agent: UnixStream, shared: &Shared) {
     }
 }
 
+/// An answer's top-level fields, each value kept as the agent's text.
+/// The broker only rewrites `id` and drops `stream`, so the rows of a
+/// `profile_data` answer (nearly all of its bytes) are checked as JSON and
+/// copied, never built into a `Value` tree and written out again: that
+/// round trip was most of a broker's CPU with many active VMs
+/// (bench/many-vms). Keys come out sorted (a `BTreeMap`), as `Value` wrote
+/// them; a repeated key keeps its last value, as in `Value`.
+type RawObject<'a> = std::collections::BTreeMap<String, &'a RawValue>;
+
 fn route_answer(body: &[u8], shared: &Shared) {
-    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(mut obj) = serde_json::from_slice::<RawObject<'_>>(body) else {
         shared.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let Some(bid) = obj.get("id").and_then(Value::as_u64) else {
+    // As `Value::as_u64`: a non-negative integer, not `1.0` nor a string.
+    let Some(bid) = obj
+        .get("id")
+        .and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    else {
         shared.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -738,23 +811,40 @@ fn route_answer(body: &[u8], shared: &Shared) {
         shared.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    obj.insert("id".into(), Value::from(id));
-    obj.remove("stream");
-    // A hello goes to the agent (so a client learns whether the agent
-    // answers now) and comes back saying a broker relays it.
-    if obj.get("type").and_then(Value::as_str) == Some("hello") {
-        if let Some(Value::Array(caps)) = obj.get_mut("capabilities") {
-            if !caps.iter().any(|c| c == capability::BROKER) {
-                caps.push(Value::from(capability::BROKER));
-            }
-        }
-    }
-    let Ok(body) = serde_json::to_vec(&Value::Object(obj)) else {
-        return;
+    let is_hello = obj
+        .get("type")
+        .and_then(|t| serde_json::from_str::<String>(t.get()).ok())
+        .is_some_and(|t| t == "hello");
+    let body = if is_hello {
+        hello_answer(body, id)
+    } else {
+        let Ok(id) = serde_json::value::to_raw_value(&id) else {
+            return;
+        };
+        obj.insert("id".into(), &id);
+        obj.remove("stream");
+        serde_json::to_vec(&obj).ok()
     };
-    if let Ok(frame) = encode_frame(ENCODING_JSON, &body) {
+    if let Some(frame) = body.and_then(|b| encode_frame(ENCODING_JSON, &b).ok()) {
         deliver(stream, frame, shared);
     }
+}
+
+/// A hello goes to the agent (so a client learns whether the agent answers
+/// now) and comes back with the client's `id`, no `stream`, and saying a
+/// broker relays it. Rare and small: edited as a `Value`.
+fn hello_answer(body: &[u8], id: u64) -> Option<Vec<u8>> {
+    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    obj.insert("id".into(), Value::from(id));
+    obj.remove("stream");
+    if let Some(Value::Array(caps)) = obj.get_mut("capabilities") {
+        if !caps.iter().any(|c| c == capability::BROKER) {
+            caps.push(Value::from(capability::BROKER));
+        }
+    }
+    serde_json::to_vec(&Value::Object(obj)).ok()
 }
 
 #[cfg(test)]

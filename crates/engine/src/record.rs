@@ -1,5 +1,6 @@
 //! Live recording: perf_event rings → converter → session file, flushed
-//! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that.
+//! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that
+//! (agent rows: one second more, see `AgentBook::flush`).
 
 use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
 use crate::pipeline::ConvertThread;
@@ -645,7 +646,7 @@ impl Run<'_, '_> {
                 // The delta is written when the converter answers (a
                 // later turn of the loop): asking never waits.
                 conv.ask();
-                agents.flush(writer, conv.stats())?;
+                agents.flush(writer, conv.stats(), false)?;
                 mark_ended_vms(writer, &vm_detail, &mut agents, t0)?;
                 writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
                 (self.progress)(t0.elapsed(), conv.stats().samples);
@@ -713,7 +714,7 @@ impl Run<'_, '_> {
                 agents.take(ev, writer, &vm_detail, &mut notes)?;
             }
         }
-        agents.flush(writer, conv.stats())?;
+        agents.flush(writer, conv.stats(), true)?;
         notes.extend(cost.finish(writer)?);
         let mut all_warnings = conv.symbolizer_mut().warnings();
         all_warnings.sort();
@@ -758,6 +759,13 @@ struct AgentBook {
 }
 
 impl AgentBook {
+    /// The session's second now (rows are booked in it).
+    fn second(&self) -> u32 {
+        self.t0.map_or(0, |t| {
+            u32::try_from(t.elapsed().as_secs()).unwrap_or(u32::MAX - 1)
+        })
+    }
+
     fn take(
         &mut self,
         ev: GuestEvent,
@@ -769,9 +777,7 @@ impl AgentBook {
             GuestEvent::Delta { domain, delta } => {
                 // Rows sampled since the previous poll (500 ms): booked in
                 // the second they arrive in.
-                let second = self.t0.map_or(0, |t| {
-                    u32::try_from(t.elapsed().as_secs()).unwrap_or(u32::MAX - 1)
-                });
+                let second = self.second();
                 self.totals.absorb(&domain, delta, second, &mut self.delta);
             }
             GuestEvent::Lost { domain, at, why } => {
@@ -795,19 +801,30 @@ impl AgentBook {
         Ok(())
     }
 
+    /// The rows of complete seconds and every VM's scale, in one
+    /// transaction (one commit a flush, however many VMs); `all` at the end
+    /// of the session writes the current second's rows too.
+    ///
+    /// Rows of the second under way stay here until it is over: a second's
+    /// rows come in two polls (500 ms apart), so writing them at once wrote
+    /// most (key, second) rows twice, the second time as an update of the
+    /// first (bench/many-vms: the agent rows' SQLite upserts were the
+    /// largest cost of many active VMs in the recorder). The session's rows
+    /// are the same; a killed recorder loses one second more of agent rows.
     fn flush(
         &mut self,
         writer: &mut SessionWriter,
         stats: &ConverterStats,
+        all: bool,
     ) -> Result<(), EngineError> {
-        writer.flush_agent(&self.delta.take())?;
+        let mut scales = Vec::with_capacity(self.totals.busy.len());
         for ((domain, event), (busy, samples)) in &self.totals.busy {
             let host = stats
                 .guest_period
                 .get(&(domain.clone(), *event))
                 .copied()
                 .unwrap_or(0);
-            writer.set_scale(&ScaleRow {
+            scales.push(ScaleRow {
                 domain: domain.to_string(),
                 event: *event,
                 host_period: host,
@@ -819,8 +836,22 @@ impl AgentBook {
                 } else {
                     0.0
                 },
-            })?;
+            });
         }
+        let mut done = self.delta.take();
+        if !all {
+            let now = self.second();
+            let delta = &mut self.delta;
+            done.rows.retain(|k, c| {
+                if k.second < now {
+                    return true;
+                }
+                delta.add(k.clone(), c.samples, c.period);
+                false
+            });
+            done.total_samples -= delta.total_samples;
+        }
+        writer.flush_agent_scaled(&done, &scales)?;
         Ok(())
     }
 }

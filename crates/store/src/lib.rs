@@ -487,26 +487,36 @@ impl SessionWriter {
 
     /// Add a delta profile (host measurements) to the session, in one transaction.
     pub fn flush(&mut self, delta: &Profile) -> Result<()> {
-        self.flush_into(delta, "samples")
+        self.flush_into(delta, "samples", &[])
     }
 
     /// Add a delta of what active VMs' agents measured in their guests. A
     /// guest's `[kernel.kallsyms]` and `[module]` images are stored as
     /// `[guest.kernel.kallsyms]` and `[guest.module]`.
     pub fn flush_agent(&mut self, delta: &Profile) -> Result<()> {
-        self.flush_into(delta, "agent_samples")
+        self.flush_into(delta, "agent_samples", &[])
+    }
+
+    /// [`SessionWriter::flush_agent`] and [`SessionWriter::set_scale`] for
+    /// each of `scales`, in one transaction: a recorder with many active VMs
+    /// flushes every second, and one commit per VM's scale was as many
+    /// write-ahead-log commits a second (bench/many-vms).
+    pub fn flush_agent_scaled(&mut self, delta: &Profile, scales: &[ScaleRow]) -> Result<()> {
+        self.flush_into(delta, "agent_samples", scales)
     }
 
     /// Record (replace) the scale of an active VM's agent rows for an event.
     pub fn set_scale(&self, s: &ScaleRow) -> Result<()> {
         self.conn
-            .execute(
+            .prepare_cached(
                 "INSERT INTO domain_scale(domain, event, host_period, agent_period, agent_samples, agent_lost, factor)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT(domain, event) DO UPDATE SET host_period = excluded.host_period,
                    agent_period = excluded.agent_period, agent_samples = excluded.agent_samples,
                    agent_lost = excluded.agent_lost, factor = excluded.factor",
-                params![
+            )
+            .and_then(|mut st| {
+                st.execute(params![
                     s.domain,
                     s.event,
                     s.host_period as i64,
@@ -514,21 +524,28 @@ impl SessionWriter {
                     s.agent_samples as i64,
                     s.agent_lost as i64,
                     s.factor
-                ],
-            )
+                ])
+            })
             .map_err(sql_err(&self.path))?;
         Ok(())
     }
 
-    fn flush_into(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
-        if delta.is_empty() {
+    fn flush_into(
+        &mut self,
+        delta: &Profile,
+        table: &'static str,
+        scales: &[ScaleRow],
+    ) -> Result<()> {
+        if delta.is_empty() && scales.is_empty() {
             return Ok(());
         }
         let path = self.path.clone();
         self.conn
             .execute_batch("BEGIN IMMEDIATE")
             .map_err(sql_err(&path))?;
-        let r = self.flush_inner(delta, table);
+        let r = self
+            .flush_inner(delta, table)
+            .and_then(|()| scales.iter().try_for_each(|s| self.set_scale(s)));
         match r {
             Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
             Err(e) => {
