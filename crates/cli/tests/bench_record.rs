@@ -47,10 +47,7 @@ fn bench_scale_records_each_point_and_compare_reads_them() {
             ])
             .arg(&rec),
     );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out.stdout);
     let summaries: Vec<&Value> = lines.iter().filter(|v| v["type"] == "summary").collect();
     assert_eq!(summaries.len(), 2, "{lines:?}");
     let mut sessions = Vec::new();
@@ -139,10 +136,7 @@ fn bench_web_records_each_point() {
             ])
             .arg(&rec),
     );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out.stdout);
     let summaries: Vec<&Value> = lines.iter().filter(|v| v["type"] == "summary").collect();
     assert_eq!(summaries.len(), 2, "{lines:?}");
     let mut names = Vec::new();
@@ -199,10 +193,7 @@ fn bench_overhead_keeps_each_profiled_run() {
             .arg("--record")
             .arg(&rec),
     );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out.stdout);
     let summary = |p: &str| {
         lines
             .iter()
@@ -235,4 +226,12 @@ fn bench_overhead_keeps_each_profiled_run() {
         })
         .count();
     assert_eq!(in_dir, 2, "only the kept samples' sessions are in --record");
+}
+
+/// The JSON lines a bench printed.
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }

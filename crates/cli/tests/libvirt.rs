@@ -484,17 +484,7 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
         Command::new(VMSCOPE).args(["account", "-i", "2s", "-n", "3", "--format", "json"]),
     );
     let mut disk_ops = 0;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let iv: Value = serde_json::from_str(line).unwrap();
-        if iv["type"] == "header" {
-            continue;
-        }
-        let v = iv["vms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == name.as_str())
-            .unwrap_or_else(|| panic!("{name} not in {iv}"));
+    for v in account_rows(&out.stdout, &name) {
         assert_eq!(v["disk_source"], "libvirt", "{v}");
         disk_ops += v["disk_ops"].as_u64().unwrap();
     }
@@ -691,17 +681,7 @@ fn libvirtd_stops_mid_account(domain: &str, libvirtd: u32) {
     );
     let mut sources = Vec::new();
     let mut notes = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let iv: Value = serde_json::from_str(line).unwrap();
-        if iv["type"] == "header" {
-            continue;
-        }
-        let v = iv["vms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == domain)
-            .unwrap_or_else(|| panic!("{domain} not in {iv}"));
+    for v in account_rows(&out.stdout, domain) {
         sources.push(v["disk_source"].as_str().unwrap().to_string());
         notes.extend(
             v["notes"]
@@ -738,4 +718,22 @@ fn http_get(addr: &str, path: &str) -> Option<String> {
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
     body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// VM `name`'s row of every interval `account --format json` printed.
+fn account_rows(stdout: &[u8], name: &str) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|iv| iv["type"] != "header")
+        .map(|iv| {
+            iv["vms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} not in {iv}"))
+        })
+        .collect()
 }
