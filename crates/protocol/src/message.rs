@@ -823,8 +823,8 @@ fn decode_body<T: Message>(encoding: u8, body: &[u8]) -> Result<Envelope<T>, Pro
             Err(_) => ProtocolError::malformed(format!("body is not JSON: {e}")),
         }
     })?;
-    let id: u64 = raw_as(head.id)
-        .ok_or_else(|| ProtocolError::malformed("missing or invalid `id`"))?;
+    let id: u64 =
+        raw_as(head.id).ok_or_else(|| ProtocolError::malformed("missing or invalid `id`"))?;
     let v = raw_as::<u64>(head.v)
         .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| ProtocolError::malformed("missing or invalid `v`"))?;
