@@ -182,33 +182,28 @@ fn denied_agent_socket_is_named_with_its_path() {
     let socket = dir.path().join("agent.sock");
     let pidfile = dir.path().join("qemu.pid");
     // Paused (-S): the guest never runs; only its channel matters.
-    let out = Command::new("qemu-system-x86_64")
-        .args(["-name", &format!("guest={name},debug-threads=on")])
-        .args([
-            "-S",
-            "-M",
-            "pc",
-            "-accel",
-            "tcg",
-            "-nodefaults",
-            "-display",
-            "none",
-        ])
-        .args(["-m", "64", "-device", "virtio-serial-pci", "-chardev"])
-        .arg(format!(
-            "socket,id=ag,path={},server=on,wait=off",
-            socket.display()
-        ))
-        .args(["-device", "virtserialport,chardev=ag,name=vmscope.agent"])
-        .arg("-pidfile")
-        .arg(&pidfile)
-        .arg("-daemonize")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::run_ok(
+        Command::new("qemu-system-x86_64")
+            .args(["-name", &format!("guest={name},debug-threads=on")])
+            .args([
+                "-S",
+                "-M",
+                "pc",
+                "-accel",
+                "tcg",
+                "-nodefaults",
+                "-display",
+                "none",
+            ])
+            .args(["-m", "64", "-device", "virtio-serial-pci", "-chardev"])
+            .arg(format!(
+                "socket,id=ag,path={},server=on,wait=off",
+                socket.display()
+            ))
+            .args(["-device", "virtserialport,chardev=ag,name=vmscope.agent"])
+            .arg("-pidfile")
+            .arg(&pidfile)
+            .arg("-daemonize"),
     );
     let _qemu = Qemu(pidfile);
     {
@@ -216,23 +211,18 @@ fn denied_agent_socket_is_named_with_its_path() {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o700)).unwrap();
     }
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--inh-caps=+perfmon",
-            "--ambient-caps=+perfmon",
-        ])
-        .arg(VMSCOPE)
-        .args(["top", "-b", "-n", "1", "--format", "json"])
-        .current_dir("/")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::run_ok(
+        Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                "--inh-caps=+perfmon",
+                "--ambient-caps=+perfmon",
+            ])
+            .arg(VMSCOPE)
+            .args(["top", "-b", "-n", "1", "--format", "json"])
+            .current_dir("/"),
     );
     let doc: Value = String::from_utf8_lossy(&out.stdout)
         .lines()

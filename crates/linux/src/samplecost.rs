@@ -63,15 +63,6 @@ pub struct SampleCost {
     pub cpu_s: f64,
 }
 
-/// The kernel's ceiling on sampling rates (`perf_event_max_sample_rate`).
-fn max_sample_rate() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// One unit of work: a few thousand dependent multiply-adds (a few µs
 /// natively, tens under emulation).
 #[inline(never)]
@@ -175,7 +166,7 @@ pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleC
         })
         .unwrap_or(0);
     let hz = asked.clamp(MIN_CALIBRATION_HZ, MAX_CALIBRATION_HZ);
-    let hz = max_sample_rate().map_or(hz, |m| hz.min(m.max(1)));
+    let hz = crate::sys::perf_event_max_sample_rate().map_or(hz, |m| hz.min(m.max(1)));
     let events = calibration_events(events, hz);
     if events.is_empty() {
         return Ok(None);
