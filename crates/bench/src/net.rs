@@ -952,6 +952,7 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
                 AGREEMENT * 100.0
             ),
             holds: (ratio - 1.0).abs() <= AGREEMENT,
+            caveat: None,
             ratio,
             detail: format!(
                 "engine {:.1} Mbit/s ± {:.1}, iperf3 {:.1} Mbit/s ± {:.1}: ratio {ratio:.3}",

@@ -40,25 +40,35 @@ pub struct Check {
     pub detail: String,
     /// The compared means' ratio.
     pub ratio: f64,
+    /// Why this host cannot show the claim (the comparison is confounded):
+    /// the verdict is then `n/a`, whatever the numbers say.
+    pub caveat: Option<String>,
 }
 
 impl Check {
-    /// `yes: CLAIM (DETAIL)`.
+    /// `yes: CLAIM (DETAIL)`, or `n/a: CLAIM (DETAIL; CAVEAT)`.
     pub fn line(&self) -> String {
-        format!(
-            "{}: {} ({})",
-            if self.holds { "yes" } else { "no" },
-            self.claim,
-            self.detail
-        )
+        match &self.caveat {
+            Some(c) => format!("n/a: {} ({}; {c})", self.claim, self.detail),
+            None => format!("{}: {} ({})", self.verdict(), self.claim, self.detail),
+        }
+    }
+
+    /// `yes`, `no`, or `n/a` when the host cannot show the claim.
+    pub fn verdict(&self) -> &'static str {
+        match (&self.caveat, self.holds) {
+            (Some(_), _) => "n/a",
+            (None, true) => "yes",
+            (None, false) => "no",
+        }
     }
 
     /// The JSON line of the check.
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "type": "check", "claim": self.claim, "holds": self.holds,
-            "verdict": if self.holds { "yes" } else { "no" }, "detail": self.detail,
-            "ratio": self.ratio,
+            "verdict": self.verdict(), "detail": self.detail,
+            "ratio": self.ratio, "caveat": self.caveat,
         })
     }
 }

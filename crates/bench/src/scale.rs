@@ -410,6 +410,7 @@ impl ScaleOutcome {
         vec![crate::netlab::Check {
             claim: format!("{n} VMs × 1 vCPU scale at least as well as 1 VM × {n} vCPUs"),
             holds: vms >= vcpus,
+            caveat: None,
             detail: format!("scaling factor at N = {n}: vms {vms:.2}, vcpus {vcpus:.2}"),
             ratio: if vcpus > 0.0 { vms / vcpus } else { 0.0 },
         }]

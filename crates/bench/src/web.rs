@@ -282,6 +282,83 @@ enum Server {
     Vm { guest: Box<Guest> },
 }
 
+/// Where httperf runs for one configuration. menon2005's client was a
+/// machine of its own; here it shares the host with the VM, so it is
+/// pinned to the host CPUs that none of the VM's pinned threads (vCPUs,
+/// emulator, I/O threads) use. When no such CPU is left, `shares` says
+/// what the client competes with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientCpus {
+    /// CPUs httperf is pinned to (empty: not pinned).
+    pub cpus: Vec<usize>,
+    /// What httperf shares its CPUs with, when it has none of its own.
+    pub shares: Option<String>,
+}
+
+/// The CPUs of `host_cpus` left to the client by `vm`'s pinned threads.
+pub fn client_cpus(vm: &vmscope_lab::spec::VmSpec, host_cpus: usize) -> ClientCpus {
+    let floating: Vec<&str> = [
+        ("vCPU threads", vm.pin_vcpus.is_empty()),
+        ("emulator thread", vm.pin_emulator.is_empty()),
+        ("I/O threads", vm.pin_io.is_empty() && vm.iothreads > 0),
+    ]
+    .into_iter()
+    .filter_map(|(what, empty)| empty.then_some(what))
+    .collect();
+    if !floating.is_empty() {
+        return ClientCpus {
+            cpus: Vec::new(),
+            shares: Some(format!(
+                "httperf shares the host's CPUs with {}'s unpinned {}",
+                vm.name,
+                floating.join(" and ")
+            )),
+        };
+    }
+    let mut used: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for (what, cpus) in [
+        ("vCPU", &vm.pin_vcpus),
+        ("emulator", &vm.pin_emulator),
+        ("I/O", &vm.pin_io),
+    ] {
+        for &c in cpus {
+            let e = used.entry(c).or_default();
+            if !e.contains(&what) {
+                e.push(what);
+            }
+        }
+    }
+    let free: Vec<usize> = (0..host_cpus).filter(|c| !used.contains_key(c)).collect();
+    if free.is_empty() {
+        let on: Vec<String> = used
+            .iter()
+            .map(|(c, w)| format!("CPU {c} runs its {}", w.join(" and ")))
+            .collect();
+        ClientCpus {
+            cpus: Vec::new(),
+            shares: Some(format!(
+                "httperf has no host CPU of its own beside {} ({}: {})",
+                vm.name,
+                host_cpus,
+                on.join(", ")
+            )),
+        }
+    } else {
+        ClientCpus {
+            cpus: free,
+            shares: None,
+        }
+    }
+}
+
+/// `0,1,3` for a CPU list.
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// One configuration's sweep state.
 struct Runner<'a> {
     opts: &'a WebOptions,
@@ -291,6 +368,8 @@ struct Runner<'a> {
     addr: IpAddr,
     uri: String,
     points: Vec<WebPoint>,
+    /// CPUs httperf is pinned to (empty: not pinned).
+    client_cpus: Vec<usize>,
 }
 
 impl Runner<'_> {
@@ -375,10 +454,30 @@ impl Runner<'_> {
         let group = httpd.as_ref().and_then(|c| CpuGroup::around(c.id()));
         let group_start = group.as_ref().and_then(CpuGroup::cpu_s);
         let mark = self.probe.mark(&pids);
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(Stdio::null())
-            .output();
+        let mut cmd = Command::new(&argv[0]);
+        if !self.client_cpus.is_empty() {
+            let cpus = self.client_cpus.clone();
+            // SAFETY: sched_setaffinity(2) on the child itself, between
+            // fork and exec, with a set built before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    for &c in &cpus {
+                        libc::CPU_SET(c, &mut set);
+                    }
+                    if libc::sched_setaffinity(
+                        0,
+                        std::mem::size_of::<libc::cpu_set_t>(),
+                        &raw const set,
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.args(&argv[1..]).stdin(Stdio::null()).output();
         // The host's server is stopped and reaped before the reading, so
         // its own CPU counts as this run's (this process's children); its
         // connection processes, reaped by nobody, are the rest of its
@@ -631,6 +730,8 @@ pub struct WebOutcome {
     pub checks: Vec<Check>,
     pub charts: Vec<PathBuf>,
     pub notes: Vec<String>,
+    /// Where httperf ran, per configuration (the host's: not pinned).
+    pub client: Vec<ClientCpus>,
 }
 
 impl WebOutcome {
@@ -834,7 +935,30 @@ fn run_configs(
         &["config", "rate", "file_size", "seconds", "timeout"],
     )?;
     let uri = format!("/vmscope-{}.bin", opts.file_size);
+    let host_cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mut client: Vec<ClientCpus> = Vec::new();
     for (ci, cfg) in configs.iter().enumerate() {
+        let placement = cfg
+            .spec
+            .as_ref()
+            .and_then(|spec| {
+                spec.vms
+                    .iter()
+                    .find(|v| v.nics.iter().any(|n| n.kind == NicKind::Tap))
+            })
+            .map(|vm| client_cpus(vm, host_cpus))
+            .unwrap_or_default();
+        if cfg.spec.is_some() {
+            notes.push(match (&placement.shares, placement.cpus.as_slice()) {
+                (Some(why), _) => format!("{}: {why}", cfg.label),
+                (None, cpus) => format!(
+                    "{}: httperf pinned to CPU {}, which none of the VM's threads use",
+                    cfg.label,
+                    cpu_list(cpus)
+                ),
+            });
+        }
+        client.push(placement.clone());
         // The configuration's server, and the lab it runs in.
         let mut session = None;
         let (server, addr, facts) = match &cfg.spec {
@@ -929,6 +1053,7 @@ fn run_configs(
             addr,
             uri: uri.clone(),
             points: Vec::new(),
+            client_cpus: placement.cpus.clone(),
         };
         for &rate in &opts.rates {
             let pt = web_point(opts, cfg, ci, rate, &host_manifest, &facts);
@@ -993,6 +1118,7 @@ fn run_configs(
         checks: Vec::new(),
         charts: Vec::new(),
         notes,
+        client,
     };
     outcome.checks = shape_checks(&outcome);
     for (pt, (r, f)) in outcome
@@ -1135,11 +1261,12 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
             }
         )
     };
-    let mut pair = |a: usize, b: usize, claim: String| {
+    let mut pair = |a: usize, b: usize, claim: String, caveat: Option<String>| {
         if let (Some(pa), Some(pb)) = (o.peak(a), o.peak(b)) {
             if pb.0 > 0.0 {
                 out.push(Check {
                     claim,
+                    caveat,
                     holds: pa.0 <= pb.0,
                     ratio: pa.0 / pb.0,
                     detail: format!(
@@ -1159,11 +1286,30 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
                     i,
                     h,
                     format!("a VM's web throughput ({}) is at most the host's", c.label),
+                    None,
                 );
             }
         }
     }
     if let (Some(s), Some(p)) = (find("same-cpu"), find("separate-cpu")) {
+        // The claim is about where the server's driver side runs; a client
+        // competing with either side for a CPU measures the client too.
+        let shared: Vec<String> = [s, p]
+            .iter()
+            .filter_map(|&i| {
+                o.client
+                    .get(i)
+                    .and_then(|c| c.shares.as_ref())
+                    .map(|why| format!("{}: {why}", o.configs[i].label))
+            })
+            .collect();
+        let caveat = (!shared.is_empty()).then(|| {
+            format!(
+                "not shown on this host: {}; menon2005's client ran on a machine of its own, \
+                 which here needs a host CPU that neither configuration's VM uses",
+                shared.join("; ")
+            )
+        });
         pair(
             s,
             p,
@@ -1171,6 +1317,7 @@ fn shape_checks(o: &WebOutcome) -> Vec<Check> {
                 "{} serves at most {}'s peak reply rate",
                 o.configs[s].label, o.configs[p].label
             ),
+            caveat,
         );
     }
     out
@@ -1365,6 +1512,69 @@ mod tests {
             let e = parse_rates(bad).unwrap_err();
             assert!(e.starts_with("--rate"), "{e}");
         }
+    }
+
+    #[test]
+    fn httperf_gets_the_cpus_no_vm_thread_uses_or_says_what_it_shares() {
+        let vm = |name: &str| {
+            let spec = crate::lab_specs::load(name, None).unwrap();
+            spec.vms[0].clone()
+        };
+        // guest-same-cpu: everything of guest0 on CPU 0.
+        let same = vm("guest-same-cpu");
+        assert_eq!(
+            client_cpus(&same, 2),
+            ClientCpus {
+                cpus: vec![1],
+                shares: None
+            }
+        );
+        assert_eq!(client_cpus(&same, 4).cpus, [1, 2, 3]);
+        // guest-separate-cpu: vCPU on 0, emulator and I/O on 1.
+        let sep = vm("guest-separate-cpu");
+        let c = client_cpus(&sep, 2);
+        assert!(c.cpus.is_empty());
+        let why = c.shares.unwrap();
+        assert!(
+            why.contains("no host CPU of its own beside guest1"),
+            "{why}"
+        );
+        assert!(why.contains("CPU 0 runs its vCPU"), "{why}");
+        assert!(why.contains("CPU 1 runs its emulator and I/O"), "{why}");
+        assert_eq!(
+            client_cpus(&sep, 3),
+            ClientCpus {
+                cpus: vec![2],
+                shares: None
+            }
+        );
+        // A VM whose vCPUs float shares every CPU with it.
+        let mut floating = sep.clone();
+        floating.pin_vcpus.clear();
+        let why = client_cpus(&floating, 8).shares.unwrap();
+        assert!(why.contains("unpinned vCPU threads"), "{why}");
+    }
+
+    #[test]
+    fn a_confounded_check_says_n_a_with_its_numbers() {
+        let mut c = Check {
+            claim: "a serves at most b's peak reply rate".into(),
+            holds: false,
+            detail: "peak reply rates: a 12.0, b 10.0: ratio 1.200".into(),
+            ratio: 1.2,
+            caveat: None,
+        };
+        assert!(c.line().starts_with("no: a serves"), "{}", c.line());
+        assert_eq!(c.json()["verdict"], "no");
+        c.caveat = Some("not shown on this host: b: httperf has no host CPU of its own".into());
+        let line = c.line();
+        assert!(line.starts_with("n/a: a serves"), "{line}");
+        assert!(
+            line.contains("ratio 1.200; not shown on this host"),
+            "{line}"
+        );
+        assert_eq!(c.json()["verdict"], "n/a");
+        assert_eq!(c.json()["holds"], false);
     }
 
     #[test]

@@ -31,7 +31,10 @@ ends the sweep too.
 Host CPU per reply: what the run cost the host (this process and its children, the VM's QEMU,
 kernel threads) less httperf's own CPU time as it reports it, over the 2xx replies. Rows store
 rates in ops/s and times in s; the table prints ms. Checks (yes/no, with the peak reply rates):
-a VM's peak is at most the host's; guest-same-cpu's at most guest-separate-cpu's. Under TCG the
+a VM's peak is at most the host's; guest-same-cpu's at most guest-separate-cpu's. httperf is
+pinned to the host CPUs that none of the VM's pinned threads use (menon2005's client was a machine
+of its own); where none is left (guest-separate-cpu on 2 CPUs) a note says what it shares, and the
+same-cpu/separate-cpu line reads n/a, not yes or no, with its numbers. Under TCG the
 output says absolute numbers are low. Exit status: 0, 1 when points failed (a VM died), 2 on bad
 input.";
 
