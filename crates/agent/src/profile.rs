@@ -18,6 +18,7 @@
 //! events and ends without answering.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
@@ -37,11 +38,12 @@ use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 use crate::log;
 use crate::server::cut;
 
-/// How long one read of the rings may wait; bounds the poll latency (the
-/// host polls once a second and waits up to 5 s). Each wake-up costs the
-/// guest a ring read and a conversion pass, which TCG emulates slowly, so
-/// it is long: the rings wake the reader earlier when half full.
-const READ_WAIT: Duration = Duration::from_millis(250);
+/// How long one read of the rings may wait. Each wake-up costs the guest
+/// a ring read and a conversion pass, which TCG emulates slowly, so it is
+/// long: the rings wake the reader when half full, and every command (the
+/// host's poll, once a second; stop; hang-up) through the session's
+/// eventfd, so this only bounds how long a wait with neither can last.
+const READ_WAIT: Duration = Duration::from_millis(2000);
 /// Distinct rows kept between polls; samples of further rows count as lost.
 const MAX_PENDING_ROWS: usize = 200_000;
 /// Budget for the rows of one message, in bytes of JSON (under `MAX_FRAME`).
@@ -62,6 +64,26 @@ pub struct Session {
     cmd: Sender<Cmd>,
     hangup: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
+    /// Wakes the worker's wait on its rings for each command.
+    waker: Arc<OwnedFd>,
+}
+
+/// A non-blocking eventfd.
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) with flags only; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor this process owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd's counter (a full counter is readable anyway).
+fn wake(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to an open eventfd.
+    let _ = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
 }
 
 /// What `profile_start` asked for.
@@ -83,11 +105,13 @@ impl Session {
         let (tx, rx) = mpsc::channel();
         let hangup = Arc::new(AtomicBool::new(false));
         let finished = Arc::new(AtomicBool::new(false));
+        let waker = Arc::new(eventfd()?);
         let w = Worker {
             rx,
             hangup: Arc::clone(&hangup),
             finished: Arc::clone(&finished),
             reply,
+            waker: Arc::clone(&waker),
         };
         std::thread::Builder::new()
             .name("profile".into())
@@ -96,6 +120,7 @@ impl Session {
             cmd: tx,
             hangup,
             finished,
+            waker,
         })
     }
 
@@ -106,18 +131,23 @@ impl Session {
 
     /// Asks for the delta since the last poll; false when the worker is gone.
     pub fn poll(&self, id: u64) -> bool {
-        self.cmd.send(Cmd::Poll(id)).is_ok()
+        let sent = self.cmd.send(Cmd::Poll(id)).is_ok();
+        wake(&self.waker);
+        sent
     }
 
     /// Asks the worker to stop sampling and send the rest.
     pub fn stop(&self, id: u64) -> bool {
-        self.cmd.send(Cmd::Stop(id)).is_ok()
+        let sent = self.cmd.send(Cmd::Stop(id)).is_ok();
+        wake(&self.waker);
+        sent
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.hangup.store(true, Ordering::Release);
+        wake(&self.waker);
     }
 }
 
@@ -292,6 +322,8 @@ struct Worker {
     hangup: Arc<AtomicBool>,
     finished: Arc<AtomicBool>,
     reply: Reply,
+    /// The session's eventfd (kept open here as long as the rings are read).
+    waker: Arc<OwnedFd>,
 }
 
 fn error(kind: ErrorKind, message: String) -> Response {
@@ -407,6 +439,7 @@ impl Worker {
             }
             _ => rate_hz,
         };
+        rec.set_waker(self.waker.as_raw_fd());
         let mut meter = Meter { cost, ctl, rate_hz };
         meter.cost.sampling_starts();
         rec.enable().map_err(linux_error)?;

@@ -337,7 +337,7 @@ pub fn client_cpus(vm: &vmscope_lab::spec::VmSpec, host_cpus: usize) -> ClientCp
         ClientCpus {
             cpus: Vec::new(),
             shares: Some(format!(
-                "httperf has no host CPU of its own beside {} ({}: {})",
+                "httperf has no host CPU of its own beside {} (on {} CPUs: {})",
                 vm.name,
                 host_cpus,
                 on.join(", ")

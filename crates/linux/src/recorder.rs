@@ -104,6 +104,9 @@ pub struct Recorder {
     rings: Vec<Ring>,
     pollfds: Vec<libc::pollfd>,
     hung_up: usize,
+    /// A file descriptor whose readability ends [`Recorder::read`]'s wait
+    /// early ([`Recorder::set_waker`]); polled after the rings.
+    waker: Option<libc::pollfd>,
     decoder: Decoder,
     /// Copy area for records that wrap the ring end.
     scratch: Vec<u64>,
@@ -353,6 +356,7 @@ impl Recorder {
             rings: Vec::new(),
             pollfds: Vec::new(),
             hung_up: 0,
+            waker: None,
             decoder: Decoder::new(opts.callchain),
             scratch: Vec::new(),
             staged: Vec::new(),
@@ -522,7 +526,21 @@ impl Recorder {
     /// next call, so that successive calls also follow each other in time;
     /// after [`Recorder::disable`] a call returns everything.
     pub fn read(&mut self, timeout: Duration, out: &mut Vec<Record>) -> Result<(), LinuxError> {
-        crate::sys::poll_fds(&mut self.pollfds, timeout, "poll on perf rings")?;
+        if let Some(w) = self.waker {
+            // The waker is polled last; it is never a ring.
+            self.pollfds.push(w);
+            let r = crate::sys::poll_fds(&mut self.pollfds, timeout, "poll on perf rings");
+            let w = self.pollfds.pop().expect("pushed above");
+            if w.revents & libc::POLLIN != 0 {
+                let mut buf = [0u8; 8];
+                // SAFETY: reads at most 8 bytes into a local buffer; the fd
+                // is non-blocking (set_waker's contract), so this never waits.
+                let _ = unsafe { libc::read(w.fd, buf.as_mut_ptr().cast(), buf.len()) };
+            }
+            r?;
+        } else {
+            crate::sys::poll_fds(&mut self.pollfds, timeout, "poll on perf rings")?;
+        }
         for p in &mut self.pollfds {
             if p.fd >= 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
                 // The traced task is gone: stop polling (POLLHUP would make
@@ -539,6 +557,19 @@ impl Recorder {
         };
         self.drain(out, cutoff);
         Ok(())
+    }
+
+    /// Let `fd` end [`Recorder::read`]'s wait when it becomes readable (an
+    /// eventfd another thread writes to when it wants an answer sooner
+    /// than the rings fill). Each read that sees it readable reads it once
+    /// (8 bytes: an eventfd's counter); `fd` must be non-blocking and stay
+    /// open as long as this recorder reads.
+    pub fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        self.waker = Some(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
     }
 
     /// Drain every ring now, without waiting; return records up to `cutoff`.

@@ -604,3 +604,48 @@ fn set_frequency_changes_the_rate_of_a_running_recording() {
     assert!(!fixed.has_frequency_events());
     assert_eq!(fixed.set_frequency(100).unwrap(), 0);
 }
+
+/// A waker ends a long wait on rings that stay below their watermark: the
+/// read returns once another thread writes to the eventfd, not after the
+/// 120 s it was given (bounded generously: this asserts that the wait
+/// ended early, not how fast).
+#[test]
+fn a_waker_ends_the_wait_on_quiet_rings() {
+    if !is_root() {
+        return;
+    }
+    let opts = RingOptions {
+        events: vec![cpu_clock(10)],
+        target: Target::Pids(vec![std::process::id()]),
+        callchain: false,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    // SAFETY: eventfd(2) with flags only; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    rec.set_waker(fd);
+    rec.enable().unwrap();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to the open eventfd.
+        unsafe { libc::write(fd, (&raw const one).cast(), 8) }
+    });
+    let t = Instant::now();
+    let mut out = Vec::new();
+    rec.read(Duration::from_secs(120), &mut out).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(60),
+        "read waited {:?}",
+        t.elapsed()
+    );
+    assert_eq!(writer.join().unwrap(), 8);
+    // The read consumed the wake-up: the eventfd is empty again.
+    let mut buf = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a local from the non-blocking fd.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), 8) };
+    assert_eq!(n, -1, "the eventfd still held a count");
+    // SAFETY: fd is open and owned here.
+    unsafe { libc::close(fd) };
+}
