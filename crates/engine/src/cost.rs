@@ -291,12 +291,7 @@ impl ProfilerCost {
             s.lowered = true;
         }
         if let Some(b) = s.budget {
-            if step.rate_hz > 0
-                && step.rate_hz <= vmscope_model::budget::MIN_RATE_HZ
-                && step.fraction() > b
-            {
-                s.over_at_minimum = true;
-            }
+            s.note_step_at_minimum(step, b);
         }
     }
 

@@ -40,6 +40,9 @@ const START_DIVISOR: u64 = 8;
 /// symbols loaded, the store flushed), and jumping to the rate it predicts
 /// made the rate swing between the lowest and the highest.
 const MAX_DROP: u64 = 4;
+/// Steps at the lowest rate before a budget is said to be missed there:
+/// one expensive step (a start-up, a new binary's symbols) is not enough.
+const MIN_STEPS_OVER: u32 = 3;
 
 /// The rate a profiler under a budget starts at when `requested_hz` is
 /// asked for: an eighth of it, not below [`MIN_RATE_HZ`] (nor above the
@@ -117,8 +120,15 @@ pub struct CostSummary {
     pub budget: Option<f64>,
     /// The rate was lowered to stay within the budget.
     pub lowered: bool,
-    /// Even the lowest rate cost more than the budget.
+    /// Even the lowest rate cost more than the budget: most steps taken at
+    /// it (and at least [`MIN_STEPS_OVER`]) did.
     pub over_at_minimum: bool,
+    /// Steps taken at the lowest rate, and how many of them cost more than
+    /// the budget.
+    #[serde(default)]
+    pub at_min_steps: u32,
+    #[serde(default)]
+    pub at_min_over: u32,
 }
 
 impl CostSummary {
@@ -145,6 +155,23 @@ impl CostSummary {
             self.max_hz = self.max_hz.max(step.rate_hz);
             self.last_hz = step.rate_hz;
         }
+    }
+
+    /// Count a step against `budget` if it was taken at the lowest rate,
+    /// and say whether the budget is missed there: when most steps at that
+    /// rate cost more than it, and at least [`MIN_STEPS_OVER`] did (the
+    /// typical step, so that a start-up or a new binary's symbols loaded
+    /// in one step does not decide).
+    pub fn note_step_at_minimum(&mut self, step: &CostStep, budget: f64) {
+        if step.rate_hz == 0 || step.rate_hz > MIN_RATE_HZ {
+            return;
+        }
+        self.at_min_steps += 1;
+        if step.fraction() > budget {
+            self.at_min_over += 1;
+        }
+        self.over_at_minimum =
+            self.at_min_over >= MIN_STEPS_OVER && 2 * self.at_min_over > self.at_min_steps;
     }
 
     /// One line: "0.42 % of 2 CPUs' time (0.25 s CPU over 30.0 s), 99 Hz".
@@ -244,10 +271,8 @@ impl RateController {
         } else {
             f64::INFINITY
         };
+        self.summary.note_step_at_minimum(&step, self.budget);
         let next = if frac > self.budget {
-            if self.hz <= MIN_RATE_HZ {
-                self.summary.over_at_minimum = true;
-            }
             self.summary.lowered = true;
             let floor = (self.hz / MAX_DROP).max(MIN_RATE_HZ);
             (ideal.floor() as u64).clamp(floor.min(self.hz), self.max_hz)
@@ -373,6 +398,50 @@ mod tests {
             .summary()
             .describe(Some(1))
             .contains("not met even at the lowest rate"));
+    }
+
+    #[test]
+    fn one_expensive_step_at_the_lowest_rate_is_not_a_missed_budget() {
+        let mut c = RateController::new(0.01, 10);
+        assert_eq!(c.rate(), MIN_RATE_HZ);
+        // A start-up step at 30 %, then steps well within the budget.
+        let _ = c.observe(0.3, 1.0);
+        for _ in 0..5 {
+            let _ = c.observe(0.001, 1.0);
+        }
+        assert!(!c.summary().over_at_minimum, "{:?}", c.summary());
+        assert!(!c.summary().describe(None).contains("not met"));
+        // Two steps at the minimum cannot say it either, however costly.
+        let mut s = CostSummary::default();
+        let step = CostStep {
+            cost_s: 0.5,
+            capacity_s: 1.0,
+            rate_hz: MIN_RATE_HZ,
+        };
+        s.note_step_at_minimum(&step, 0.01);
+        s.note_step_at_minimum(&step, 0.01);
+        assert!(!s.over_at_minimum);
+        s.note_step_at_minimum(&step, 0.01);
+        assert!(s.over_at_minimum);
+        // Steps above the minimum do not count.
+        let mut s = CostSummary::default();
+        for _ in 0..5 {
+            s.note_step_at_minimum(
+                &CostStep {
+                    rate_hz: 20,
+                    ..step
+                },
+                0.01,
+            );
+        }
+        assert!(!s.over_at_minimum && s.at_min_steps == 0);
+        // Mostly within the budget at the minimum: not said.
+        let mut s = CostSummary::default();
+        for i in 0..10 {
+            let cost_s = if i % 3 == 0 { 0.5 } else { 0.001 };
+            s.note_step_at_minimum(&CostStep { cost_s, ..step }, 0.01);
+        }
+        assert!(!s.over_at_minimum, "{s:?}");
     }
 
     #[test]
