@@ -58,6 +58,7 @@ pub const ACC_ENTRIES: u32 = 1 << 16;
 
 // bpf(2) commands, map and program types, helpers (include/uapi/linux/bpf.h).
 const BPF_MAP_CREATE: i64 = 0;
+#[cfg(test)]
 const BPF_MAP_LOOKUP_ELEM: i64 = 1;
 const BPF_PROG_LOAD: i64 = 5;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: i64 = 21;
