@@ -53,6 +53,9 @@ use crate::LinuxError;
 
 const TRACEPOINT: &str = "sched:sched_switch";
 
+/// Nanoseconds per (cpu, tid); tid 0 is idle.
+pub type CpuTidTimes = HashMap<(u32, u32), u64>;
+
 /// (cpu, tid) pairs the hash map holds between two drains.
 pub const ACC_ENTRIES: u32 = 1 << 16;
 
@@ -286,8 +289,8 @@ pub fn account(
     t0: u64,
     t1: u64,
     mut late: impl FnMut(u32, u32) -> Option<u64>,
-) -> HashMap<(u32, u32), u64> {
-    let mut times: HashMap<(u32, u32), u64> = HashMap::new();
+) -> CpuTidTimes {
+    let mut times = CpuTidTimes::new();
     for &(k, ns) in drained {
         *times.entry(k).or_default() += ns;
     }
@@ -570,7 +573,7 @@ impl BpfSwitchTimes {
 
     /// Run time of every (cpu, tid) from the end of the last interval to
     /// now (tid 0 = idle), and that interval's ends (CLOCK_MONOTONIC ns).
-    pub fn collect(&mut self) -> Result<(HashMap<(u32, u32), u64>, u64, u64), LinuxError> {
+    pub fn collect(&mut self) -> Result<(CpuTidTimes, u64, u64), LinuxError> {
         let before = self.running()?;
         let mut drained = Vec::new();
         self.drain(&mut drained)?;

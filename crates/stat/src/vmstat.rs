@@ -120,8 +120,7 @@ pub struct StatInterval {
     /// The legend, when it changed in this interval (always the first time).
     pub legend: Option<String>,
     /// Switch records the kernel dropped in this interval (sched_switch
-    /// source), or switches the eBPF program did not see (bpf source: a
-    /// switch whose outgoing task was not the one last switched in).
+    /// source; the bpf source drops none).
     pub lost: u64,
     /// Switch-outs after a lost switch-in from idle, whose slice is not
     /// counted (sched_switch source).
@@ -285,7 +284,7 @@ impl VmStat {
                     dt_ns,
                 );
                 s.prev_stat = stat;
-                (rows, dt, s.times.take_unchained(), changes)
+                (rows, dt, 0, changes)
             }
             Src::Switch(s) => {
                 let (mut times, dt, lost) = s.collect(interval)?;
