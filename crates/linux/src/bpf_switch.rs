@@ -5,7 +5,7 @@
 //! switches happened (no record per switch is copied out) nor how many
 //! threads exist (no `/proc` file per thread is read).
 //!
-//! Hand-assembled (48 instructions, [`program`]) and loaded with the bpf(2)
+//! Hand-assembled (51 instructions, [`program`]) and loaded with the bpf(2)
 //! system call, attached with `perf_event_open(PERF_TYPE_TRACEPOINT)` and
 //! `PERF_EVENT_IOC_SET_BPF`: this machine has no C-to-BPF compiler and the
 //! BPF loader crates on offer need one (or a prebuilt object) at build
@@ -17,7 +17,8 @@
 //! - `cur` (array, one slot per possible CPU): when the running task's
 //!   slice began (CLOCK_MONOTONIC ns, 0 = no switch seen yet), its tid, and
 //!   how many switches did not chain (their `prev_pid` was not the task
-//!   last switched in: a switch the program did not see);
+//!   last switched in: a switch the program did not see) and how many
+//!   slices were dropped because `acc` was full;
 //! - `acc` (hash, (cpu, tid) → ns): run time of slices closed since the
 //!   last drain (`BPF_MAP_LOOKUP_AND_DELETE_BATCH`).
 //!
@@ -34,8 +35,8 @@
 //!
 //! Limits: a slice added while the reader deletes its element in the same
 //! instant can be lost (the program holds a pointer to the element for a
-//! few instructions); `acc` holds [`ACC_ENTRIES`] (cpu, tid) pairs per
-//! interval, and slices of pairs beyond that are dropped. The program runs
+//! few instructions); `acc` holds [`acc_entries`] (cpu, tid) pairs per
+//! interval, and slices of pairs beyond that are dropped (and counted). The program runs
 //! in the switching task's context: its cost is the kernel's, not
 //! vmscope's (with `kernel.bpf_stats_enabled=1`, `run_time_ns` in the
 //! program's fdinfo shows it).
@@ -56,8 +57,13 @@ const TRACEPOINT: &str = "sched:sched_switch";
 /// Nanoseconds per (cpu, tid); tid 0 is idle.
 pub type CpuTidTimes = HashMap<(u32, u32), u64>;
 
-/// (cpu, tid) pairs the hash map holds between two drains.
-pub const ACC_ENTRIES: u32 = 1 << 16;
+/// (cpu, tid) pairs the hash map holds between two drains: 256 per CPU,
+/// at least 16384. The drain walks every bucket, so a larger map costs
+/// every interval (65536 entries: a quarter of stat's CPU at 100 ms with
+/// 514 threads); slices that find it full are counted as dropped.
+pub fn acc_entries(cpu_slots: u32) -> u32 {
+    (256 * cpu_slots).next_power_of_two().max(16384)
+}
 
 // bpf(2) commands, map and program types, helpers (include/uapi/linux/bpf.h).
 const BPF_MAP_CREATE: i64 = 0;
@@ -147,11 +153,12 @@ fn ld_map(dst: u8, fd: i32) -> [Insn; 2] {
 
 /// The program: `prev_off` and `next_off` are the byte offsets of
 /// `prev_pid` and `next_pid` (4-byte `pid_t`) in the tracepoint record.
-/// `cur` values: since (u64), tid (u32), pad, unchained switches (u64).
+/// `cur` values: since (u64), tid (u32), pad, unchained switches (u64),
+/// slices dropped because `acc` was full (u64).
 /// Stack: fp-4 cpu (key of `cur`), fp-16 (cpu, tid) key of `acc`, fp-24
 /// the slice's nanoseconds.
 pub fn program(cur_fd: i32, acc_fd: i32, prev_off: i16, next_off: i16) -> Vec<Insn> {
-    let mut p = Vec::with_capacity(48);
+    let mut p = Vec::with_capacity(51);
     let i = Insn::new;
     p.extend([
         i(MOV64_X, R6, R1, 0, 0),                      // 0  r6 = ctx
@@ -166,10 +173,10 @@ pub fn program(cur_fd: i32, acc_fd: i32, prev_off: i16, next_off: i16) -> Vec<In
         i(MOV64_X, R2, FP, 0, 0),                 // 8
         i(ADD64_K, R2, 0, 0, -4),                 // 9
         i(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM), // 10
-        i(JEQ_K, R0, 0, 34, 0),                   // 11 no slot -> 46
+        i(JEQ_K, R0, 0, 37, 0),                   // 11 no slot -> 49
         i(MOV64_X, R9, R0, 0, 0),                 // 12 r9 = &cur[cpu]
         i(LDX_DW, R1, R9, 0, 0),                  // 13 r1 = since
-        i(JEQ_K, R1, 0, 28, 0),                   // 14 first switch -> 43
+        i(JEQ_K, R1, 0, 31, 0),                   // 14 first switch -> 46
         i(MOV64_X, R2, R7, 0, 0),                 // 15
         i(SUB64_X, R2, R1, 0, 0),                 // 16 r2 = now - since
         i(STX_DW, FP, R2, -24, 0),                // 17
@@ -185,7 +192,7 @@ pub fn program(cur_fd: i32, acc_fd: i32, prev_off: i16, next_off: i16) -> Vec<In
         i(JEQ_K, R0, 0, 3, 0),                    // 26 new key -> 30
         i(LDX_DW, R1, FP, -24, 0),                // 27
         i(ATOMIC_DW, R0, R1, 0, ATOMIC_ADD),      // 28 *val += slice
-        i(JA, 0, 0, 8, 0),                        // 29 -> 38
+        i(JA, 0, 0, 11, 0),                       // 29 -> 41
     ]);
     p.extend(ld_map(R1, acc_fd)); //                       30-31
     p.extend([
@@ -195,16 +202,19 @@ pub fn program(cur_fd: i32, acc_fd: i32, prev_off: i16, next_off: i16) -> Vec<In
         i(ADD64_K, R3, 0, 0, -24),                // 35
         i(MOV64_K, R4, 0, 0, 0),                  // 36 BPF_ANY
         i(CALL, 0, 0, 0, HELPER_MAP_UPDATE_ELEM), // 37
-        i(LDX_W, R1, R6, prev_off, 0),            // 38 r1 = prev_pid
-        i(LDX_W, R2, R9, 8, 0),                   // 39 r2 = cur.tid
-        i(JEQ_X, R1, R2, 2, 0),                   // 40 chained -> 43
-        i(MOV64_K, R1, 0, 0, 1),                  // 41
-        i(ATOMIC_DW, R9, R1, 16, ATOMIC_ADD),     // 42 cur.holes += 1
-        i(STX_DW, R9, R7, 0, 0),                  // 43 cur.since = now
-        i(LDX_W, R1, R6, next_off, 0),            // 44
-        i(STX_W, R9, R1, 8, 0),                   // 45 cur.tid = next_pid
-        i(MOV64_K, R0, 0, 0, 0),                  // 46
-        i(EXIT, 0, 0, 0, 0),                      // 47
+        i(JEQ_K, R0, 0, 2, 0),                    // 38 inserted -> 41
+        i(MOV64_K, R1, 0, 0, 1),                  // 39
+        i(ATOMIC_DW, R9, R1, 24, ATOMIC_ADD),     // 40 cur.dropped += 1
+        i(LDX_W, R1, R6, prev_off, 0),            // 41 r1 = prev_pid
+        i(LDX_W, R2, R9, 8, 0),                   // 42 r2 = cur.tid
+        i(JEQ_X, R1, R2, 2, 0),                   // 43 chained -> 46
+        i(MOV64_K, R1, 0, 0, 1),                  // 44
+        i(ATOMIC_DW, R9, R1, 16, ATOMIC_ADD),     // 45 cur.holes += 1
+        i(STX_DW, R9, R7, 0, 0),                  // 46 cur.since = now
+        i(LDX_W, R1, R6, next_off, 0),            // 47
+        i(STX_W, R9, R1, 8, 0),                   // 48 cur.tid = next_pid
+        i(MOV64_K, R0, 0, 0, 0),                  // 49
+        i(EXIT, 0, 0, 0, 0),                      // 50
     ]);
     p
 }
@@ -348,7 +358,10 @@ pub struct BpfSwitchTimes {
     keys: Vec<u64>,
     vals: Vec<u64>,
     cur_keys: Vec<u32>,
-    cur_vals: Vec<[u64; 3]>,
+    cur_vals: Vec<[u64; 4]>,
+    entries: u32,
+    dropped: u64,
+    dropped_now: u64,
     holes: u64,
     holes_now: u64,
     carry: HashMap<u32, Carry>,
@@ -381,15 +394,16 @@ impl BpfSwitchTimes {
         let cur = map_create(
             BPF_MAP_TYPE_ARRAY,
             4,
-            24,
+            32,
             slots,
             "bpf(BPF_MAP_CREATE) of the per-CPU slice map",
         )?;
+        let entries = acc_entries(slots);
         let acc = map_create(
             BPF_MAP_TYPE_HASH,
             8,
             8,
-            ACC_ENTRIES,
+            entries,
             "bpf(BPF_MAP_CREATE) of the run-time map",
         )?;
         let insns: Vec<u64> = program(cur.as_raw_fd(), acc.as_raw_fd(), prev_off, next_off)
@@ -448,10 +462,13 @@ impl BpfSwitchTimes {
             acc,
             slots,
             cpus,
-            keys: vec![0; ACC_ENTRIES as usize],
-            vals: vec![0; ACC_ENTRIES as usize],
+            keys: vec![0; entries as usize],
+            vals: vec![0; entries as usize],
             cur_keys: vec![0; slots as usize],
-            cur_vals: vec![[0; 3]; slots as usize],
+            cur_vals: vec![[0; 4]; slots as usize],
+            entries,
+            dropped: 0,
+            dropped_now: 0,
             holes: 0,
             holes_now: 0,
             carry: HashMap::new(),
@@ -461,6 +478,7 @@ impl BpfSwitchTimes {
         // at start, not at the first interval.
         me.running()?;
         me.holes = me.holes_now;
+        me.dropped = me.dropped_now;
         me.t0 = crate::clock_monotonic_ns();
         Ok(me)
     }
@@ -495,11 +513,13 @@ impl BpfSwitchTimes {
         };
         let mut out = Vec::with_capacity(self.cpus.len());
         let mut holes = 0;
+        let mut dropped = 0;
         for i in 0..n as usize {
             let cpu = self.cur_keys[i];
             holes += self.cur_vals[i][2];
+            dropped += self.cur_vals[i][3];
             if self.cpus.contains(&cpu) {
-                let [since, tid, _] = self.cur_vals[i];
+                let [since, tid, _, _] = self.cur_vals[i];
                 out.push((
                     cpu,
                     Running {
@@ -510,6 +530,7 @@ impl BpfSwitchTimes {
             }
         }
         self.holes_now = holes;
+        self.dropped_now = dropped;
         Ok(out)
     }
 
@@ -524,7 +545,7 @@ impl BpfSwitchTimes {
             a[1] = (&raw mut out_batch) as u64;
             a[2] = self.keys.as_mut_ptr() as u64;
             a[3] = self.vals.as_mut_ptr() as u64;
-            a[4] = pack(ACC_ENTRIES, self.acc.as_raw_fd() as u32);
+            a[4] = pack(self.entries, self.acc.as_raw_fd() as u32);
             let r = bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut a);
             let n = a[4] as u32 as usize;
             for i in 0..n {
@@ -568,6 +589,14 @@ impl BpfSwitchTimes {
     pub fn take_unchained(&mut self) -> u64 {
         let n = self.holes_now.saturating_sub(self.holes);
         self.holes = self.holes_now;
+        n
+    }
+
+    /// Slices dropped since the previous call because the map was full
+    /// (their time is missing).
+    pub fn take_dropped(&mut self) -> u64 {
+        let n = self.dropped_now.saturating_sub(self.dropped);
+        self.dropped = self.dropped_now;
         n
     }
 
@@ -618,7 +647,7 @@ mod tests {
             0x0000_0000_fffc_8a63
         );
         let p = program(3, 4, 24, 56);
-        assert_eq!(p.len(), 48);
+        assert_eq!(p.len(), 51);
         // Every jump lands inside the program, and the map loads carry
         // the descriptors.
         for (pc, insn) in p.iter().enumerate() {
@@ -633,9 +662,9 @@ mod tests {
             .map(|i| i.imm)
             .collect();
         assert_eq!(maps, vec![3, 4, 4]);
-        assert_eq!(p[38].off, 24);
-        assert_eq!(p[44].off, 56);
-        assert_eq!(p[47].code, EXIT);
+        assert_eq!(p[41].off, 24);
+        assert_eq!(p[47].off, 56);
+        assert_eq!(p[50].code, EXIT);
     }
 
     fn run(since: u64, tid: u32) -> Running {
@@ -712,7 +741,7 @@ mod tests {
                 return;
             }
         };
-        let mut val = [0u8; 24];
+        let mut val = [0u8; 32];
         assert!(lookup_u32_key(&b.cur, b.cpus[0], &mut val));
         // A thread that runs about half the time, in bursts.
         let (tx, rx) = std::sync::mpsc::channel();

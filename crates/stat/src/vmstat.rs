@@ -120,7 +120,8 @@ pub struct StatInterval {
     /// The legend, when it changed in this interval (always the first time).
     pub legend: Option<String>,
     /// Switch records the kernel dropped in this interval (sched_switch
-    /// source; the bpf source drops none).
+    /// source), or slices the eBPF program dropped because its map was
+    /// full (bpf source).
     pub lost: u64,
     /// Switch-outs after a lost switch-in from idle, whose slice is not
     /// counted (sched_switch source).
@@ -284,7 +285,7 @@ impl VmStat {
                     dt_ns,
                 );
                 s.prev_stat = stat;
-                (rows, dt, 0, changes)
+                (rows, dt, s.times.take_dropped(), changes)
             }
             Src::Switch(s) => {
                 let (mut times, dt, lost) = s.collect(interval)?;
