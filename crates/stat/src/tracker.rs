@@ -546,4 +546,45 @@ mod tests {
         );
         assert_eq!(d.legend(), "d0=host d3=a2 (pid 100) d4=c (pid 300)");
     }
+
+    #[test]
+    fn names_are_re_read_in_a_bounded_rolling_round() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for tid in 101..=110u32 {
+            let dir = root.join(format!("100/task/{tid}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("comm"), format!("CPU {tid}/KVM\n")).unwrap();
+        }
+        let mut d = VmTracker::new(&ProcRoot::new(root));
+        for tid in 101..=110u32 {
+            d.comms.insert((100, tid), format!("CPU {tid}/KVM"));
+        }
+        d.comm_keys = d.comms.keys().copied().collect();
+        d.comm_keys.sort_unstable();
+        let ago = |ms| Some(std::time::Instant::now() - std::time::Duration::from_millis(ms));
+        // 10 names, every one once per 2 s: half a second reads 2 of them.
+        d.last_names = ago(500);
+        assert!(!d.check_names());
+        assert_eq!(d.comm_cursor, 2);
+        assert_eq!(d.comm_reader.open_files(), 2);
+        // Too soon for a whole name: nothing read, the time is kept.
+        d.last_names = ago(100);
+        assert!(!d.check_names());
+        assert_eq!(d.comm_cursor, 2);
+        // A rename among the next two is found.
+        std::fs::write(root.join("100/task/104/comm"), "renamed\n").unwrap();
+        d.last_names = ago(500);
+        assert!(d.check_names());
+        assert_eq!(d.comm_cursor, 4);
+        // A long pause reads the round once, not more, and wraps.
+        d.last_names = ago(60_000);
+        d.check_names();
+        assert_eq!(d.comm_cursor, 4);
+        assert_eq!(d.comm_reader.open_files(), 10);
+        // With 5000 names the round takes 10 s: 1 s reads 500.
+        let n = 5000.0_f64;
+        let period = NAMES_EVERY.max(std::time::Duration::from_secs_f64(n / NAMES_PER_SEC));
+        assert_eq!(period.as_secs(), 10);
+    }
 }
