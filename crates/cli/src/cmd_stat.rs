@@ -35,6 +35,9 @@ pub enum SourceArg {
     SchedSwitch,
     /// /proc/PID/task/TID/schedstat and /proc/stat.
     Schedstat,
+    /// An eBPF program on sched:sched_switch that sums each task's run time
+    /// per CPU in the kernel (needs root; fails when it cannot load).
+    Bpf,
 }
 
 #[derive(Args)]
@@ -69,6 +72,7 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
         SourceArg::Auto => None,
         SourceArg::SchedSwitch => Some(Source::SchedSwitch),
         SourceArg::Schedstat => Some(Source::Schedstat),
+        SourceArg::Bpf => Some(Source::Bpf),
     };
     let mut stat = VmStat::new(VmStatOptions {
         proc_root: a.proc_root,

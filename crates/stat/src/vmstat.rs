@@ -2,10 +2,14 @@
 //! interval, the busy percentage and its split by VM vCPU (`dN-M`), by
 //! host work done for a VM (`dN-io`) and by other host work (`d0-CPU`).
 //!
-//! Two sources: exact times from the `sched:sched_switch` tracepoint rings
-//! ([`Source::SchedSwitch`]) or, when tracepoints are unavailable, each VM
-//! thread's `schedstat` placed on the CPU it last ran on with per-CPU
-//! totals from `/proc/stat` ([`Source::Schedstat`]).
+//! Three sources: each task's run time per CPU summed in the kernel by an
+//! eBPF program on `sched:sched_switch` ([`Source::Bpf`], drained once per
+//! interval: its cost follows how many tasks ran, not how many threads
+//! exist or how often they switch), exact times from the
+//! `sched:sched_switch` tracepoint rings ([`Source::SchedSwitch`]) or, when
+//! tracepoints are unavailable, each VM thread's `schedstat` placed on the
+//! CPU it last ran on with per-CPU totals from `/proc/stat`
+//! ([`Source::Schedstat`]).
 
 use crate::fit::{self, TidTimes};
 use crate::tracker::{Change, VmTracker};
@@ -21,6 +25,7 @@ use vmscope_linux::{clock_monotonic_ns, SchedSwitch, SchedSwitchRecorder};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Source {
+    Bpf,
     SchedSwitch,
     Schedstat,
 }
@@ -29,6 +34,9 @@ impl Source {
     /// The line the output header names the source with.
     pub fn describe(self) -> &'static str {
         match self {
+            Source::Bpf => {
+                "eBPF program on sched_switch summing each task's run time per CPU in the kernel (CPUs bounded by /proc/stat)"
+            }
             Source::SchedSwitch => {
                 "sched_switch tracepoint rings per CPU (slices; VM threads fitted to schedstat, CPUs bounded by /proc/stat)"
             }
@@ -39,6 +47,7 @@ impl Source {
     }
     pub fn as_str(self) -> &'static str {
         match self {
+            Source::Bpf => "bpf",
             Source::SchedSwitch => "sched_switch",
             Source::Schedstat => "schedstat",
         }
@@ -49,6 +58,7 @@ impl Source {
 pub struct VmStatOptions {
     pub proc_root: PathBuf,
     /// `None`: sched_switch, falling back to schedstat when it cannot open.
+    /// [`Source::Bpf`] is only used when asked for.
     pub source: Option<Source>,
 }
 
@@ -109,7 +119,9 @@ pub struct StatInterval {
     pub notes: Vec<String>,
     /// The legend, when it changed in this interval (always the first time).
     pub legend: Option<String>,
-    /// Switch records the kernel dropped in this interval.
+    /// Switch records the kernel dropped in this interval (sched_switch
+    /// source), or slices the eBPF program dropped because its map was
+    /// full (bpf source).
     pub lost: u64,
     /// Switch-outs after a lost switch-in from idle, whose slice is not
     /// counted (sched_switch source).
@@ -151,7 +163,16 @@ struct SchedSrc {
     at: Instant,
 }
 
+/// The eBPF source: per-(cpu, tid) times drained from the kernel.
+struct BpfSrc {
+    times: vmscope_linux::bpf_switch::BpfSwitchTimes,
+    prev_stat: Option<procfs::ProcStat>,
+    /// Running (ours − `/proc/stat`) busy ns per CPU.
+    drift: HashMap<u32, i64>,
+}
+
 enum Src {
+    Bpf(Box<BpfSrc>),
     Switch(Box<SwitchSrc>),
     Sched(Box<SchedSrc>),
 }
@@ -175,6 +196,11 @@ impl VmStat {
         let mut fallback_reason = None;
         let src = match opts.source {
             Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&proc, &domains)?)),
+            Some(Source::Bpf) => Src::Bpf(Box::new(BpfSrc {
+                times: vmscope_linux::bpf_switch::BpfSwitchTimes::open()?,
+                prev_stat: proc.cpu_times().ok(),
+                drift: HashMap::new(),
+            })),
             want => match open_switch(&proc) {
                 Ok(s) => Src::Switch(Box::new(s)),
                 Err(e) if want.is_none() => {
@@ -204,6 +230,7 @@ impl VmStat {
 
     pub fn source(&self) -> Source {
         match self.src {
+            Src::Bpf(_) => Source::Bpf,
             Src::Switch(_) => Source::SchedSwitch,
             Src::Sched(_) => Source::Schedstat,
         }
@@ -219,6 +246,7 @@ impl VmStat {
     /// are still fitted to each thread's `schedstat`.
     pub fn sample(&mut self) -> Result<StatInterval, StatError> {
         let elapsed = match &self.src {
+            Src::Bpf(s) => Duration::from_nanos(clock_monotonic_ns().saturating_sub(s.times.t0())),
             Src::Switch(s) => Duration::from_nanos(clock_monotonic_ns().saturating_sub(s.t0)),
             Src::Sched(_) => Duration::ZERO,
         };
@@ -230,6 +258,35 @@ impl VmStat {
         let before = self.domains.tid_map();
         let mut uncounted_slices = 0;
         let (rows, dt, lost, changes) = match &mut self.src {
+            Src::Bpf(s) => {
+                let until = s.times.t0() + interval.as_nanos() as u64;
+                let now = clock_monotonic_ns();
+                if until > now {
+                    std::thread::sleep(Duration::from_nanos(until - now));
+                }
+                let (mut times, t0, t1) = s.times.collect()?;
+                let changes = self.domains.refresh()?;
+                let mut map = before;
+                map.extend(self.domains.tid_map());
+                let stat = self.proc.cpu_times().ok();
+                let dt_ns = t1 - t0;
+                for cpu in stat.iter().flat_map(|st| st.cpus.iter().map(|c| c.0)) {
+                    times.entry((cpu, 0)).or_default();
+                }
+                let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
+                let busy = fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
+                let dt = dt_ns as f64 / 1e9;
+                let rows = switch_rows(&times, &map, dt);
+                track_drift(
+                    &mut s.drift,
+                    &busy,
+                    s.prev_stat.as_ref(),
+                    stat.as_ref(),
+                    dt_ns,
+                );
+                s.prev_stat = stat;
+                (rows, dt, s.times.take_dropped(), changes)
+            }
             Src::Switch(s) => {
                 let (mut times, dt, lost) = s.collect(interval)?;
                 uncounted_slices = s.missed;

@@ -1,0 +1,208 @@
+//! `stat --source bpf` (run time summed in the kernel by an eBPF program on
+//! sched_switch) against today's sources, live: a synthetic QEMU (the
+//! `fake_qemu` example of vmscope-stat) whose 4 vCPU threads each run
+//! about 10 % of a CPU; `stat --source bpf` and `stat --source
+//! sched-switch` run side by side over the same 3 s, and the VM's vCPU time
+//! of each is held to the vCPU threads' own `schedstat` over that window
+//! (within 5 points of one CPU), the agreement printed as numbers.
+//!
+//! Prints `SKIP: <reason>` without root or without BPF.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
+
+use vmscope_testkit::{is_root, skip};
+
+/// Kills (by its own pid) and reaps a child when dropped.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `fake_qemu` example, built on demand in the profile under test.
+fn fake_qemu() -> Result<PathBuf, String> {
+    let exe = PathBuf::from(VMSCOPE);
+    let bin = exe
+        .parent()
+        .map(|d| d.join("examples/fake_qemu"))
+        .ok_or("no target dir")?;
+    let release = exe
+        .parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == "release");
+    let st = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "vmscope-stat",
+            "--example",
+            "fake_qemu",
+        ])
+        .args(release.then_some("--release"))
+        .status()
+        .map_err(|e| format!("cargo build: {e}"))?;
+    if !st.success() || !bin.exists() {
+        return Err("could not build the fake_qemu example".into());
+    }
+    Ok(bin)
+}
+
+/// Summed run time of every thread of `pid` (ns).
+fn run_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The VM's vCPU percent of one CPU, averaged over the intervals after the
+/// first, from `stat --format json` output.
+fn vm_vcpu_pct(out: &str, name: &str) -> Option<f64> {
+    let mut domain = None;
+    let mut per_interval: Vec<(f64, f64)> = Vec::new();
+    for l in out.lines() {
+        let v: Value = serde_json::from_str(l).ok()?;
+        match v["type"].as_str() {
+            Some("legend") => {
+                let legend = v["legend"].as_str()?;
+                domain = legend.split(' ').find_map(|w| {
+                    let (d, n) = w.split_once('=')?;
+                    (n == name).then(|| d.trim_start_matches('d').parse::<u64>().ok())?
+                });
+            }
+            Some("cpu") => {
+                let t = v["time_s"].as_f64()?;
+                let pct: f64 = v["cells"]
+                    .as_array()?
+                    .iter()
+                    .filter(|c| c["domain"].as_u64() == domain && c["kind"].get("vcpu").is_some())
+                    .filter_map(|c| c["pct"].as_f64())
+                    .sum();
+                match per_interval.last_mut() {
+                    Some(last) if (last.0 - t).abs() < 1e-9 => last.1 += pct,
+                    _ => per_interval.push((t, pct)),
+                }
+            }
+            _ => {}
+        }
+    }
+    let rest = per_interval.get(1..)?;
+    (!rest.is_empty()).then(|| rest.iter().map(|p| p.1).sum::<f64>() / rest.len() as f64)
+}
+
+#[test]
+fn bpf_source_agrees_with_schedstat_and_sched_switch() {
+    if !is_root() {
+        skip("needs root for the eBPF program and the tracepoint");
+        return;
+    }
+    let probe = Command::new(VMSCOPE)
+        .args(["stat", "--source", "bpf", "-i", "50ms", "-n", "1"])
+        .output()
+        .unwrap();
+    if !probe.status.success() {
+        skip(&format!(
+            "eBPF source unavailable: {}",
+            String::from_utf8_lossy(&probe.stderr).trim()
+        ));
+        return;
+    }
+    let bin = match fake_qemu() {
+        Ok(b) => b,
+        Err(why) => {
+            skip(&why);
+            return;
+        }
+    };
+    let name = "statbpf";
+    let mut child = Command::new(&bin)
+        .args([
+            "--vcpus",
+            "4",
+            "--name",
+            name,
+            "--period-ms",
+            "18",
+            "--spin-us",
+            "2000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start fake_qemu");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let fake = Reap(child);
+    let pid: u32 = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .expect("fake_qemu ready line");
+    let spawn = |src: &str| {
+        Command::new(VMSCOPE)
+            .args([
+                "stat", "--source", src, "-i", "500ms", "-n", "7", "--format", "json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let bpf = spawn("bpf");
+    let sw = spawn("sched-switch");
+    // The window of the intervals after the first (both start within a
+    // few ms; the start-up is not in it).
+    std::thread::sleep(Duration::from_millis(650));
+    let r0 = run_ns(pid);
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(Duration::from_millis(3000));
+    let r1 = run_ns(pid);
+    let dt = t0.elapsed().as_secs_f64();
+    let bpf = bpf.wait_with_output().unwrap();
+    let sw = sw.wait_with_output().unwrap();
+    drop(fake);
+    assert!(
+        bpf.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bpf.stderr)
+    );
+    assert!(
+        sw.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sw.stderr)
+    );
+    let sched = 100.0 * (r1 - r0) as f64 / 1e9 / dt;
+    let b = vm_vcpu_pct(&String::from_utf8_lossy(&bpf.stdout), name).expect("bpf rows");
+    let s = vm_vcpu_pct(&String::from_utf8_lossy(&sw.stdout), name).expect("sched_switch rows");
+    eprintln!(
+        "VM vCPU time, % of one CPU: bpf {b:.1}, sched_switch {s:.1}, the threads' schedstat {sched:.1} \
+         (bpf - schedstat {:.1} points, bpf - sched_switch {:.1} points)",
+        b - sched,
+        b - s
+    );
+    assert!(
+        sched > 10.0,
+        "the synthetic vCPUs did not run: {sched:.1} %"
+    );
+    assert!(
+        (b - sched).abs() < 5.0,
+        "bpf {b:.1} % vs schedstat {sched:.1} %"
+    );
+    assert!((b - s).abs() < 5.0, "bpf {b:.1} % vs sched_switch {s:.1} %");
+}
