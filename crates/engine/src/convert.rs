@@ -8,6 +8,8 @@ use vmscope_model::{
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
+use crate::sample_cache::{RowAggregator, StackCache};
+
 /// Counters of what the converter saw.
 #[derive(Debug, Clone, Default)]
 pub struct ConverterStats {
@@ -53,6 +55,18 @@ pub struct Converter {
     /// kernel IPs that kallsyms cannot name (files from other machines).
     modules: Vec<(u64, u64, Arc<str>)>,
     unmonitored: std::collections::HashSet<Arc<str>>,
+    /// Leaf and stack of recent samples (crate::sample_cache).
+    stacks: StackCache,
+    /// Rows of `delta` not yet added to it, by string identity.
+    rows: RowAggregator,
+    /// Interned domain names: attribution allocates one per sample, and
+    /// `rows` aggregates by pointer.
+    domain_names: Vec<Arc<str>>,
+    /// Interned process names (some are made per sample: `swapper`, `:PID`).
+    process_names: std::collections::HashSet<Arc<str>, foldhash::fast::FixedState>,
+    /// Shared texts of rows: the empty stack or srcline, `[unmonitored]`.
+    empty: Arc<str>,
+    unmonitored_label: Arc<str>,
 }
 
 /// `[name]` for a kernel module map path, as perf shows it
@@ -87,6 +101,12 @@ impl Converter {
             guest_domains: Default::default(),
             modules: Vec::new(),
             unmonitored: Default::default(),
+            stacks: StackCache::default(),
+            rows: RowAggregator::default(),
+            domain_names: Vec::new(),
+            process_names: Default::default(),
+            empty: Arc::from(""),
+            unmonitored_label: Arc::from("[unmonitored]"),
         }
     }
 
@@ -106,7 +126,10 @@ impl Converter {
         self.default_guest_kallsyms = Some(text);
     }
 
+    /// The symbolizer, e.g. to add a VM's kallsyms: what it answers may
+    /// change, so cached stacks are dropped.
     pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
+        self.stacks.invalidate_all();
         &mut self.symbolizer
     }
 
@@ -116,6 +139,7 @@ impl Converter {
 
     /// Take what accumulated since the last call.
     pub fn take_delta(&mut self) -> Profile {
+        self.rows.drain_into(&mut self.delta);
         self.delta.take()
     }
 
@@ -138,9 +162,29 @@ impl Converter {
                 if let Some(name) = module_image(path) {
                     self.modules.push((start, start.saturating_add(len), name));
                     self.modules.sort_by_key(|m| m.0);
+                    self.stacks.invalidate_all();
                 }
             }
-            other => self.procs.apply(&other),
+            other => {
+                // Records that change an address space (what
+                // ProcessTable::apply acts on) retire its cached stacks.
+                match &other {
+                    Record::Mmap {
+                        pid,
+                        len,
+                        executable,
+                        ..
+                    } if *executable && *len > 0 => self.stacks.invalidate_pid(*pid),
+                    Record::Comm {
+                        pid, exec: true, ..
+                    } => self.stacks.invalidate_pid(*pid),
+                    Record::Fork { pid, ppid, tid, .. } if pid != ppid && pid == tid => {
+                        self.stacks.invalidate_pid(*pid);
+                    }
+                    _ => {}
+                }
+                self.procs.apply(&other);
+            }
         }
     }
 
@@ -222,7 +266,11 @@ impl Converter {
         let origin = *self.origin.get_or_insert(s.time);
 
         let leaf = self.procs.normalize(s.pid, s.ip, s.mode);
-        let attr = attribute(&self.threads, s.pid, s.tid, s.mode, &leaf.image);
+        let mut attr = attribute(&self.threads, s.pid, s.tid, s.mode, &leaf.image);
+        match self.domain_names.iter().find(|d| **d == attr.domain) {
+            Some(d) => attr.domain = d.clone(),
+            None => self.domain_names.push(attr.domain.clone()),
+        }
         if attr.context.is_guest() && !self.guest_domains.contains(&attr.domain) {
             self.guest_domains.insert(attr.domain.clone());
             if let Some(text) = &self.default_guest_kallsyms {
@@ -232,7 +280,7 @@ impl Converter {
             }
         }
         if self.unmonitored.contains(&attr.domain) {
-            let label: Arc<str> = "[unmonitored]".into();
+            let label = self.unmonitored_label.clone();
             *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
             self.delta
@@ -244,44 +292,33 @@ impl Converter {
                 process: label.clone(),
                 image: label.clone(),
                 symbol: label,
-                stack: "".into(),
-                srcline: "".into(),
+                stack: self.empty.clone(),
+                srcline: self.empty.clone(),
                 second,
                 cpu: s.cpu,
             };
-            self.delta.add(key, n, period);
+            self.rows.add(key, n, period);
             return;
         }
-        let resolved = self.resolve(&attr.domain, &leaf);
-        let stack: Arc<str> = if s.callchain.is_empty() {
-            Arc::from("")
-        } else {
-            self.frame_text.clear();
-            for (i, &(mode, ip)) in s.callchain.iter().enumerate() {
-                // Return addresses point after the call: look up ip-1 so the
-                // caller's own function is found (not the next one).
-                let addr = if i > 0 && !mode.is_kernel() {
-                    ip.saturating_sub(1)
-                } else {
-                    ip
-                };
-                let f = self.procs.normalize(s.pid, addr, mode);
-                let r = self.resolve(&attr.domain, &f);
-                // Functions inlined at this address go above it (leaf first
-                // here, reversed below).
-                if let Some(inl) = &r.inlined {
-                    self.frame_text.extend(inl.iter().rev().cloned());
-                }
-                self.frame_text.push(r.symbol);
+        let cached = self
+            .stacks
+            .get(&attr.domain, s.pid, s.mode, s.ip, &s.callchain);
+        let (resolved, stack) = match cached {
+            Ok(c) => (c.leaf, c.stack),
+            Err(miss) => {
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                self.stacks.insert(
+                    miss,
+                    &attr.domain,
+                    s.pid,
+                    s.mode,
+                    s.ip,
+                    &s.callchain,
+                    &resolved,
+                    &stack,
+                );
+                (resolved, stack)
             }
-            let mut text = String::with_capacity(self.frame_text.len() * 24);
-            for (i, f) in self.frame_text.iter().rev().enumerate() {
-                if i > 0 {
-                    text.push(';');
-                }
-                text.push_str(f);
-            }
-            text.into()
         };
         *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
         if attr.context.is_guest() {
@@ -298,12 +335,7 @@ impl Converter {
             event: s.event,
             domain: attr.domain,
             context: attr.context,
-            // The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a
-            // browser's `Compositor`), else its process's.
-            process: self
-                .procs
-                .thread_comm(s.tid)
-                .unwrap_or_else(|| self.procs.comm(s.pid, s.tid)),
+            process: self.process_name(s.pid, s.tid),
             image: resolved.image,
             symbol: resolved.symbol,
             stack,
@@ -311,6 +343,64 @@ impl Converter {
             second,
             cpu: s.cpu,
         };
-        self.delta.add(key, n, period);
+        self.rows.add(key, n, period);
+    }
+
+    /// The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a
+    /// browser's `Compositor`), else its process's; interned.
+    fn process_name(&mut self, pid: u32, tid: u32) -> Arc<str> {
+        let name = self
+            .procs
+            .thread_comm(tid)
+            .unwrap_or_else(|| self.procs.comm(pid, tid));
+        if let Some(n) = self.process_names.get(&name) {
+            return n.clone();
+        }
+        if self.process_names.len() >= 1 << 16 {
+            self.process_names.clear();
+        }
+        self.process_names.insert(name.clone());
+        name
+    }
+
+    /// The leaf's symbol and the collapsed stack (root first) of a sample.
+    fn resolve_stack(
+        &mut self,
+        domain: &str,
+        s: &SampleRecord,
+        leaf: &NormalizedFrame,
+    ) -> (Resolved, Arc<str>) {
+        let resolved = self.resolve(domain, leaf);
+        let stack: Arc<str> = if s.callchain.is_empty() {
+            self.empty.clone()
+        } else {
+            self.frame_text.clear();
+            for (i, &(mode, ip)) in s.callchain.iter().enumerate() {
+                // Return addresses point after the call: look up ip-1 so the
+                // caller's own function is found (not the next one).
+                let addr = if i > 0 && !mode.is_kernel() {
+                    ip.saturating_sub(1)
+                } else {
+                    ip
+                };
+                let f = self.procs.normalize(s.pid, addr, mode);
+                let r = self.resolve(domain, &f);
+                // Functions inlined at this address go above it (leaf first
+                // here, reversed below).
+                if let Some(inl) = &r.inlined {
+                    self.frame_text.extend(inl.iter().rev().cloned());
+                }
+                self.frame_text.push(r.symbol);
+            }
+            let mut text = String::with_capacity(self.frame_text.len() * 24);
+            for (i, f) in self.frame_text.iter().rev().enumerate() {
+                if i > 0 {
+                    text.push(';');
+                }
+                text.push_str(f);
+            }
+            text.into()
+        };
+        (resolved, stack)
     }
 }

@@ -59,8 +59,13 @@ pub struct ImportSummary {
     pub events: Vec<SessionEvent>,
 }
 
-/// Flush to the session every this many records (bounds memory).
-const FLUSH_EVERY: u64 = 500_000;
+/// Hand a delta to the store every this many records (bounds memory; a
+/// small last delta leaves little store work after conversion ends).
+const FLUSH_EVERY: u64 = 200_000;
+/// Records per batch from the reading thread to the converting one.
+const BATCH: usize = 4096;
+/// Batches in flight between them.
+const BATCHES_IN_FLIGHT: usize = 8;
 
 pub fn import(
     input: &ImportInput,
@@ -104,6 +109,88 @@ fn read_input(
     }
 }
 
+/// Read, convert and store on three threads: the perf.data reader hands
+/// batches of records to the converter (this thread), which hands profile
+/// deltas to the session writer; each waits for the next only when it has
+/// nothing to do. Returns what the file says about its recording. A reading
+/// error is reported before a store error, as it was the first to happen
+/// when both stop the import.
+fn convert_pipelined(
+    input: &ImportInput,
+    conv: &mut Converter,
+    writer: &mut SessionWriter,
+) -> Result<vmscope_perfdata::PerfDataInfo, EngineError> {
+    use std::sync::mpsc::sync_channel;
+    use vmscope_model::{Profile, Record};
+    let (rec_tx, rec_rx) = sync_channel::<Vec<Record>>(BATCHES_IN_FLIGHT);
+    let (delta_tx, delta_rx) = sync_channel::<Profile>(1);
+    let (read, stored) = std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("import-read".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Vec::with_capacity(BATCH);
+                // Once the converter is gone (it stopped on a store
+                // error), the rest of the file is only parsed.
+                let mut open = true;
+                let info = read_input(input, &mut |rec| {
+                    if !open {
+                        return;
+                    }
+                    batch.push(rec);
+                    if batch.len() >= BATCH {
+                        let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                        open = rec_tx.send(full).is_ok();
+                    }
+                });
+                if open && !batch.is_empty() {
+                    let _ = rec_tx.send(batch);
+                }
+                info
+            });
+        let store = std::thread::Builder::new()
+            .name("import-store".into())
+            .spawn_scoped(scope, move || {
+                for delta in delta_rx {
+                    writer.flush(&delta)?;
+                }
+                Ok::<(), vmscope_store::StoreError>(())
+            });
+        let (reader, store) = match (reader, store) {
+            (Ok(r), Ok(s)) => (r, s),
+            (Err(e), _) | (_, Err(e)) => {
+                return (
+                    Err(EngineError::Invalid(format!(
+                        "import: cannot start a thread: {e}"
+                    ))),
+                    Ok(()),
+                )
+            }
+        };
+        let mut n = 0u64;
+        'read: for batch in rec_rx {
+            for rec in batch {
+                conv.push(rec);
+                n += 1;
+                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta()).is_err() {
+                    break 'read;
+                }
+            }
+        }
+        let _ = delta_tx.send(conv.take_delta());
+        drop(delta_tx);
+        let stored = store
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let read = reader
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (read, stored)
+    });
+    let info = read?;
+    stored?;
+    Ok(info)
+}
+
 fn import_into(
     input: &ImportInput,
     writer: &mut SessionWriter,
@@ -120,21 +207,7 @@ fn import_into(
         })?;
         conv.set_default_guest_kallsyms(text);
     }
-    let mut n = 0u64;
-    let mut flush_err = None;
-    let info = read_input(input, &mut |rec| {
-        conv.push(rec);
-        n += 1;
-        if n.is_multiple_of(FLUSH_EVERY) && flush_err.is_none() {
-            if let Err(e) = writer.flush(&conv.take_delta()) {
-                flush_err = Some(e);
-            }
-        }
-    })?;
-    if let Some(e) = flush_err {
-        return Err(e.into());
-    }
-    writer.flush(&conv.take_delta())?;
+    let info = convert_pipelined(input, &mut conv, writer)?;
     writer.set_events(&info.events)?;
     let stats = conv.stats().clone();
     let duration = match (
