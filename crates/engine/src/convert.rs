@@ -8,7 +8,7 @@ use vmscope_model::{
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
-use crate::sample_cache::{RowAggregator, StackCache};
+use crate::sample_cache::{KeyedStacks, RowAggregator, RowId, StackCache};
 
 /// Counters of what the converter saw.
 #[derive(Debug, Clone, Default)]
@@ -57,13 +57,17 @@ pub struct Converter {
     unmonitored: std::collections::HashSet<Arc<str>>,
     /// Leaf and stack of recent samples (crate::sample_cache).
     stacks: StackCache,
+    /// Leaf and stack by the numbers import's reader gave samples.
+    keyed: KeyedStacks,
     /// Rows of `delta` not yet added to it, by string identity.
     rows: RowAggregator,
     /// Interned domain names: attribution allocates one per sample, and
     /// `rows` aggregates by pointer.
     domain_names: Vec<Arc<str>>,
-    /// Interned process names (some are made per sample: `swapper`, `:PID`).
-    process_names: std::collections::HashSet<Arc<str>, foldhash::fast::FixedState>,
+    /// Process names by (pid, tid), emptied by every COMM and FORK record:
+    /// one lookup per sample, and the same `Arc` for a thread's samples
+    /// (some names are made per call: `swapper`, `:PID`).
+    process_names: HashMap<u64, Arc<str>, foldhash::fast::FixedState>,
     /// Shared texts of rows: the empty stack or srcline, `[unmonitored]`.
     empty: Arc<str>,
     unmonitored_label: Arc<str>,
@@ -102,6 +106,7 @@ impl Converter {
             modules: Vec::new(),
             unmonitored: Default::default(),
             stacks: StackCache::default(),
+            keyed: KeyedStacks::default(),
             rows: RowAggregator::default(),
             domain_names: Vec::new(),
             process_names: Default::default(),
@@ -130,6 +135,7 @@ impl Converter {
     /// change, so cached stacks are dropped.
     pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
         self.stacks.invalidate_all();
+        self.keyed.clear();
         &mut self.symbolizer
     }
 
@@ -144,8 +150,14 @@ impl Converter {
     }
 
     pub fn push(&mut self, rec: Record) {
+        self.push_keyed(rec, None);
+    }
+
+    /// [`Converter::push`] with the number `sample_cache::StackKeys` gave a sample
+    /// (`None`: look its stack up by the chain itself).
+    pub(crate) fn push_keyed(&mut self, rec: Record, key: Option<u64>) {
         match rec {
-            Record::Sample(s) => self.sample(&s),
+            Record::Sample(s) => self.sample_weighted(&s, 1, s.period.max(1), key),
             Record::Lost { count, .. } => {
                 // Ring losses are shared by every event of that CPU's ring;
                 // they are booked on the first event.
@@ -162,26 +174,15 @@ impl Converter {
                 if let Some(name) = module_image(path) {
                     self.modules.push((start, start.saturating_add(len), name));
                     self.modules.sort_by_key(|m| m.0);
-                    self.stacks.invalidate_all();
                 }
+                self.stacks.observe(&rec);
             }
             other => {
                 // Records that change an address space (what
                 // ProcessTable::apply acts on) retire its cached stacks.
-                match &other {
-                    Record::Mmap {
-                        pid,
-                        len,
-                        executable,
-                        ..
-                    } if *executable && *len > 0 => self.stacks.invalidate_pid(*pid),
-                    Record::Comm {
-                        pid, exec: true, ..
-                    } => self.stacks.invalidate_pid(*pid),
-                    Record::Fork { pid, ppid, tid, .. } if pid != ppid && pid == tid => {
-                        self.stacks.invalidate_pid(*pid);
-                    }
-                    _ => {}
+                self.stacks.observe(&other);
+                if matches!(other, Record::Comm { .. } | Record::Fork { .. }) {
+                    self.process_names.clear();
                 }
                 self.procs.apply(&other);
             }
@@ -200,10 +201,6 @@ impl Converter {
             }
         }
         r
-    }
-
-    fn sample(&mut self, s: &SampleRecord) {
-        self.sample_weighted(s, 1, s.period.max(1));
     }
 
     /// Push a batch of records (one ring read). Samples that share event,
@@ -251,11 +248,11 @@ impl Converter {
 
     fn flush_batch(&mut self, pending: &mut HashMap<BatchKey, (SampleRecord, u64, u64)>) {
         for (_, (s, n, period)) in pending.drain() {
-            self.sample_weighted(&s, n, period);
+            self.sample_weighted(&s, n, period, None);
         }
     }
 
-    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64) {
+    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64, key: Option<u64>) {
         let st = &mut self.stats;
         st.samples += n;
         st.first_time = Some(st.first_time.map_or(s.time, |t| t.min(s.time)));
@@ -300,12 +297,66 @@ impl Converter {
             self.rows.add(key, n, period);
             return;
         }
-        let cached = self
-            .stacks
-            .get(&attr.domain, s.pid, s.mode, s.ip, &s.callchain);
+        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+        if attr.context.is_guest() {
+            *self
+                .stats
+                .guest_period
+                .entry((attr.domain.clone(), s.event))
+                .or_default() += period;
+        }
+        let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
+        self.delta
+            .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
+        let process = self.process_name(s.pid, s.tid);
+        // A numbered sample seen before adds to its row without building a
+        // key (each Arc clone is an atomic operation).
+        if let Some(e) = key.and_then(|k| self.keyed.get_ref(k, &attr.domain)) {
+            let id = RowId::new(
+                s.event,
+                second,
+                s.cpu,
+                attr.context,
+                [
+                    &attr.domain,
+                    &process,
+                    &e.leaf.image,
+                    &e.leaf.symbol,
+                    &e.stack,
+                    &e.leaf.srcline,
+                ],
+            );
+            self.rows.add_with(id, n, period, || AggKey {
+                event: s.event,
+                domain: attr.domain.clone(),
+                context: attr.context,
+                process: process.clone(),
+                image: e.leaf.image.clone(),
+                symbol: e.leaf.symbol.clone(),
+                stack: e.stack.clone(),
+                srcline: e.leaf.srcline.clone(),
+                second,
+                cpu: s.cpu,
+            });
+            return;
+        }
+        let cached = match key {
+            Some(_) => Err(None),
+            None => self
+                .stacks
+                .get(&attr.domain, s.pid, s.mode, s.ip, &s.callchain)
+                .map_err(Some),
+        };
         let (resolved, stack) = match cached {
             Ok(c) => (c.leaf, c.stack),
-            Err(miss) => {
+            Err(None) => {
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                if let Some(k) = key {
+                    self.keyed.insert(k, &attr.domain, &resolved, &stack);
+                }
+                (resolved, stack)
+            }
+            Err(Some(miss)) => {
                 let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
                 self.stacks.insert(
                     miss,
@@ -320,22 +371,11 @@ impl Converter {
                 (resolved, stack)
             }
         };
-        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
-        if attr.context.is_guest() {
-            *self
-                .stats
-                .guest_period
-                .entry((attr.domain.clone(), s.event))
-                .or_default() += period;
-        }
-        let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
-        self.delta
-            .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
         let key = AggKey {
             event: s.event,
             domain: attr.domain,
             context: attr.context,
-            process: self.process_name(s.pid, s.tid),
+            process,
             image: resolved.image,
             symbol: resolved.symbol,
             stack,
@@ -349,17 +389,18 @@ impl Converter {
     /// The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a
     /// browser's `Compositor`), else its process's; interned.
     fn process_name(&mut self, pid: u32, tid: u32) -> Arc<str> {
+        let id = u64::from(pid) << 32 | u64::from(tid);
+        if let Some(n) = self.process_names.get(&id) {
+            return n.clone();
+        }
         let name = self
             .procs
             .thread_comm(tid)
             .unwrap_or_else(|| self.procs.comm(pid, tid));
-        if let Some(n) = self.process_names.get(&name) {
-            return n.clone();
-        }
         if self.process_names.len() >= 1 << 16 {
             self.process_names.clear();
         }
-        self.process_names.insert(name.clone());
+        self.process_names.insert(id, name.clone());
         name
     }
 

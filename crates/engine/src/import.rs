@@ -3,6 +3,7 @@
 //! `TARGET.partial` and renamed into place only when complete, so a failed
 //! import leaves the target as it was and nothing that looks like a session.
 
+use crate::sample_cache::StackKeys;
 use crate::{Converter, EngineError};
 use std::io::{IsTerminal, Seek};
 use std::path::{Path, PathBuf};
@@ -61,7 +62,7 @@ pub struct ImportSummary {
 
 /// Hand a delta to the store every this many records (bounds memory; a
 /// small last delta leaves little store work after conversion ends).
-const FLUSH_EVERY: u64 = 200_000;
+const FLUSH_EVERY: u64 = 100_000;
 /// Records per batch from the reading thread to the converting one.
 const BATCH: usize = 4096;
 /// Batches in flight between them.
@@ -117,14 +118,14 @@ fn read_input(
 /// when both stop the import.
 fn convert_pipelined(
     input: &ImportInput,
-    conv: &mut Converter,
+    make_conv: impl FnOnce() -> Converter,
     writer: &mut SessionWriter,
-) -> Result<vmscope_perfdata::PerfDataInfo, EngineError> {
+) -> Result<(Converter, vmscope_perfdata::PerfDataInfo), EngineError> {
     use std::sync::mpsc::sync_channel;
     use vmscope_model::{Profile, Record};
-    let (rec_tx, rec_rx) = sync_channel::<Vec<Record>>(BATCHES_IN_FLIGHT);
+    let (rec_tx, rec_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT);
     let (delta_tx, delta_rx) = sync_channel::<Profile>(1);
-    let (read, stored) = std::thread::scope(|scope| {
+    let (conv, read, stored) = std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
             .name("import-read".into())
             .spawn_scoped(scope, move || {
@@ -132,11 +133,15 @@ fn convert_pipelined(
                 // Once the converter is gone (it stopped on a store
                 // error), the rest of the file is only parsed.
                 let mut open = true;
+                // Samples' stack keys are numbered here, where the chain
+                // is still in this CPU's cache (crate::sample_cache).
+                let mut keys = StackKeys::default();
                 let info = read_input(input, &mut |rec| {
                     if !open {
                         return;
                     }
-                    batch.push(rec);
+                    let key = keys.observe(&rec);
+                    batch.push((rec, key));
                     if batch.len() >= BATCH {
                         let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                         open = rec_tx.send(full).is_ok();
@@ -159,6 +164,7 @@ fn convert_pipelined(
             (Ok(r), Ok(s)) => (r, s),
             (Err(e), _) | (_, Err(e)) => {
                 return (
+                    None,
                     Err(EngineError::Invalid(format!(
                         "import: cannot start a thread: {e}"
                     ))),
@@ -166,10 +172,11 @@ fn convert_pipelined(
                 )
             }
         };
+        let mut conv = make_conv();
         let mut n = 0u64;
         'read: for batch in rec_rx {
-            for rec in batch {
-                conv.push(rec);
+            for (rec, key) in batch {
+                conv.push_keyed(rec, key);
                 n += 1;
                 if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta()).is_err() {
                     break 'read;
@@ -184,11 +191,12 @@ fn convert_pipelined(
         let read = reader
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        (read, stored)
+        (Some(conv), read, stored)
     });
     let info = read?;
     stored?;
-    Ok(info)
+    let conv = conv.ok_or_else(|| EngineError::Invalid("import: no converter".into()))?;
+    Ok((conv, info))
 }
 
 fn import_into(
@@ -196,18 +204,28 @@ fn import_into(
     writer: &mut SessionWriter,
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
-    let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-    let mut conv = Converter::new(symbolizer, opts.threads.clone());
-    if let Some(p) = &opts.guest_kallsyms {
-        // Parse once here so a bad file is an error naming it.
-        Kallsyms::from_path(p)?;
-        let text = std::fs::read_to_string(p).map_err(|source| EngineError::Io {
-            path: p.clone(),
-            source,
-        })?;
-        conv.set_default_guest_kallsyms(text);
-    }
-    let info = convert_pipelined(input, &mut conv, writer)?;
+    let guest_kallsyms = match &opts.guest_kallsyms {
+        Some(p) => {
+            // Parse once here so a bad file is an error naming it.
+            Kallsyms::from_path(p)?;
+            let text = std::fs::read_to_string(p).map_err(|source| EngineError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            Some(text)
+        }
+        None => None,
+    };
+    // The host's kallsyms load while the reader starts on the file.
+    let make_conv = || {
+        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        let mut conv = Converter::new(symbolizer, opts.threads.clone());
+        if let Some(text) = guest_kallsyms {
+            conv.set_default_guest_kallsyms(text);
+        }
+        conv
+    };
+    let (mut conv, info) = convert_pipelined(input, make_conv, writer)?;
     writer.set_events(&info.events)?;
     let stats = conv.stats().clone();
     let duration = match (

@@ -9,6 +9,12 @@
 //!   process) moves that pid to a new generation, and kernel module maps move
 //!   every pid (the `kernel` generation); entries of older generations are
 //!   never answered.
+//! - [`StackKeys`]: the same key turned into a number on the thread that
+//!   reads the records (import), where the call chain was just written and
+//!   is still in that CPU's cache; the converter then finds the sample's
+//!   leaf and stack by that number alone ([`KeyedStacks`]) without reading
+//!   the chain again on its own CPU. A key's number changes with the pid's
+//!   generation, so a number stands for one address space for good.
 //! - [`RowAggregator`]: aggregation of rows by the identity of their
 //!   interned strings (pointers) instead of their text. `Profile::add`
 //!   hashes the whole key, stack text included (about a kilobyte with deep
@@ -23,9 +29,9 @@
 
 use foldhash::fast::FixedState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
-use vmscope_model::{AggKey, CpuMode, Profile};
+use vmscope_model::{AggKey, CpuMode, Profile, Record};
 use vmscope_symbols::Resolved;
 
 type FastMap<K, V> = HashMap<K, V, FixedState>;
@@ -50,39 +56,101 @@ pub(crate) struct CachedStack {
     pub stack: Arc<str>,
 }
 
+/// Address-space generations by pid, moved by the records that change an
+/// address space (see [`Generations::observe`]).
+#[derive(Default)]
+pub(crate) struct Generations {
+    /// Generation by pid (absent: 0).
+    by_pid: FastMap<u32, u64>,
+    /// Last generation handed out.
+    epoch: u64,
+    /// Generation of the kernel's module maps (part of every pid's).
+    kernel: u64,
+}
+
+impl Generations {
+    /// `pid`'s mappings changed.
+    pub fn bump_pid(&mut self, pid: u32) {
+        self.epoch += 1;
+        self.by_pid.insert(pid, self.epoch);
+    }
+
+    /// The kernel's module maps (or anything every process sees) changed.
+    pub fn bump_all(&mut self) {
+        self.epoch += 1;
+        self.kernel = self.epoch;
+    }
+
+    /// Move generations for a non-sample record: what
+    /// `ProcessTable::apply` acts on (exec mmaps, exec comms, forks into a
+    /// new process) and kernel mmaps (module ranges). Returns true when it
+    /// was a kernel mapping (every pid moved).
+    pub fn observe(&mut self, rec: &Record) -> bool {
+        match rec {
+            Record::Mmap { pid: u32::MAX, .. } => {
+                self.bump_all();
+                true
+            }
+            Record::Mmap {
+                pid,
+                len,
+                executable,
+                ..
+            } if *executable && *len > 0 => {
+                self.bump_pid(*pid);
+                false
+            }
+            Record::Comm {
+                pid, exec: true, ..
+            } => {
+                self.bump_pid(*pid);
+                false
+            }
+            Record::Fork { pid, ppid, tid, .. } if pid != ppid && pid == tid => {
+                self.bump_pid(*pid);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    pub fn of(&self, pid: u32) -> u64 {
+        // Both parts only grow, so their sum identifies the pair's state.
+        self.by_pid.get(&pid).copied().unwrap_or(0) + self.kernel
+    }
+}
+
 /// The leaf and stack of recently seen samples; see the module docs.
 #[derive(Default)]
 pub(crate) struct StackCache {
     /// By the hash of the key; a different key under the same hash is a
     /// miss and is replaced.
     entries: FastMap<u64, StackEntry>,
-    /// Address-space generation by pid (absent: 0).
-    generations: FastMap<u32, u64>,
-    /// Last generation handed out.
-    epoch: u64,
-    /// Generation of the kernel's module maps (part of every key).
-    kernel: u64,
+    generations: Generations,
 }
 
 impl StackCache {
-    /// `pid`'s mappings changed: its older entries no longer answer.
-    pub fn invalidate_pid(&mut self, pid: u32) {
-        self.epoch += 1;
-        self.generations.insert(pid, self.epoch);
+    /// Move generations for a non-sample record ([`Generations::observe`]).
+    pub fn observe(&mut self, rec: &Record) {
+        if self.generations.observe(rec) {
+            self.entries.clear();
+        }
     }
 
-    /// The kernel's module maps (or anything every process sees) changed.
+    /// Forget everything (the symbolizer may answer differently now).
     pub fn invalidate_all(&mut self) {
-        self.epoch += 1;
-        self.kernel = self.epoch;
+        self.generations.bump_all();
         self.entries.clear();
     }
 
     fn generation(&self, pid: u32) -> u64 {
-        // Both parts only grow, so their sum identifies the pair's state.
-        self.generations.get(&pid).copied().unwrap_or(0) + self.kernel
+        self.generations.of(pid)
     }
 
+    /// A hash of the key for the map, folding the call chain one
+    /// multiply per frame (the `Hash` impls of the tuples cost several
+    /// hasher calls per frame, per sample); entries are compared in full, so
+    /// a collision is only a miss.
     fn hash(
         domain: &str,
         pid: u32,
@@ -91,18 +159,17 @@ impl StackCache {
         ip: u64,
         chain: &[(CpuMode, u64)],
     ) -> u64 {
-        let mut h = FixedState::default().build_hasher();
-        domain.hash(&mut h);
-        pid.hash(&mut h);
-        generation.hash(&mut h);
-        mode.hash(&mut h);
-        ip.hash(&mut h);
-        chain.len().hash(&mut h);
-        for (m, a) in chain {
-            m.hash(&mut h);
-            a.hash(&mut h);
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let fold = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
+        let mut h = FixedState::default().hash_one(domain);
+        h = fold(h, u64::from(pid) | (mode as u64) << 32);
+        h = fold(h, generation);
+        h = fold(h, ip);
+        for &(m, a) in chain {
+            h = fold(h, a ^ (m as u64) << 59);
         }
-        h.finish()
+        // The low bits pick the bucket: mix the high ones in.
+        h ^ (h >> 29)
     }
 
     /// The cached leaf and stack of this sample, if any. Returns the key's
@@ -168,9 +235,107 @@ impl StackCache {
     }
 }
 
+struct KeyEntry {
+    pid: u32,
+    generation: u64,
+    mode: CpuMode,
+    ip: u64,
+    chain: Box<[(CpuMode, u64)]>,
+    number: u64,
+}
+
+/// Numbers for sample keys, made where records are read; see the module
+/// docs. Fed every record in stream order.
+#[derive(Default)]
+pub(crate) struct StackKeys {
+    entries: FastMap<u64, KeyEntry>,
+    generations: Generations,
+    next: u64,
+}
+
+impl StackKeys {
+    /// The number of a sample's key; other records move generations and
+    /// get none.
+    pub fn observe(&mut self, rec: &Record) -> Option<u64> {
+        let Record::Sample(s) = rec else {
+            if self.generations.observe(rec) {
+                self.entries.clear();
+            }
+            return None;
+        };
+        let generation = self.generations.of(s.pid);
+        // The domain is the converter's part of the key.
+        let h = StackCache::hash("", s.pid, generation, s.mode, s.ip, &s.callchain);
+        if let Some(e) = self.entries.get(&h) {
+            if e.pid == s.pid
+                && e.generation == generation
+                && e.mode == s.mode
+                && e.ip == s.ip
+                && *e.chain == *s.callchain
+            {
+                return Some(e.number);
+            }
+        }
+        if self.entries.len() >= STACK_CACHE_LIMIT {
+            self.entries.clear();
+        }
+        self.next += 1;
+        self.entries.insert(
+            h,
+            KeyEntry {
+                pid: s.pid,
+                generation,
+                mode: s.mode,
+                ip: s.ip,
+                chain: s.callchain.as_slice().into(),
+                number: self.next,
+            },
+        );
+        Some(self.next)
+    }
+}
+
+pub(crate) struct KeyedEntry {
+    domain: Arc<str>,
+    pub leaf: Resolved,
+    pub stack: Arc<str>,
+}
+
+/// Leaf and stack by key number ([`StackKeys`]) and domain.
+#[derive(Default)]
+pub(crate) struct KeyedStacks {
+    entries: FastMap<u64, KeyedEntry>,
+}
+
+impl KeyedStacks {
+    /// `domain` is interned: compared by pointer.
+    pub fn get_ref(&self, number: u64, domain: &Arc<str>) -> Option<&KeyedEntry> {
+        let e = self.entries.get(&number)?;
+        Arc::ptr_eq(&e.domain, domain).then_some(e)
+    }
+
+    pub fn insert(&mut self, number: u64, domain: &Arc<str>, leaf: &Resolved, stack: &Arc<str>) {
+        if self.entries.len() >= STACK_CACHE_LIMIT {
+            self.entries.clear();
+        }
+        self.entries.insert(
+            number,
+            KeyedEntry {
+                domain: domain.clone(),
+                leaf: leaf.clone(),
+                stack: stack.clone(),
+            },
+        );
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
 /// A row's key by the identity of its strings.
 #[derive(PartialEq, Eq, Hash)]
-struct RowId {
+pub(crate) struct RowId {
     event: u32,
     second: u32,
     cpu: u32,
@@ -179,22 +344,34 @@ struct RowId {
 }
 
 impl RowId {
-    fn of(k: &AggKey) -> RowId {
-        let p = |s: &Arc<str>| Arc::as_ptr(s).cast::<u8>() as usize;
+    /// From a key's parts; `strings` in [`AggKey`]'s order: domain,
+    /// process, image, symbol, stack, srcline.
+    pub fn new(
+        event: u32,
+        second: u32,
+        cpu: u32,
+        context: vmscope_model::Context,
+        strings: [&Arc<str>; 6],
+    ) -> RowId {
         RowId {
-            event: k.event,
-            second: k.second,
-            cpu: k.cpu,
-            context: k.context,
-            strings: [
-                p(&k.domain),
-                p(&k.process),
-                p(&k.image),
-                p(&k.symbol),
-                p(&k.stack),
-                p(&k.srcline),
-            ],
+            event,
+            second,
+            cpu,
+            context,
+            strings: strings.map(|s| Arc::as_ptr(s).cast::<u8>() as usize),
         }
+    }
+
+    fn of(k: &AggKey) -> RowId {
+        RowId::new(
+            k.event,
+            k.second,
+            k.cpu,
+            k.context,
+            [
+                &k.domain, &k.process, &k.image, &k.symbol, &k.stack, &k.srcline,
+            ],
+        )
     }
 }
 
@@ -206,20 +383,27 @@ pub(crate) struct RowAggregator {
 
 impl RowAggregator {
     pub fn add(&mut self, key: AggKey, samples: u64, period: u64) {
-        match self.rows.entry(RowId::of(&key)) {
+        self.add_with(RowId::of(&key), samples, period, || key);
+    }
+
+    /// [`RowAggregator::add`] for a row known by its id; `key` makes its
+    /// key when the row is new. The id must be that of the key.
+    pub fn add_with(&mut self, id: RowId, samples: u64, period: u64, key: impl FnOnce() -> AggKey) {
+        match self.rows.entry(id) {
             std::collections::hash_map::Entry::Occupied(mut e) => {
                 let v = e.get_mut();
                 v.1 += samples;
                 v.2 += period;
             }
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert((key, samples, period));
+                e.insert((key(), samples, period));
             }
         }
     }
 
     /// Move every row into `delta`.
     pub fn drain_into(&mut self, delta: &mut Profile) {
+        delta.rows.reserve(self.rows.len());
         for (_, (key, samples, period)) in self.rows.drain() {
             delta.add(key, samples, period);
         }
@@ -264,6 +448,88 @@ mod tests {
         assert_eq!(p.total_samples, 15);
     }
 
+    fn exec_mmap(pid: u32) -> Record {
+        Record::Mmap {
+            pid,
+            tid: pid,
+            start: 0x1000,
+            len: 0x1000,
+            pgoff: 0,
+            path: "/bin/x".into(),
+            build_id: None,
+            executable: true,
+            time: 0,
+        }
+    }
+
+    fn sample(pid: u32, chain: &[(CpuMode, u64)]) -> Record {
+        Record::Sample(vmscope_model::SampleRecord {
+            event: 0,
+            ip: chain[0].1,
+            pid,
+            tid: pid,
+            cpu: 0,
+            time: 0,
+            mode: CpuMode::User,
+            period: 1,
+            callchain: chain.to_vec(),
+        })
+    }
+
+    #[test]
+    fn key_numbers_change_with_the_address_space() {
+        let mut k = StackKeys::default();
+        let chain = [(CpuMode::User, 0x10), (CpuMode::User, 0x20)];
+        let a = k.observe(&sample(1, &chain)).unwrap();
+        assert_eq!(k.observe(&sample(1, &chain)), Some(a));
+        let b = k.observe(&sample(1, &chain[..1])).unwrap();
+        let c = k.observe(&sample(2, &chain)).unwrap();
+        assert!(a != b && b != c && a != c);
+        // Non-samples get no number; another pid's mmap keeps pid 1's.
+        assert_eq!(k.observe(&exec_mmap(2)), None);
+        assert_eq!(k.observe(&sample(1, &chain)), Some(a));
+        assert_ne!(k.observe(&sample(2, &chain)), Some(c));
+        // Its own mmap, exec or a kernel map renumbers it.
+        k.observe(&exec_mmap(1));
+        let a2 = k.observe(&sample(1, &chain)).unwrap();
+        assert_ne!(a2, a);
+        k.observe(&Record::Comm {
+            pid: 1,
+            tid: 1,
+            comm: "x".into(),
+            exec: true,
+            time: 0,
+        });
+        let a3 = k.observe(&sample(1, &chain)).unwrap();
+        assert_ne!(a3, a2);
+        let Record::Mmap {
+            tid,
+            start,
+            len,
+            pgoff,
+            path,
+            build_id,
+            executable,
+            time,
+            ..
+        } = exec_mmap(0)
+        else {
+            unreachable!()
+        };
+        k.observe(&Record::Mmap {
+            pid: u32::MAX,
+            tid,
+            start,
+            len,
+            pgoff,
+            path,
+            build_id,
+            executable,
+            time,
+        });
+        assert_ne!(k.observe(&sample(1, &chain)), Some(a3));
+    }
+
     #[test]
     fn stack_entries_follow_generations() {
         let mut c = StackCache::default();
@@ -280,9 +546,9 @@ mod tests {
         assert!(c.get(&d, 2, CpuMode::User, 0x10, &chain).is_err());
         assert!(c.get("vm1", 1, CpuMode::User, 0x10, &chain).is_err());
         // Another pid's new mapping keeps it; its own drops it.
-        c.invalidate_pid(2);
+        c.observe(&exec_mmap(2));
         assert!(c.get(&d, 1, CpuMode::User, 0x10, &chain).is_ok());
-        c.invalidate_pid(1);
+        c.observe(&exec_mmap(1));
         assert!(c.get(&d, 1, CpuMode::User, 0x10, &chain).is_err());
         let miss = c.get(&d, 1, CpuMode::User, 0x10, &chain).err().unwrap();
         c.insert(miss, &d, 1, CpuMode::User, 0x10, &chain, &leaf, &stack);

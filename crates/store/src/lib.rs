@@ -352,7 +352,7 @@ pub struct BenchSampleRow {
 pub struct SessionWriter {
     conn: Connection,
     path: PathBuf,
-    stack_ids: HashMap<Arc<str>, i64>,
+    stack_ids: HashMap<Arc<str>, i64, vmscope_model::ProfileHasher>,
 }
 
 impl SessionWriter {
@@ -396,7 +396,7 @@ impl SessionWriter {
         let w = SessionWriter {
             conn,
             path: path.to_path_buf(),
-            stack_ids: HashMap::new(),
+            stack_ids: HashMap::default(),
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -557,10 +557,35 @@ impl SessionWriter {
 
     fn flush_inner(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
         let path = self.path.clone();
-        let mut stacks = Vec::with_capacity(delta.rows.len());
-        for key in delta.rows.keys() {
-            stacks.push(self.stack_id(&key.stack)?);
+        let mut rows = Vec::with_capacity(delta.rows.len());
+        for (key, c) in &delta.rows {
+            rows.push((key, c, self.stack_id(&key.stack)?));
         }
+        // In the table's key order: each insert then lands on the page the
+        // previous one left in the cache (and SQLite's balancing appends),
+        // instead of a random page of a B-tree larger than the cache.
+        rows.sort_unstable_by(|(a, _, sa), (b, _, sb)| {
+            (
+                a.event,
+                &a.domain,
+                a.context.as_str(),
+                &a.process,
+                &a.image,
+                &a.symbol,
+            )
+                .cmp(&(
+                    b.event,
+                    &b.domain,
+                    b.context.as_str(),
+                    &b.process,
+                    &b.image,
+                    &b.symbol,
+                ))
+                .then_with(|| sa.cmp(sb))
+                .then_with(|| a.srcline.cmp(&b.srcline))
+                .then_with(|| slice_column(a.second).cmp(&slice_column(b.second)))
+                .then_with(|| slice_column(a.cpu).cmp(&slice_column(b.cpu)))
+        });
         {
             let mut st = self
                 .conn
@@ -571,7 +596,7 @@ impl SessionWriter {
                      DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period"
                 ))
                 .map_err(sql_err(&path))?;
-            for ((k, c), stack) in delta.rows.iter().zip(stacks) {
+            for (k, c, stack) in rows {
                 // Agents name their guest's kernel and modules as any Linux
                 // does; stored apart from the host's (docs/architecture.md §4).
                 let image = if table == "agent_samples" {
