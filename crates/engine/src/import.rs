@@ -74,6 +74,8 @@ pub fn import(
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
     let mut writer = output.create_writer()?;
+    // A partial file, renamed into place only when complete.
+    writer.bulk_load()?;
     let mut s = import_into(input, &mut writer, opts)?;
     s.output = output.commit(writer, true)?;
     Ok(s)

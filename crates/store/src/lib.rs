@@ -353,6 +353,8 @@ pub struct SessionWriter {
     conn: Connection,
     path: PathBuf,
     stack_ids: HashMap<Arc<str>, i64, vmscope_model::ProfileHasher>,
+    /// [`SessionWriter::bulk_load`] is on.
+    bulk: bool,
 }
 
 impl SessionWriter {
@@ -397,6 +399,7 @@ impl SessionWriter {
             conn,
             path: path.to_path_buf(),
             stack_ids: HashMap::default(),
+            bulk: false,
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -483,6 +486,23 @@ impl SessionWriter {
             .map_err(sql_err(&self.path))?;
         self.stack_ids.insert(stack.clone(), id);
         Ok(id)
+    }
+
+    /// For a file that nobody reads before it is complete and that is
+    /// discarded if the writer fails (an import's partial file, see
+    /// [`output::SessionOutput`]): write pages once, in place, with the
+    /// rollback journal in memory and no syncs, instead of through the WAL
+    /// and its checkpoints (every page written twice). [`SessionWriter::close`]
+    /// puts the WAL back; the caller syncs the file
+    /// ([`output::SessionOutput::commit`] does).
+    pub fn bulk_load(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        self.conn
+            .query_row("PRAGMA journal_mode=MEMORY", [], |_| Ok(()))
+            .and_then(|()| self.conn.pragma_update(None, "synchronous", "OFF"))
+            .map_err(sql_err(&path))?;
+        self.bulk = true;
+        Ok(())
     }
 
     /// Add a delta profile (host measurements) to the session, in one transaction.
@@ -709,6 +729,16 @@ impl SessionWriter {
     pub fn close(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
         let path = self.path.clone();
+        if self.bulk {
+            // Back to the journal every session has (readers expect WAL).
+            self.conn
+                .pragma_update(None, "synchronous", "NORMAL")
+                .and_then(|()| {
+                    self.conn
+                        .query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+                })
+                .map_err(sql_err(&path))?;
+        }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             // (busy, frames in the log, frames checkpointed)
