@@ -19,7 +19,7 @@ pub struct ConverterStats {
     pub first_time: Option<u64>,
     pub last_time: Option<u64>,
     /// Samples per (domain) for the session's domain list.
-    pub domains: HashMap<Arc<str>, u64>,
+    pub domains: HashMap<Arc<str>, u64, vmscope_model::ProfileHasher>,
     /// Guest time the host measured per (VM, event): sum of periods of its
     /// guest, guest-user and guest-kernel samples.
     pub guest_period: HashMap<(Arc<str>, u32), u64>,
@@ -264,7 +264,11 @@ impl Converter {
 
         let leaf = self.procs.normalize(s.pid, s.ip, s.mode);
         let mut attr = attribute(&self.threads, s.pid, s.tid, s.mode, &leaf.image);
-        match self.domain_names.iter().find(|d| **d == attr.domain) {
+        match self
+            .domain_names
+            .iter()
+            .find(|d| d.len() == attr.domain.len() && **d == attr.domain)
+        {
             Some(d) => attr.domain = d.clone(),
             None => self.domain_names.push(attr.domain.clone()),
         }
@@ -276,7 +280,7 @@ impl Converter {
                 }
             }
         }
-        if self.unmonitored.contains(&attr.domain) {
+        if !self.unmonitored.is_empty() && self.unmonitored.contains(&attr.domain) {
             let label = self.unmonitored_label.clone();
             *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;

@@ -301,34 +301,50 @@ pub(crate) struct KeyedEntry {
     pub stack: Arc<str>,
 }
 
-/// Leaf and stack by key number ([`StackKeys`]) and domain.
+/// Leaf and stack by key number ([`StackKeys`]) and domain. Numbers are
+/// handed out in order and first seen here in that order, so entries sit in
+/// a vector at `number - base`: one memory access per sample instead of a
+/// hash table's probe.
 #[derive(Default)]
 pub(crate) struct KeyedStacks {
-    entries: FastMap<u64, KeyedEntry>,
+    entries: Vec<Option<KeyedEntry>>,
+    /// Number of `entries[0]`.
+    base: u64,
 }
 
 impl KeyedStacks {
     /// `domain` is interned: compared by pointer.
     pub fn get_ref(&self, number: u64, domain: &Arc<str>) -> Option<&KeyedEntry> {
-        let e = self.entries.get(&number)?;
+        let i = usize::try_from(number.checked_sub(self.base)?).ok()?;
+        let e = self.entries.get(i)?.as_ref()?;
         Arc::ptr_eq(&e.domain, domain).then_some(e)
     }
 
     pub fn insert(&mut self, number: u64, domain: &Arc<str>, leaf: &Resolved, stack: &Arc<str>) {
-        if self.entries.len() >= STACK_CACHE_LIMIT {
+        let Some(i) = number
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            // Older than the last reset: resolved again when it recurs.
+            return;
+        };
+        if i >= STACK_CACHE_LIMIT {
             self.entries.clear();
+            self.base = number;
+            return self.insert(number, domain, leaf, stack);
         }
-        self.entries.insert(
-            number,
-            KeyedEntry {
-                domain: domain.clone(),
-                leaf: leaf.clone(),
-                stack: stack.clone(),
-            },
-        );
+        if i >= self.entries.len() {
+            self.entries.resize_with(i + 1, || None);
+        }
+        self.entries[i] = Some(KeyedEntry {
+            domain: domain.clone(),
+            leaf: leaf.clone(),
+            stack: stack.clone(),
+        });
     }
 
     pub fn clear(&mut self) {
+        self.base += self.entries.len() as u64;
         self.entries.clear();
     }
 }
@@ -528,6 +544,35 @@ mod tests {
             time,
         });
         assert_ne!(k.observe(&sample(1, &chain)), Some(a3));
+    }
+
+    #[test]
+    fn keyed_entries_by_number_and_domain() {
+        let mut k = KeyedStacks::default();
+        let host: Arc<str> = "host".into();
+        let vm: Arc<str> = "vm1".into();
+        let leaf = Resolved::named("/bin/p".into(), "f".into());
+        let stack: Arc<str> = "g;f".into();
+        k.insert(1, &host, &leaf, &stack);
+        k.insert(3, &host, &leaf, &stack);
+        assert!(k.get_ref(1, &host).is_some());
+        assert!(k.get_ref(2, &host).is_none());
+        assert!(k.get_ref(3, &host).is_some());
+        assert!(k.get_ref(4, &host).is_none());
+        // Another domain, or an equal text behind another pointer, misses.
+        assert!(k.get_ref(1, &vm).is_none());
+        assert!(k.get_ref(1, &Arc::from("host")).is_none());
+        k.clear();
+        assert!(k.get_ref(1, &host).is_none());
+        k.insert(1, &host, &leaf, &stack);
+        assert!(k.get_ref(1, &host).is_none());
+        k.insert(5, &host, &leaf, &stack);
+        assert!(k.get_ref(5, &host).is_some());
+        // Past the limit the window moves on.
+        let far = 5 + STACK_CACHE_LIMIT as u64;
+        k.insert(far, &host, &leaf, &stack);
+        assert!(k.get_ref(far, &host).is_some());
+        assert!(k.get_ref(5, &host).is_none());
     }
 
     #[test]
