@@ -38,6 +38,15 @@ struct BatchKey {
     chain: Vec<(CpuMode, u64)>,
 }
 
+/// Rows of a delta not yet added to its [`Profile`].
+pub(crate) struct PendingRows(RowAggregator);
+
+impl PendingRows {
+    pub fn add_to(mut self, delta: &mut Profile) {
+        self.0.drain_into(delta);
+    }
+}
+
 /// Turns a record stream into profile deltas.
 pub struct Converter {
     procs: ProcessTable,
@@ -147,6 +156,12 @@ impl Converter {
     pub fn take_delta(&mut self) -> Profile {
         self.rows.drain_into(&mut self.delta);
         self.delta.take()
+    }
+
+    /// [`Converter::take_delta`] with the rows still apart: the caller adds
+    /// them with [`PendingRows::add_to`], e.g. on another thread (import).
+    pub(crate) fn take_delta_parts(&mut self) -> (Profile, PendingRows) {
+        (self.delta.take(), PendingRows(self.rows.take()))
     }
 
     pub fn push(&mut self, rec: Record) {

@@ -3,6 +3,7 @@
 //! `TARGET.partial` and renamed into place only when complete, so a failed
 //! import leaves the target as it was and nothing that looks like a session.
 
+use crate::convert::PendingRows;
 use crate::sample_cache::StackKeys;
 use crate::{Converter, EngineError};
 use std::io::{IsTerminal, Seek};
@@ -126,7 +127,9 @@ fn convert_pipelined(
     use std::sync::mpsc::sync_channel;
     use vmscope_model::{Profile, Record};
     let (rec_tx, rec_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT);
-    let (delta_tx, delta_rx) = sync_channel::<Profile>(1);
+    // Rows are added to their delta on the store's thread (the converter's
+    // is the busiest).
+    let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
     let (conv, read, stored) = std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
             .name("import-read".into())
@@ -157,7 +160,8 @@ fn convert_pipelined(
         let store = std::thread::Builder::new()
             .name("import-store".into())
             .spawn_scoped(scope, move || {
-                for delta in delta_rx {
+                for (mut delta, rows) in delta_rx {
+                    rows.add_to(&mut delta);
                     writer.flush(&delta)?;
                 }
                 Ok::<(), vmscope_store::StoreError>(())
@@ -180,12 +184,13 @@ fn convert_pipelined(
             for (rec, key) in batch {
                 conv.push_keyed(rec, key);
                 n += 1;
-                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta()).is_err() {
+                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta_parts()).is_err()
+                {
                     break 'read;
                 }
             }
         }
-        let _ = delta_tx.send(conv.take_delta());
+        let _ = delta_tx.send(conv.take_delta_parts());
         drop(delta_tx);
         let stored = store
             .join()

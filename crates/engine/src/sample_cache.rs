@@ -417,6 +417,11 @@ impl RowAggregator {
         }
     }
 
+    /// Everything, leaving this empty.
+    pub fn take(&mut self) -> RowAggregator {
+        std::mem::take(self)
+    }
+
     /// Move every row into `delta`.
     pub fn drain_into(&mut self, delta: &mut Profile) {
         delta.rows.reserve(self.rows.len());
