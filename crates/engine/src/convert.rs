@@ -165,41 +165,44 @@ impl Converter {
     }
 
     pub fn push(&mut self, rec: Record) {
-        self.push_keyed(rec, None);
+        self.push_keyed(&rec, None);
     }
 
-    /// [`Converter::push`] with the number `sample_cache::StackKeys` gave a sample
-    /// (`None`: look its stack up by the chain itself).
-    pub(crate) fn push_keyed(&mut self, rec: Record, key: Option<u64>) {
+    /// [`Converter::push`] of a borrowed record (the caller drops it, e.g.
+    /// on the thread that allocated it), with the number
+    /// `sample_cache::StackKeys` gave a sample (`None`: look its stack up by
+    /// the chain itself).
+    pub(crate) fn push_keyed(&mut self, rec: &Record, key: Option<u64>) {
         match rec {
-            Record::Sample(s) => self.sample_weighted(&s, 1, s.period.max(1), key),
+            Record::Sample(s) => self.sample_weighted(s, 1, s.period.max(1), key),
             Record::Lost { count, .. } => {
                 // Ring losses are shared by every event of that CPU's ring;
                 // they are booked on the first event.
                 self.stats.lost += count;
-                self.delta.add_lost(0, count);
+                self.delta.add_lost(0, *count);
             }
             Record::Mmap {
                 pid: u32::MAX,
                 start,
                 len,
-                ref path,
+                path,
                 ..
             } => {
                 if let Some(name) = module_image(path) {
-                    self.modules.push((start, start.saturating_add(len), name));
+                    self.modules
+                        .push((*start, start.saturating_add(*len), name));
                     self.modules.sort_by_key(|m| m.0);
                 }
-                self.stacks.observe(&rec);
+                self.stacks.observe(rec);
             }
             other => {
                 // Records that change an address space (what
                 // ProcessTable::apply acts on) retire its cached stacks.
-                self.stacks.observe(&other);
+                self.stacks.observe(other);
                 if matches!(other, Record::Comm { .. } | Record::Fork { .. }) {
                     self.process_names.clear();
                 }
-                self.procs.apply(&other);
+                self.procs.apply(other);
             }
         }
     }

@@ -127,6 +127,10 @@ fn convert_pipelined(
     use std::sync::mpsc::sync_channel;
     use vmscope_model::{Profile, Record};
     let (rec_tx, rec_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT);
+    // Converted batches go back to the reader, which drops their records
+    // (allocated there: a free on another thread costs several times more)
+    // and refills them.
+    let (back_tx, back_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT + 2);
     // Rows are added to their delta on the store's thread (the converter's
     // is the busiest).
     let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
@@ -148,7 +152,11 @@ fn convert_pipelined(
                     let key = keys.observe(&rec);
                     batch.push((rec, key));
                     if batch.len() >= BATCH {
-                        let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                        let mut next = back_rx
+                            .try_recv()
+                            .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                        next.clear();
+                        let full = std::mem::replace(&mut batch, next);
                         open = rec_tx.send(full).is_ok();
                     }
                 });
@@ -181,14 +189,16 @@ fn convert_pipelined(
         let mut conv = make_conv();
         let mut n = 0u64;
         'read: for batch in rec_rx {
-            for (rec, key) in batch {
-                conv.push_keyed(rec, key);
+            for (rec, key) in &batch {
+                conv.push_keyed(rec, *key);
                 n += 1;
                 if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta_parts()).is_err()
                 {
                     break 'read;
                 }
             }
+            // Full (the reader is behind): dropped here instead.
+            let _ = back_tx.try_send(batch);
         }
         let _ = delta_tx.send(conv.take_delta_parts());
         drop(delta_tx);
