@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
-    attribute, AggKey, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile, Record,
-    SampleRecord, ThreadMap,
+    attribute, AggKey, Attribution, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile,
+    Record, SampleRecord, ThreadMap,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
@@ -36,6 +36,24 @@ struct BatchKey {
     second: u64,
     cpu: u32,
     chain: Vec<(CpuMode, u64)>,
+}
+
+/// What [`attribute`] looks at in a leaf's image: kernel, anonymous, or
+/// anything else (as `Unknown`); no `Arc` to clone.
+fn image_class(image: &ImageRef) -> ImageRef {
+    match image {
+        ImageRef::Kernel => ImageRef::Kernel,
+        ImageRef::Anon => ImageRef::Anon,
+        _ => ImageRef::Unknown,
+    }
+}
+
+fn class_index(class: &ImageRef) -> u8 {
+    match class {
+        ImageRef::Kernel => 0,
+        ImageRef::Anon => 1,
+        _ => 2,
+    }
 }
 
 /// Rows of a delta not yet added to its [`Profile`].
@@ -73,6 +91,8 @@ pub struct Converter {
     /// Interned domain names: attribution allocates one per sample, and
     /// `rows` aggregates by pointer.
     domain_names: Vec<Arc<str>>,
+    /// Attributions by (pid, tid, mode, leaf image class).
+    attributions: HashMap<(u32, u32, CpuMode, u8), Attribution, foldhash::fast::FixedState>,
     /// Process names by (pid, tid), emptied by every COMM and FORK record:
     /// one lookup per sample, and the same `Arc` for a thread's samples
     /// (some names are made per call: `swapper`, `:PID`).
@@ -118,6 +138,7 @@ impl Converter {
             keyed: KeyedStacks::default(),
             rows: RowAggregator::default(),
             domain_names: Vec::new(),
+            attributions: Default::default(),
             process_names: Default::default(),
             empty: Arc::from(""),
             unmonitored_label: Arc::from("[unmonitored]"),
@@ -280,16 +301,20 @@ impl Converter {
         }
         let origin = *self.origin.get_or_insert(s.time);
 
-        let leaf = self.procs.normalize(s.pid, s.ip, s.mode);
-        let mut attr = attribute(&self.threads, s.pid, s.tid, s.mode, &leaf.image);
-        match self
-            .domain_names
-            .iter()
-            .find(|d| d.len() == attr.domain.len() && **d == attr.domain)
-        {
-            Some(d) => attr.domain = d.clone(),
-            None => self.domain_names.push(attr.domain.clone()),
-        }
+        // A numbered sample seen before knows its leaf's image class, all
+        // that attribution needs; the leaf itself is normalized only for
+        // resolving (below).
+        let known_class = key.and_then(|k| self.keyed.leaf_class(k));
+        let leaf = match known_class {
+            Some(_) => None,
+            None => Some(self.procs.normalize(s.pid, s.ip, s.mode)),
+        };
+        let class = match (&known_class, &leaf) {
+            (Some(c), _) => c.clone(),
+            (None, Some(l)) => image_class(&l.image),
+            (None, None) => ImageRef::Unknown,
+        };
+        let attr = self.attribution(s.pid, s.tid, s.mode, &class);
         if attr.context.is_guest() && !self.guest_domains.contains(&attr.domain) {
             self.guest_domains.insert(attr.domain.clone());
             if let Some(text) = &self.default_guest_kallsyms {
@@ -372,13 +397,16 @@ impl Converter {
         let (resolved, stack) = match cached {
             Ok(c) => (c.leaf, c.stack),
             Err(None) => {
+                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
                 let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
                 if let Some(k) = key {
-                    self.keyed.insert(k, &attr.domain, &resolved, &stack);
+                    self.keyed
+                        .insert(k, &attr.domain, image_class(&leaf.image), &resolved, &stack);
                 }
                 (resolved, stack)
             }
             Err(Some(miss)) => {
+                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
                 let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
                 self.stacks.insert(
                     miss,
@@ -406,6 +434,29 @@ impl Converter {
             cpu: s.cpu,
         };
         self.rows.add(key, n, period);
+    }
+
+    /// Attribution of a sample (pure in its arguments: the thread map does
+    /// not change), cached, with the domain interned.
+    fn attribution(&mut self, pid: u32, tid: u32, mode: CpuMode, class: &ImageRef) -> Attribution {
+        let key = (pid, tid, mode, class_index(class));
+        if let Some(a) = self.attributions.get(&key) {
+            return a.clone();
+        }
+        let mut attr = attribute(&self.threads, pid, tid, mode, class);
+        match self
+            .domain_names
+            .iter()
+            .find(|d| d.len() == attr.domain.len() && **d == attr.domain)
+        {
+            Some(d) => attr.domain = d.clone(),
+            None => self.domain_names.push(attr.domain.clone()),
+        }
+        if self.attributions.len() >= 1 << 16 {
+            self.attributions.clear();
+        }
+        self.attributions.insert(key, attr.clone());
+        attr
     }
 
     /// The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a

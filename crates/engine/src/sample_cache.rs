@@ -297,6 +297,9 @@ impl StackKeys {
 
 pub(crate) struct KeyedEntry {
     domain: Arc<str>,
+    /// The leaf image's class for attribution (`Kernel`, `Anon` or
+    /// `Unknown` for the rest).
+    class: vmscope_model::ImageRef,
     pub leaf: Resolved,
     pub stack: Arc<str>,
 }
@@ -320,7 +323,20 @@ impl KeyedStacks {
         Arc::ptr_eq(&e.domain, domain).then_some(e)
     }
 
-    pub fn insert(&mut self, number: u64, domain: &Arc<str>, leaf: &Resolved, stack: &Arc<str>) {
+    /// The leaf image class of a number's entry, whatever its domain.
+    pub fn leaf_class(&self, number: u64) -> Option<vmscope_model::ImageRef> {
+        let i = usize::try_from(number.checked_sub(self.base)?).ok()?;
+        Some(self.entries.get(i)?.as_ref()?.class.clone())
+    }
+
+    pub fn insert(
+        &mut self,
+        number: u64,
+        domain: &Arc<str>,
+        class: vmscope_model::ImageRef,
+        leaf: &Resolved,
+        stack: &Arc<str>,
+    ) {
         let Some(i) = number
             .checked_sub(self.base)
             .and_then(|i| usize::try_from(i).ok())
@@ -331,13 +347,14 @@ impl KeyedStacks {
         if i >= STACK_CACHE_LIMIT {
             self.entries.clear();
             self.base = number;
-            return self.insert(number, domain, leaf, stack);
+            return self.insert(number, domain, class, leaf, stack);
         }
         if i >= self.entries.len() {
             self.entries.resize_with(i + 1, || None);
         }
         self.entries[i] = Some(KeyedEntry {
             domain: domain.clone(),
+            class,
             leaf: leaf.clone(),
             stack: stack.clone(),
         });
@@ -434,7 +451,7 @@ impl RowAggregator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmscope_model::Context;
+    use vmscope_model::{Context, ImageRef};
 
     fn key(stack: &Arc<str>, process: &str) -> AggKey {
         AggKey {
@@ -558,8 +575,8 @@ mod tests {
         let vm: Arc<str> = "vm1".into();
         let leaf = Resolved::named("/bin/p".into(), "f".into());
         let stack: Arc<str> = "g;f".into();
-        k.insert(1, &host, &leaf, &stack);
-        k.insert(3, &host, &leaf, &stack);
+        k.insert(1, &host, ImageRef::Unknown, &leaf, &stack);
+        k.insert(3, &host, ImageRef::Unknown, &leaf, &stack);
         assert!(k.get_ref(1, &host).is_some());
         assert!(k.get_ref(2, &host).is_none());
         assert!(k.get_ref(3, &host).is_some());
@@ -569,13 +586,14 @@ mod tests {
         assert!(k.get_ref(1, &Arc::from("host")).is_none());
         k.clear();
         assert!(k.get_ref(1, &host).is_none());
-        k.insert(1, &host, &leaf, &stack);
+        k.insert(1, &host, ImageRef::Unknown, &leaf, &stack);
         assert!(k.get_ref(1, &host).is_none());
-        k.insert(5, &host, &leaf, &stack);
+        k.insert(5, &host, ImageRef::Kernel, &leaf, &stack);
         assert!(k.get_ref(5, &host).is_some());
+        assert_eq!(k.leaf_class(5), Some(ImageRef::Kernel));
         // Past the limit the window moves on.
         let far = 5 + STACK_CACHE_LIMIT as u64;
-        k.insert(far, &host, &leaf, &stack);
+        k.insert(far, &host, ImageRef::Unknown, &leaf, &stack);
         assert!(k.get_ref(far, &host).is_some());
         assert!(k.get_ref(5, &host).is_none());
     }
