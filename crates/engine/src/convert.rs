@@ -60,8 +60,9 @@ fn class_index(class: &ImageRef) -> u8 {
 pub(crate) struct PendingRows(RowAggregator);
 
 impl PendingRows {
-    pub fn add_to(mut self, delta: &mut Profile) {
-        self.0.drain_into(delta);
+    /// The rows; keys may repeat (see `SessionWriter::flush_with_rows`).
+    pub fn into_rows(self) -> Vec<(AggKey, u64, u64)> {
+        self.0.into_rows()
     }
 }
 
@@ -91,6 +92,8 @@ pub struct Converter {
     /// Interned domain names: attribution allocates one per sample, and
     /// `rows` aggregates by pointer.
     domain_names: Vec<Arc<str>>,
+    /// Stack texts made so far (interned).
+    stack_texts: std::collections::HashSet<Arc<str>, foldhash::fast::FixedState>,
     /// Attributions by (pid, tid, mode, leaf image class).
     attributions: HashMap<(u32, u32, CpuMode, u8), Attribution, foldhash::fast::FixedState>,
     /// Process names by (pid, tid), emptied by every COMM and FORK record:
@@ -139,6 +142,7 @@ impl Converter {
             rows: RowAggregator::default(),
             domain_names: Vec::new(),
             attributions: Default::default(),
+            stack_texts: Default::default(),
             process_names: Default::default(),
             empty: Arc::from(""),
             unmonitored_label: Arc::from("[unmonitored]"),
@@ -179,8 +183,8 @@ impl Converter {
         self.delta.take()
     }
 
-    /// [`Converter::take_delta`] with the rows still apart: the caller adds
-    /// them with [`PendingRows::add_to`], e.g. on another thread (import).
+    /// [`Converter::take_delta`] with the rows still apart, for
+    /// `SessionWriter::flush_with_rows` (import).
     pub(crate) fn take_delta_parts(&mut self) -> (Profile, PendingRows) {
         (self.delta.take(), PendingRows(self.rows.take()))
     }
@@ -513,7 +517,18 @@ impl Converter {
                 }
                 text.push_str(f);
             }
-            text.into()
+            // Interned: samples of many call chains (other IPs, pids) share
+            // one stack text, and rows are aggregated by its pointer.
+            if let Some(t) = self.stack_texts.get(text.as_str()) {
+                t.clone()
+            } else {
+                if self.stack_texts.len() >= 1 << 18 {
+                    self.stack_texts.clear();
+                }
+                let t: Arc<str> = text.into();
+                self.stack_texts.insert(t.clone());
+                t
+            }
         };
         (resolved, stack)
     }

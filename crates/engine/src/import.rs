@@ -131,8 +131,8 @@ fn convert_pipelined(
     // (allocated there: a free on another thread costs several times more)
     // and refills them.
     let (back_tx, back_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT + 2);
-    // Rows are added to their delta on the store's thread (the converter's
-    // is the busiest).
+    // Rows go to the store as the converter aggregated them (by string
+    // identity): the upsert sums equal keys, so no stack text is hashed.
     let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
     let (conv, read, stored) = std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
@@ -168,9 +168,8 @@ fn convert_pipelined(
         let store = std::thread::Builder::new()
             .name("import-store".into())
             .spawn_scoped(scope, move || {
-                for (mut delta, rows) in delta_rx {
-                    rows.add_to(&mut delta);
-                    writer.flush(&delta)?;
+                for (delta, rows) in delta_rx {
+                    writer.flush_with_rows(&delta, &rows.into_rows())?;
                 }
                 Ok::<(), vmscope_store::StoreError>(())
             });

@@ -439,6 +439,12 @@ impl RowAggregator {
         std::mem::take(self)
     }
 
+    /// The rows, in no order; keys may repeat (equal texts behind other
+    /// pointers).
+    pub fn into_rows(self) -> Vec<(AggKey, u64, u64)> {
+        self.rows.into_values().collect()
+    }
+
     /// Move every row into `delta`.
     pub fn drain_into(&mut self, delta: &mut Profile) {
         delta.rows.reserve(self.rows.len());

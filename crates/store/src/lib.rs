@@ -505,6 +505,21 @@ impl SessionWriter {
         Ok(())
     }
 
+    /// Back to the journal every session has (readers expect WAL) after
+    /// [`SessionWriter::bulk_load`].
+    fn end_bulk_load(&self) -> Result<()> {
+        if !self.bulk {
+            return Ok(());
+        }
+        self.conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .and_then(|()| {
+                self.conn
+                    .query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+            })
+            .map_err(sql_err(&self.path))
+    }
+
     /// Add a delta profile (host measurements) to the session, in one transaction.
     pub fn flush(&mut self, delta: &Profile) -> Result<()> {
         self.flush_into(delta, "samples", &[])
@@ -556,7 +571,26 @@ impl SessionWriter {
         table: &'static str,
         scales: &[ScaleRow],
     ) -> Result<()> {
-        if delta.is_empty() && scales.is_empty() {
+        self.flush_rows_into(delta, &[], table, scales)
+    }
+
+    /// [`SessionWriter::flush`] of `delta` plus `rows` that are not in its
+    /// map yet, in one transaction: rows whose keys are equal are summed by
+    /// the upsert, so a caller that aggregated by something finer than the
+    /// key text (import: by string identity) need not hash every stack
+    /// text into a [`Profile`] first.
+    pub fn flush_with_rows(&mut self, delta: &Profile, rows: &[(AggKey, u64, u64)]) -> Result<()> {
+        self.flush_rows_into(delta, rows, "samples", &[])
+    }
+
+    fn flush_rows_into(
+        &mut self,
+        delta: &Profile,
+        extra: &[(AggKey, u64, u64)],
+        table: &'static str,
+        scales: &[ScaleRow],
+    ) -> Result<()> {
+        if delta.is_empty() && extra.is_empty() && scales.is_empty() {
             return Ok(());
         }
         let path = self.path.clone();
@@ -564,7 +598,7 @@ impl SessionWriter {
             .execute_batch("BEGIN IMMEDIATE")
             .map_err(sql_err(&path))?;
         let r = self
-            .flush_inner(delta, table)
+            .flush_inner(delta, extra, table)
             .and_then(|()| scales.iter().try_for_each(|s| self.set_scale(s)));
         match r {
             Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
@@ -575,34 +609,41 @@ impl SessionWriter {
         }
     }
 
-    fn flush_inner(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
+    fn flush_inner(
+        &mut self,
+        delta: &Profile,
+        extra: &[(AggKey, u64, u64)],
+        table: &'static str,
+    ) -> Result<()> {
         let path = self.path.clone();
-        let mut rows = Vec::with_capacity(delta.rows.len());
+        let mut rows = Vec::with_capacity(delta.rows.len() + extra.len());
         for (key, c) in &delta.rows {
-            rows.push((key, c, self.stack_id(&key.stack)?));
+            rows.push((key, (c.samples, c.period), self.stack_id(&key.stack)?));
+        }
+        for (key, samples, period) in extra {
+            rows.push((key, (*samples, *period), self.stack_id(&key.stack)?));
         }
         // In the table's key order: each insert then lands on the page the
         // previous one left in the cache (and SQLite's balancing appends),
         // instead of a random page of a B-tree larger than the cache.
         rows.sort_unstable_by(|(a, _, sa), (b, _, sb)| {
-            (
-                a.event,
-                &a.domain,
-                a.context.as_str(),
-                &a.process,
-                &a.image,
-                &a.symbol,
-            )
-                .cmp(&(
-                    b.event,
-                    &b.domain,
-                    b.context.as_str(),
-                    &b.process,
-                    &b.image,
-                    &b.symbol,
-                ))
+            // Most neighbours share their strings' allocations.
+            let text = |x: &Arc<str>, y: &Arc<str>| {
+                if Arc::ptr_eq(x, y) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    x.cmp(y)
+                }
+            };
+            a.event
+                .cmp(&b.event)
+                .then_with(|| text(&a.domain, &b.domain))
+                .then_with(|| a.context.as_str().cmp(b.context.as_str()))
+                .then_with(|| text(&a.process, &b.process))
+                .then_with(|| text(&a.image, &b.image))
+                .then_with(|| text(&a.symbol, &b.symbol))
                 .then_with(|| sa.cmp(sb))
-                .then_with(|| a.srcline.cmp(&b.srcline))
+                .then_with(|| text(&a.srcline, &b.srcline))
                 .then_with(|| slice_column(a.second).cmp(&slice_column(b.second)))
                 .then_with(|| slice_column(a.cpu).cmp(&slice_column(b.cpu)))
         });
@@ -616,7 +657,7 @@ impl SessionWriter {
                      DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period"
                 ))
                 .map_err(sql_err(&path))?;
-            for (k, c, stack) in rows {
+            for (k, (samples, period), stack) in rows {
                 // Agents name their guest's kernel and modules as any Linux
                 // does; stored apart from the host's (docs/architecture.md §4).
                 let image = if table == "agent_samples" {
@@ -635,8 +676,8 @@ impl SessionWriter {
                     &*k.srcline,
                     slice_column(k.second),
                     slice_column(k.cpu),
-                    c.samples as i64,
-                    c.period as i64
+                    samples as i64,
+                    period as i64
                 ])
                 .map_err(sql_err(&path))?;
             }
@@ -729,16 +770,7 @@ impl SessionWriter {
     pub fn close(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
         let path = self.path.clone();
-        if self.bulk {
-            // Back to the journal every session has (readers expect WAL).
-            self.conn
-                .pragma_update(None, "synchronous", "NORMAL")
-                .and_then(|()| {
-                    self.conn
-                        .query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
-                })
-                .map_err(sql_err(&path))?;
-        }
+        self.end_bulk_load()?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             // (busy, frames in the log, frames checkpointed)
@@ -768,6 +800,7 @@ impl SessionWriter {
     /// Mark the session complete and checkpoint the WAL into the main file.
     pub fn finish(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
+        self.end_bulk_load()?;
         let _ = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
