@@ -3,10 +3,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
-    attribute, AggKey, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile, Record,
-    SampleRecord, ThreadMap,
+    attribute, AggKey, Attribution, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile,
+    Record, SampleRecord, ThreadMap,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
+
+use crate::sample_cache::{KeyedStacks, RowAggregator, RowId, StackCache};
 
 /// Counters of what the converter saw.
 #[derive(Debug, Clone, Default)]
@@ -17,7 +19,7 @@ pub struct ConverterStats {
     pub first_time: Option<u64>,
     pub last_time: Option<u64>,
     /// Samples per (domain) for the session's domain list.
-    pub domains: HashMap<Arc<str>, u64>,
+    pub domains: HashMap<Arc<str>, u64, vmscope_model::ProfileHasher>,
     /// Guest time the host measured per (VM, event): sum of periods of its
     /// guest, guest-user and guest-kernel samples.
     pub guest_period: HashMap<(Arc<str>, u32), u64>,
@@ -34,6 +36,34 @@ struct BatchKey {
     second: u64,
     cpu: u32,
     chain: Vec<(CpuMode, u64)>,
+}
+
+/// What [`attribute`] looks at in a leaf's image: kernel, anonymous, or
+/// anything else (as `Unknown`); no `Arc` to clone.
+fn image_class(image: &ImageRef) -> ImageRef {
+    match image {
+        ImageRef::Kernel => ImageRef::Kernel,
+        ImageRef::Anon => ImageRef::Anon,
+        _ => ImageRef::Unknown,
+    }
+}
+
+fn class_index(class: &ImageRef) -> u8 {
+    match class {
+        ImageRef::Kernel => 0,
+        ImageRef::Anon => 1,
+        _ => 2,
+    }
+}
+
+/// Rows of a delta not yet added to its [`Profile`].
+pub(crate) struct PendingRows(RowAggregator);
+
+impl PendingRows {
+    /// The rows; keys may repeat (see `SessionWriter::flush_with_rows`).
+    pub fn into_rows(self) -> Vec<(AggKey, u64, u64)> {
+        self.0.into_rows()
+    }
 }
 
 /// Turns a record stream into profile deltas.
@@ -53,6 +83,26 @@ pub struct Converter {
     /// kernel IPs that kallsyms cannot name (files from other machines).
     modules: Vec<(u64, u64, Arc<str>)>,
     unmonitored: std::collections::HashSet<Arc<str>>,
+    /// Leaf and stack of recent samples (crate::sample_cache).
+    stacks: StackCache,
+    /// Leaf and stack by the numbers import's reader gave samples.
+    keyed: KeyedStacks,
+    /// Rows of `delta` not yet added to it, by string identity.
+    rows: RowAggregator,
+    /// Interned domain names: attribution allocates one per sample, and
+    /// `rows` aggregates by pointer.
+    domain_names: Vec<Arc<str>>,
+    /// Stack texts made so far (interned).
+    stack_texts: std::collections::HashSet<Arc<str>, foldhash::fast::FixedState>,
+    /// Attributions by (pid, tid, mode, leaf image class).
+    attributions: HashMap<(u32, u32, CpuMode, u8), Attribution, foldhash::fast::FixedState>,
+    /// Process names by (pid, tid), emptied by every COMM and FORK record:
+    /// one lookup per sample, and the same `Arc` for a thread's samples
+    /// (some names are made per call: `swapper`, `:PID`).
+    process_names: HashMap<u64, Arc<str>, foldhash::fast::FixedState>,
+    /// Shared texts of rows: the empty stack or srcline, `[unmonitored]`.
+    empty: Arc<str>,
+    unmonitored_label: Arc<str>,
 }
 
 /// `[name]` for a kernel module map path, as perf shows it
@@ -87,6 +137,15 @@ impl Converter {
             guest_domains: Default::default(),
             modules: Vec::new(),
             unmonitored: Default::default(),
+            stacks: StackCache::default(),
+            keyed: KeyedStacks::default(),
+            rows: RowAggregator::default(),
+            domain_names: Vec::new(),
+            attributions: Default::default(),
+            stack_texts: Default::default(),
+            process_names: Default::default(),
+            empty: Arc::from(""),
+            unmonitored_label: Arc::from("[unmonitored]"),
         }
     }
 
@@ -106,7 +165,11 @@ impl Converter {
         self.default_guest_kallsyms = Some(text);
     }
 
+    /// The symbolizer, e.g. to add a VM's kallsyms: what it answers may
+    /// change, so cached stacks are dropped.
     pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
+        self.stacks.invalidate_all();
+        self.keyed.clear();
         &mut self.symbolizer
     }
 
@@ -116,31 +179,56 @@ impl Converter {
 
     /// Take what accumulated since the last call.
     pub fn take_delta(&mut self) -> Profile {
+        self.rows.drain_into(&mut self.delta);
         self.delta.take()
     }
 
+    /// [`Converter::take_delta`] with the rows still apart, for
+    /// `SessionWriter::flush_with_rows` (import).
+    pub(crate) fn take_delta_parts(&mut self) -> (Profile, PendingRows) {
+        (self.delta.take(), PendingRows(self.rows.take()))
+    }
+
     pub fn push(&mut self, rec: Record) {
+        self.push_keyed(&rec, None);
+    }
+
+    /// [`Converter::push`] of a borrowed record (the caller drops it, e.g.
+    /// on the thread that allocated it), with the number
+    /// `sample_cache::StackKeys` gave a sample (`None`: look its stack up by
+    /// the chain itself).
+    pub(crate) fn push_keyed(&mut self, rec: &Record, key: Option<u64>) {
         match rec {
-            Record::Sample(s) => self.sample(&s),
+            Record::Sample(s) => self.sample_weighted(s, 1, s.period.max(1), key),
             Record::Lost { count, .. } => {
                 // Ring losses are shared by every event of that CPU's ring;
                 // they are booked on the first event.
                 self.stats.lost += count;
-                self.delta.add_lost(0, count);
+                self.delta.add_lost(0, *count);
             }
             Record::Mmap {
                 pid: u32::MAX,
                 start,
                 len,
-                ref path,
+                path,
                 ..
             } => {
                 if let Some(name) = module_image(path) {
-                    self.modules.push((start, start.saturating_add(len), name));
+                    self.modules
+                        .push((*start, start.saturating_add(*len), name));
                     self.modules.sort_by_key(|m| m.0);
                 }
+                self.stacks.observe(rec);
             }
-            other => self.procs.apply(&other),
+            other => {
+                // Records that change an address space (what
+                // ProcessTable::apply acts on) retire its cached stacks.
+                self.stacks.observe(other);
+                if matches!(other, Record::Comm { .. } | Record::Fork { .. }) {
+                    self.process_names.clear();
+                }
+                self.procs.apply(other);
+            }
         }
     }
 
@@ -156,10 +244,6 @@ impl Converter {
             }
         }
         r
-    }
-
-    fn sample(&mut self, s: &SampleRecord) {
-        self.sample_weighted(s, 1, s.period.max(1));
     }
 
     /// Push a batch of records (one ring read). Samples that share event,
@@ -207,11 +291,11 @@ impl Converter {
 
     fn flush_batch(&mut self, pending: &mut HashMap<BatchKey, (SampleRecord, u64, u64)>) {
         for (_, (s, n, period)) in pending.drain() {
-            self.sample_weighted(&s, n, period);
+            self.sample_weighted(&s, n, period, None);
         }
     }
 
-    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64) {
+    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64, key: Option<u64>) {
         let st = &mut self.stats;
         st.samples += n;
         st.first_time = Some(st.first_time.map_or(s.time, |t| t.min(s.time)));
@@ -221,8 +305,20 @@ impl Converter {
         }
         let origin = *self.origin.get_or_insert(s.time);
 
-        let leaf = self.procs.normalize(s.pid, s.ip, s.mode);
-        let attr = attribute(&self.threads, s.pid, s.tid, s.mode, &leaf.image);
+        // A numbered sample seen before knows its leaf's image class, all
+        // that attribution needs; the leaf itself is normalized only for
+        // resolving (below).
+        let known_class = key.and_then(|k| self.keyed.leaf_class(k));
+        let leaf = match known_class {
+            Some(_) => None,
+            None => Some(self.procs.normalize(s.pid, s.ip, s.mode)),
+        };
+        let class = match (&known_class, &leaf) {
+            (Some(c), _) => c.clone(),
+            (None, Some(l)) => image_class(&l.image),
+            (None, None) => ImageRef::Unknown,
+        };
+        let attr = self.attribution(s.pid, s.tid, s.mode, &class);
         if attr.context.is_guest() && !self.guest_domains.contains(&attr.domain) {
             self.guest_domains.insert(attr.domain.clone());
             if let Some(text) = &self.default_guest_kallsyms {
@@ -231,8 +327,8 @@ impl Converter {
                 }
             }
         }
-        if self.unmonitored.contains(&attr.domain) {
-            let label: Arc<str> = "[unmonitored]".into();
+        if !self.unmonitored.is_empty() && self.unmonitored.contains(&attr.domain) {
+            let label = self.unmonitored_label.clone();
             *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
             self.delta
@@ -244,17 +340,157 @@ impl Converter {
                 process: label.clone(),
                 image: label.clone(),
                 symbol: label,
-                stack: "".into(),
-                srcline: "".into(),
+                stack: self.empty.clone(),
+                srcline: self.empty.clone(),
                 second,
                 cpu: s.cpu,
             };
-            self.delta.add(key, n, period);
+            self.rows.add(key, n, period);
             return;
         }
-        let resolved = self.resolve(&attr.domain, &leaf);
+        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+        if attr.context.is_guest() {
+            *self
+                .stats
+                .guest_period
+                .entry((attr.domain.clone(), s.event))
+                .or_default() += period;
+        }
+        let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
+        self.delta
+            .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
+        let process = self.process_name(s.pid, s.tid);
+        // A numbered sample seen before adds to its row without building a
+        // key (each Arc clone is an atomic operation).
+        if let Some(e) = key.and_then(|k| self.keyed.get_ref(k, &attr.domain)) {
+            let id = RowId::new(
+                s.event,
+                second,
+                s.cpu,
+                attr.context,
+                [
+                    &attr.domain,
+                    &process,
+                    &e.leaf.image,
+                    &e.leaf.symbol,
+                    &e.stack,
+                    &e.leaf.srcline,
+                ],
+            );
+            self.rows.add_with(id, n, period, || AggKey {
+                event: s.event,
+                domain: attr.domain.clone(),
+                context: attr.context,
+                process: process.clone(),
+                image: e.leaf.image.clone(),
+                symbol: e.leaf.symbol.clone(),
+                stack: e.stack.clone(),
+                srcline: e.leaf.srcline.clone(),
+                second,
+                cpu: s.cpu,
+            });
+            return;
+        }
+        let cached = match key {
+            Some(_) => Err(None),
+            None => self
+                .stacks
+                .get(&attr.domain, s.pid, s.mode, s.ip, &s.callchain)
+                .map_err(Some),
+        };
+        let (resolved, stack) = match cached {
+            Ok(c) => (c.leaf, c.stack),
+            Err(None) => {
+                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                if let Some(k) = key {
+                    self.keyed
+                        .insert(k, &attr.domain, image_class(&leaf.image), &resolved, &stack);
+                }
+                (resolved, stack)
+            }
+            Err(Some(miss)) => {
+                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                self.stacks.insert(
+                    miss,
+                    &attr.domain,
+                    s.pid,
+                    s.mode,
+                    s.ip,
+                    &s.callchain,
+                    &resolved,
+                    &stack,
+                );
+                (resolved, stack)
+            }
+        };
+        let key = AggKey {
+            event: s.event,
+            domain: attr.domain,
+            context: attr.context,
+            process,
+            image: resolved.image,
+            symbol: resolved.symbol,
+            stack,
+            srcline: resolved.srcline,
+            second,
+            cpu: s.cpu,
+        };
+        self.rows.add(key, n, period);
+    }
+
+    /// Attribution of a sample (pure in its arguments: the thread map does
+    /// not change), cached, with the domain interned.
+    fn attribution(&mut self, pid: u32, tid: u32, mode: CpuMode, class: &ImageRef) -> Attribution {
+        let key = (pid, tid, mode, class_index(class));
+        if let Some(a) = self.attributions.get(&key) {
+            return a.clone();
+        }
+        let mut attr = attribute(&self.threads, pid, tid, mode, class);
+        match self
+            .domain_names
+            .iter()
+            .find(|d| d.len() == attr.domain.len() && **d == attr.domain)
+        {
+            Some(d) => attr.domain = d.clone(),
+            None => self.domain_names.push(attr.domain.clone()),
+        }
+        if self.attributions.len() >= 1 << 16 {
+            self.attributions.clear();
+        }
+        self.attributions.insert(key, attr.clone());
+        attr
+    }
+
+    /// The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a
+    /// browser's `Compositor`), else its process's; interned.
+    fn process_name(&mut self, pid: u32, tid: u32) -> Arc<str> {
+        let id = u64::from(pid) << 32 | u64::from(tid);
+        if let Some(n) = self.process_names.get(&id) {
+            return n.clone();
+        }
+        let name = self
+            .procs
+            .thread_comm(tid)
+            .unwrap_or_else(|| self.procs.comm(pid, tid));
+        if self.process_names.len() >= 1 << 16 {
+            self.process_names.clear();
+        }
+        self.process_names.insert(id, name.clone());
+        name
+    }
+
+    /// The leaf's symbol and the collapsed stack (root first) of a sample.
+    fn resolve_stack(
+        &mut self,
+        domain: &str,
+        s: &SampleRecord,
+        leaf: &NormalizedFrame,
+    ) -> (Resolved, Arc<str>) {
+        let resolved = self.resolve(domain, leaf);
         let stack: Arc<str> = if s.callchain.is_empty() {
-            Arc::from("")
+            self.empty.clone()
         } else {
             self.frame_text.clear();
             for (i, &(mode, ip)) in s.callchain.iter().enumerate() {
@@ -266,7 +502,7 @@ impl Converter {
                     ip
                 };
                 let f = self.procs.normalize(s.pid, addr, mode);
-                let r = self.resolve(&attr.domain, &f);
+                let r = self.resolve(domain, &f);
                 // Functions inlined at this address go above it (leaf first
                 // here, reversed below).
                 if let Some(inl) = &r.inlined {
@@ -281,36 +517,19 @@ impl Converter {
                 }
                 text.push_str(f);
             }
-            text.into()
+            // Interned: samples of many call chains (other IPs, pids) share
+            // one stack text, and rows are aggregated by its pointer.
+            if let Some(t) = self.stack_texts.get(text.as_str()) {
+                t.clone()
+            } else {
+                if self.stack_texts.len() >= 1 << 18 {
+                    self.stack_texts.clear();
+                }
+                let t: Arc<str> = text.into();
+                self.stack_texts.insert(t.clone());
+                t
+            }
         };
-        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
-        if attr.context.is_guest() {
-            *self
-                .stats
-                .guest_period
-                .entry((attr.domain.clone(), s.event))
-                .or_default() += period;
-        }
-        let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
-        self.delta
-            .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
-        let key = AggKey {
-            event: s.event,
-            domain: attr.domain,
-            context: attr.context,
-            // The thread's name, as perf's `comm` (QEMU's `CPU 0/TCG`, a
-            // browser's `Compositor`), else its process's.
-            process: self
-                .procs
-                .thread_comm(s.tid)
-                .unwrap_or_else(|| self.procs.comm(s.pid, s.tid)),
-            image: resolved.image,
-            symbol: resolved.symbol,
-            stack,
-            srcline: resolved.srcline,
-            second,
-            cpu: s.cpu,
-        };
-        self.delta.add(key, n, period);
+        (resolved, stack)
     }
 }

@@ -3,6 +3,8 @@
 //! `TARGET.partial` and renamed into place only when complete, so a failed
 //! import leaves the target as it was and nothing that looks like a session.
 
+use crate::convert::PendingRows;
+use crate::sample_cache::StackKeys;
 use crate::{Converter, EngineError};
 use std::io::{IsTerminal, Seek};
 use std::path::{Path, PathBuf};
@@ -59,8 +61,13 @@ pub struct ImportSummary {
     pub events: Vec<SessionEvent>,
 }
 
-/// Flush to the session every this many records (bounds memory).
-const FLUSH_EVERY: u64 = 500_000;
+/// Hand a delta to the store every this many records (bounds memory; a
+/// small last delta leaves little store work after conversion ends).
+const FLUSH_EVERY: u64 = 100_000;
+/// Records per batch from the reading thread to the converting one.
+const BATCH: usize = 4096;
+/// Batches in flight between them.
+const BATCHES_IN_FLIGHT: usize = 8;
 
 pub fn import(
     input: &ImportInput,
@@ -68,6 +75,8 @@ pub fn import(
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
     let mut writer = output.create_writer()?;
+    // A partial file, renamed into place only when complete.
+    writer.bulk_load()?;
     let mut s = import_into(input, &mut writer, opts)?;
     s.output = output.commit(writer, true)?;
     Ok(s)
@@ -104,37 +113,135 @@ fn read_input(
     }
 }
 
+/// Read, convert and store on three threads: the perf.data reader hands
+/// batches of records to the converter (this thread), which hands profile
+/// deltas to the session writer; each waits for the next only when it has
+/// nothing to do. Returns what the file says about its recording. A reading
+/// error is reported before a store error, as it was the first to happen
+/// when both stop the import.
+fn convert_pipelined(
+    input: &ImportInput,
+    make_conv: impl FnOnce() -> Converter,
+    writer: &mut SessionWriter,
+) -> Result<(Converter, vmscope_perfdata::PerfDataInfo), EngineError> {
+    use std::sync::mpsc::sync_channel;
+    use vmscope_model::{Profile, Record};
+    let (rec_tx, rec_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT);
+    // Converted batches go back to the reader, which drops their records
+    // (allocated there: a free on another thread costs several times more)
+    // and refills them.
+    let (back_tx, back_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT + 2);
+    // Rows go to the store as the converter aggregated them (by string
+    // identity): the upsert sums equal keys, so no stack text is hashed.
+    let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
+    let (conv, read, stored) = std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("import-read".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Vec::with_capacity(BATCH);
+                // Once the converter is gone (it stopped on a store
+                // error), the rest of the file is only parsed.
+                let mut open = true;
+                // Samples' stack keys are numbered here, where the chain
+                // is still in this CPU's cache (crate::sample_cache).
+                let mut keys = StackKeys::default();
+                let info = read_input(input, &mut |rec| {
+                    if !open {
+                        return;
+                    }
+                    let key = keys.observe(&rec);
+                    batch.push((rec, key));
+                    if batch.len() >= BATCH {
+                        let mut next = back_rx
+                            .try_recv()
+                            .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                        next.clear();
+                        let full = std::mem::replace(&mut batch, next);
+                        open = rec_tx.send(full).is_ok();
+                    }
+                });
+                if open && !batch.is_empty() {
+                    let _ = rec_tx.send(batch);
+                }
+                info
+            });
+        let store = std::thread::Builder::new()
+            .name("import-store".into())
+            .spawn_scoped(scope, move || {
+                for (delta, rows) in delta_rx {
+                    writer.flush_with_rows(&delta, &rows.into_rows())?;
+                }
+                Ok::<(), vmscope_store::StoreError>(())
+            });
+        let (reader, store) = match (reader, store) {
+            (Ok(r), Ok(s)) => (r, s),
+            (Err(e), _) | (_, Err(e)) => {
+                return (
+                    None,
+                    Err(EngineError::Invalid(format!(
+                        "import: cannot start a thread: {e}"
+                    ))),
+                    Ok(()),
+                )
+            }
+        };
+        let mut conv = make_conv();
+        let mut n = 0u64;
+        'read: for batch in rec_rx {
+            for (rec, key) in &batch {
+                conv.push_keyed(rec, *key);
+                n += 1;
+                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta_parts()).is_err()
+                {
+                    break 'read;
+                }
+            }
+            // Full (the reader is behind): dropped here instead.
+            let _ = back_tx.try_send(batch);
+        }
+        let _ = delta_tx.send(conv.take_delta_parts());
+        drop(delta_tx);
+        let stored = store
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let read = reader
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (Some(conv), read, stored)
+    });
+    let info = read?;
+    stored?;
+    let conv = conv.ok_or_else(|| EngineError::Invalid("import: no converter".into()))?;
+    Ok((conv, info))
+}
+
 fn import_into(
     input: &ImportInput,
     writer: &mut SessionWriter,
     opts: ImportOptions,
 ) -> Result<ImportSummary, EngineError> {
-    let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-    let mut conv = Converter::new(symbolizer, opts.threads.clone());
-    if let Some(p) = &opts.guest_kallsyms {
-        // Parse once here so a bad file is an error naming it.
-        Kallsyms::from_path(p)?;
-        let text = std::fs::read_to_string(p).map_err(|source| EngineError::Io {
-            path: p.clone(),
-            source,
-        })?;
-        conv.set_default_guest_kallsyms(text);
-    }
-    let mut n = 0u64;
-    let mut flush_err = None;
-    let info = read_input(input, &mut |rec| {
-        conv.push(rec);
-        n += 1;
-        if n.is_multiple_of(FLUSH_EVERY) && flush_err.is_none() {
-            if let Err(e) = writer.flush(&conv.take_delta()) {
-                flush_err = Some(e);
-            }
+    let guest_kallsyms = match &opts.guest_kallsyms {
+        Some(p) => {
+            // Parse once here so a bad file is an error naming it.
+            Kallsyms::from_path(p)?;
+            let text = std::fs::read_to_string(p).map_err(|source| EngineError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            Some(text)
         }
-    })?;
-    if let Some(e) = flush_err {
-        return Err(e.into());
-    }
-    writer.flush(&conv.take_delta())?;
+        None => None,
+    };
+    // The host's kallsyms load while the reader starts on the file.
+    let make_conv = || {
+        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        let mut conv = Converter::new(symbolizer, opts.threads.clone());
+        if let Some(text) = guest_kallsyms {
+            conv.set_default_guest_kallsyms(text);
+        }
+        conv
+    };
+    let (mut conv, info) = convert_pipelined(input, make_conv, writer)?;
     writer.set_events(&info.events)?;
     let stats = conv.stats().clone();
     let duration = match (

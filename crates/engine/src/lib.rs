@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "host")]
 pub mod record;
+mod sample_cache;
 
 pub use convert::{Converter, ConverterStats};
 

@@ -60,13 +60,18 @@ pub struct ProfileRow {
 /// Per-second bin key: (second since session start, event, domain, context).
 pub type BinKey = (u32, u32, Arc<str>, Context);
 
+/// The hasher of [`Profile`]'s maps: foldhash, several times faster than
+/// the default SipHash on the long stack texts of [`AggKey`], and still
+/// seeded per process.
+pub type ProfileHasher = foldhash::fast::RandomState;
+
 /// A profile or a delta of one.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
-    pub rows: HashMap<AggKey, Counts>,
-    pub bins: HashMap<BinKey, u64>,
+    pub rows: HashMap<AggKey, Counts, ProfileHasher>,
+    pub bins: HashMap<BinKey, u64, ProfileHasher>,
     /// Lost records per event index (`u32::MAX` = not tied to an event).
-    pub lost: HashMap<u32, u64>,
+    pub lost: HashMap<u32, u64, ProfileHasher>,
     pub total_samples: u64,
 }
 

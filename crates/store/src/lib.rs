@@ -352,7 +352,9 @@ pub struct BenchSampleRow {
 pub struct SessionWriter {
     conn: Connection,
     path: PathBuf,
-    stack_ids: HashMap<Arc<str>, i64>,
+    stack_ids: HashMap<Arc<str>, i64, vmscope_model::ProfileHasher>,
+    /// [`SessionWriter::bulk_load`] is on.
+    bulk: bool,
 }
 
 impl SessionWriter {
@@ -396,7 +398,8 @@ impl SessionWriter {
         let w = SessionWriter {
             conn,
             path: path.to_path_buf(),
-            stack_ids: HashMap::new(),
+            stack_ids: HashMap::default(),
+            bulk: false,
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -485,6 +488,38 @@ impl SessionWriter {
         Ok(id)
     }
 
+    /// For a file that nobody reads before it is complete and that is
+    /// discarded if the writer fails (an import's partial file, see
+    /// [`output::SessionOutput`]): write pages once, in place, with the
+    /// rollback journal in memory and no syncs, instead of through the WAL
+    /// and its checkpoints (every page written twice). [`SessionWriter::close`]
+    /// puts the WAL back; the caller syncs the file
+    /// ([`output::SessionOutput::commit`] does).
+    pub fn bulk_load(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        self.conn
+            .query_row("PRAGMA journal_mode=MEMORY", [], |_| Ok(()))
+            .and_then(|()| self.conn.pragma_update(None, "synchronous", "OFF"))
+            .map_err(sql_err(&path))?;
+        self.bulk = true;
+        Ok(())
+    }
+
+    /// Back to the journal every session has (readers expect WAL) after
+    /// [`SessionWriter::bulk_load`].
+    fn end_bulk_load(&self) -> Result<()> {
+        if !self.bulk {
+            return Ok(());
+        }
+        self.conn
+            .pragma_update(None, "synchronous", "NORMAL")
+            .and_then(|()| {
+                self.conn
+                    .query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
+            })
+            .map_err(sql_err(&self.path))
+    }
+
     /// Add a delta profile (host measurements) to the session, in one transaction.
     pub fn flush(&mut self, delta: &Profile) -> Result<()> {
         self.flush_into(delta, "samples", &[])
@@ -536,7 +571,26 @@ impl SessionWriter {
         table: &'static str,
         scales: &[ScaleRow],
     ) -> Result<()> {
-        if delta.is_empty() && scales.is_empty() {
+        self.flush_rows_into(delta, &[], table, scales)
+    }
+
+    /// [`SessionWriter::flush`] of `delta` plus `rows` that are not in its
+    /// map yet, in one transaction: rows whose keys are equal are summed by
+    /// the upsert, so a caller that aggregated by something finer than the
+    /// key text (import: by string identity) need not hash every stack
+    /// text into a [`Profile`] first.
+    pub fn flush_with_rows(&mut self, delta: &Profile, rows: &[(AggKey, u64, u64)]) -> Result<()> {
+        self.flush_rows_into(delta, rows, "samples", &[])
+    }
+
+    fn flush_rows_into(
+        &mut self,
+        delta: &Profile,
+        extra: &[(AggKey, u64, u64)],
+        table: &'static str,
+        scales: &[ScaleRow],
+    ) -> Result<()> {
+        if delta.is_empty() && extra.is_empty() && scales.is_empty() {
             return Ok(());
         }
         let path = self.path.clone();
@@ -544,7 +598,7 @@ impl SessionWriter {
             .execute_batch("BEGIN IMMEDIATE")
             .map_err(sql_err(&path))?;
         let r = self
-            .flush_inner(delta, table)
+            .flush_inner(delta, extra, table)
             .and_then(|()| scales.iter().try_for_each(|s| self.set_scale(s)));
         match r {
             Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
@@ -555,12 +609,44 @@ impl SessionWriter {
         }
     }
 
-    fn flush_inner(&mut self, delta: &Profile, table: &'static str) -> Result<()> {
+    fn flush_inner(
+        &mut self,
+        delta: &Profile,
+        extra: &[(AggKey, u64, u64)],
+        table: &'static str,
+    ) -> Result<()> {
         let path = self.path.clone();
-        let mut stacks = Vec::with_capacity(delta.rows.len());
-        for key in delta.rows.keys() {
-            stacks.push(self.stack_id(&key.stack)?);
+        let mut rows = Vec::with_capacity(delta.rows.len() + extra.len());
+        for (key, c) in &delta.rows {
+            rows.push((key, (c.samples, c.period), self.stack_id(&key.stack)?));
         }
+        for (key, samples, period) in extra {
+            rows.push((key, (*samples, *period), self.stack_id(&key.stack)?));
+        }
+        // In the table's key order: each insert then lands on the page the
+        // previous one left in the cache (and SQLite's balancing appends),
+        // instead of a random page of a B-tree larger than the cache.
+        rows.sort_unstable_by(|(a, _, sa), (b, _, sb)| {
+            // Most neighbours share their strings' allocations.
+            let text = |x: &Arc<str>, y: &Arc<str>| {
+                if Arc::ptr_eq(x, y) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    x.cmp(y)
+                }
+            };
+            a.event
+                .cmp(&b.event)
+                .then_with(|| text(&a.domain, &b.domain))
+                .then_with(|| a.context.as_str().cmp(b.context.as_str()))
+                .then_with(|| text(&a.process, &b.process))
+                .then_with(|| text(&a.image, &b.image))
+                .then_with(|| text(&a.symbol, &b.symbol))
+                .then_with(|| sa.cmp(sb))
+                .then_with(|| text(&a.srcline, &b.srcline))
+                .then_with(|| slice_column(a.second).cmp(&slice_column(b.second)))
+                .then_with(|| slice_column(a.cpu).cmp(&slice_column(b.cpu)))
+        });
         {
             let mut st = self
                 .conn
@@ -571,7 +657,7 @@ impl SessionWriter {
                      DO UPDATE SET samples = samples + excluded.samples, period = period + excluded.period"
                 ))
                 .map_err(sql_err(&path))?;
-            for ((k, c), stack) in delta.rows.iter().zip(stacks) {
+            for (k, (samples, period), stack) in rows {
                 // Agents name their guest's kernel and modules as any Linux
                 // does; stored apart from the host's (docs/architecture.md §4).
                 let image = if table == "agent_samples" {
@@ -590,8 +676,8 @@ impl SessionWriter {
                     &*k.srcline,
                     slice_column(k.second),
                     slice_column(k.cpu),
-                    c.samples as i64,
-                    c.period as i64
+                    samples as i64,
+                    period as i64
                 ])
                 .map_err(sql_err(&path))?;
             }
@@ -684,6 +770,7 @@ impl SessionWriter {
     pub fn close(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
         let path = self.path.clone();
+        self.end_bulk_load()?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             // (busy, frames in the log, frames checkpointed)
@@ -713,6 +800,7 @@ impl SessionWriter {
     /// Mark the session complete and checkpoint the WAL into the main file.
     pub fn finish(self, clean: bool) -> Result<()> {
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
+        self.end_bulk_load()?;
         let _ = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));

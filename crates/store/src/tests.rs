@@ -415,3 +415,39 @@ fn a_finished_session_takes_more_metadata() {
     assert_eq!(m["bench_point"], "net host:g0 buf=4096");
     assert_eq!(m["clean_stop"], "1");
 }
+
+#[test]
+fn rows_flushed_apart_from_the_delta_sum_up_with_it_and_bulk_load_keeps_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.bulk_load().unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(999),
+    }])
+    .unwrap();
+    let mut p = Profile::new();
+    p.add(key("alpha", "main;alpha"), 1, 10);
+    // The same key twice (separate allocations) next to the delta's, and
+    // another; in one flush and in the next.
+    let rows = vec![
+        (key("alpha", "main;alpha"), 2, 20),
+        (key("alpha", "main;alpha"), 4, 40),
+        (key("beta", "main;beta"), 8, 80),
+    ];
+    w.flush_with_rows(&p, &rows).unwrap();
+    w.flush_with_rows(&Profile::new(), &rows[..1]).unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let g = s.grouped(View::Merged, 0, &[Field::Symbol], &[]).unwrap();
+    assert_eq!(g[0].values, vec!["alpha".to_string()]);
+    assert_eq!((g[0].samples, g[1].samples), (9, 8));
+    assert_eq!(s.totals(View::Merged).unwrap()[&0], (17, 170));
+    let mode: String = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
