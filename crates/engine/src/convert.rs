@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
-    attribute, AggKey, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile, Record,
+    attribute, AggKey, CpuMode, FastMap, ImageRef, NormalizedFrame, ProcessTable, Profile, Record,
     SampleRecord, ThreadMap,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
@@ -46,6 +46,7 @@ pub struct Converter {
     /// Time origin for per-second bins (ns, the collector's clock).
     origin: Option<u64>,
     frame_text: Vec<Arc<str>>,
+    stack_text: String,
     /// Guest kallsyms text for guest domains nobody registered symbols for.
     default_guest_kallsyms: Option<String>,
     guest_domains: std::collections::HashSet<Arc<str>>,
@@ -83,6 +84,7 @@ impl Converter {
             stats: ConverterStats::default(),
             origin: None,
             frame_text: Vec::with_capacity(64),
+            stack_text: String::with_capacity(1024),
             default_guest_kallsyms: None,
             guest_domains: Default::default(),
             modules: Vec::new(),
@@ -169,11 +171,15 @@ impl Converter {
     /// samples are converted before any other record is applied, so mmaps,
     /// execs and exits keep their order relative to samples.
     pub fn push_batch(&mut self, records: impl IntoIterator<Item = Record>) {
-        let mut pending: HashMap<BatchKey, (SampleRecord, u64, u64)> = HashMap::new();
+        let records = records.into_iter();
+        let mut pending: FastMap<BatchKey, (SampleRecord, u64, u64)> =
+            FastMap::with_capacity_and_hasher(records.size_hint().0, Default::default());
         for r in records {
             match r {
-                Record::Sample(s) => {
+                Record::Sample(mut s) => {
                     let origin = *self.origin.get_or_insert(s.time);
+                    // The chain moves into the key (and back into the
+                    // record in `flush_batch`): no copy per sample.
                     let key = BatchKey {
                         event: s.event,
                         pid: s.pid,
@@ -182,7 +188,7 @@ impl Converter {
                         ip: s.ip,
                         second: s.time.saturating_sub(origin) / 1_000_000_000,
                         cpu: s.cpu,
-                        chain: s.callchain.clone(),
+                        chain: std::mem::take(&mut s.callchain),
                     };
                     let period = s.period.max(1);
                     match pending.get_mut(&key) {
@@ -205,8 +211,9 @@ impl Converter {
         self.flush_batch(&mut pending);
     }
 
-    fn flush_batch(&mut self, pending: &mut HashMap<BatchKey, (SampleRecord, u64, u64)>) {
-        for (_, (s, n, period)) in pending.drain() {
+    fn flush_batch(&mut self, pending: &mut FastMap<BatchKey, (SampleRecord, u64, u64)>) {
+        for (key, (mut s, n, period)) in pending.drain() {
+            s.callchain = key.chain;
             self.sample_weighted(&s, n, period);
         }
     }
@@ -274,14 +281,17 @@ impl Converter {
                 }
                 self.frame_text.push(r.symbol);
             }
-            let mut text = String::with_capacity(self.frame_text.len() * 24);
+            // One buffer for every sample's text: one allocation (the
+            // Arc) per stack instead of two.
+            let text = &mut self.stack_text;
+            text.clear();
             for (i, f) in self.frame_text.iter().rev().enumerate() {
                 if i > 0 {
                     text.push(';');
                 }
                 text.push_str(f);
             }
-            text.into()
+            Arc::from(text.as_str())
         };
         *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
         if attr.context.is_guest() {

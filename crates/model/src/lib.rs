@@ -19,7 +19,9 @@ pub mod record;
 pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
 pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent, DEFAULT_FREQUENCY};
 pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
-pub use profile::{AggKey, BinKey, Counts, Profile, ProfileRow, INLINED_SUFFIX, UNKNOWN_SLICE};
+pub use profile::{
+    AggKey, BinKey, Counts, FastMap, FastSet, Profile, ProfileRow, INLINED_SUFFIX, UNKNOWN_SLICE,
+};
 pub use record::{split_callchain, CpuMode, Record, SampleRecord};
 
 use serde::{Deserialize, Serialize};

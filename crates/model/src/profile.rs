@@ -60,13 +60,22 @@ pub struct ProfileRow {
 /// Per-second bin key: (second since session start, event, domain, context).
 pub type BinKey = (u32, u32, Arc<str>, Context);
 
+/// A hash map with a fast non-cryptographic hasher (foldhash), for keys
+/// that come from our own records and normalization, not from an adversary
+/// choosing collisions: a recorder hashes every sample's key (its call
+/// stack text included), where SipHash cost several percent of its CPU.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A hash set with the hasher of [`FastMap`].
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 /// A profile or a delta of one.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
-    pub rows: HashMap<AggKey, Counts>,
-    pub bins: HashMap<BinKey, u64>,
+    pub rows: FastMap<AggKey, Counts>,
+    pub bins: FastMap<BinKey, u64>,
     /// Lost records per event index (`u32::MAX` = not tied to an event).
-    pub lost: HashMap<u32, u64>,
+    pub lost: FastMap<u32, u64>,
     pub total_samples: u64,
 }
 
