@@ -65,9 +65,9 @@ pub struct ConvertThread {
     /// in order, waiting for room.
     held: Vec<Record>,
     /// Samples dropped since the last batch sent (channel full).
-    dropped: u64,
+    unsent_lost: u64,
     /// Samples dropped in all.
-    dropped_total: u64,
+    dropped: u64,
     limit: usize,
 }
 
@@ -116,8 +116,8 @@ impl ConvertThread {
             handle: Some(handle),
             in_flight,
             held: Vec::new(),
+            unsent_lost: 0,
             dropped: 0,
-            dropped_total: 0,
             limit,
         })
     }
@@ -126,10 +126,10 @@ impl ConvertThread {
     /// would pass the bound, the batch's samples are dropped and counted as
     /// lost, and its other records wait for the next batch (module docs).
     pub fn push_batch(&mut self, batch: Vec<Record>) {
-        if batch.is_empty() && self.held.is_empty() && self.dropped == 0 {
+        if batch.is_empty() && self.held.is_empty() && self.unsent_lost == 0 {
             return;
         }
-        let waiting = self.held.len() + usize::from(self.dropped > 0);
+        let waiting = self.held.len() + usize::from(self.unsent_lost > 0);
         if self.in_flight.load(Ordering::Acquire) + waiting + batch.len() > self.limit {
             self.hold(batch);
             return;
@@ -141,15 +141,15 @@ impl ConvertThread {
     /// Samples dropped because the converter was behind (also counted in
     /// its lost samples once it converted the `Lost` record).
     pub fn dropped(&self) -> u64 {
-        self.dropped_total
+        self.dropped
     }
 
     fn hold(&mut self, batch: Vec<Record>) {
         for r in batch {
             match r {
                 Record::Sample(_) => {
+                    self.unsent_lost += 1;
                     self.dropped += 1;
-                    self.dropped_total += 1;
                 }
                 other => self.held.push(other),
             }
@@ -159,14 +159,14 @@ impl ConvertThread {
     /// The held records (after a `Lost` record for the dropped samples)
     /// followed by `batch`.
     fn with_held(&mut self, batch: Vec<Record>) -> Vec<Record> {
-        if self.held.is_empty() && self.dropped == 0 {
+        if self.held.is_empty() && self.unsent_lost == 0 {
             return batch;
         }
         let mut all = Vec::with_capacity(self.held.len() + 1 + batch.len());
-        if self.dropped > 0 {
+        if self.unsent_lost > 0 {
             all.push(Record::Lost {
                 cpu: None,
-                count: std::mem::take(&mut self.dropped),
+                count: std::mem::take(&mut self.unsent_lost),
             });
         }
         all.append(&mut self.held);
