@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
-    attribute, AggKey, Attribution, CpuMode, ImageRef, NormalizedFrame, ProcessTable, Profile,
-    Record, SampleRecord, ThreadMap,
+    attribute, AggKey, Attribution, CpuMode, FastMap, ImageRef, NormalizedFrame, ProcessTable,
+    Profile, Record, SampleRecord, ThreadMap,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
@@ -76,6 +76,7 @@ pub struct Converter {
     /// Time origin for per-second bins (ns, the collector's clock).
     origin: Option<u64>,
     frame_text: Vec<Arc<str>>,
+    stack_text: String,
     /// Guest kallsyms text for guest domains nobody registered symbols for.
     default_guest_kallsyms: Option<String>,
     guest_domains: std::collections::HashSet<Arc<str>>,
@@ -133,6 +134,7 @@ impl Converter {
             stats: ConverterStats::default(),
             origin: None,
             frame_text: Vec::with_capacity(64),
+            stack_text: String::with_capacity(1024),
             default_guest_kallsyms: None,
             guest_domains: Default::default(),
             modules: Vec::new(),
@@ -253,11 +255,15 @@ impl Converter {
     /// samples are converted before any other record is applied, so mmaps,
     /// execs and exits keep their order relative to samples.
     pub fn push_batch(&mut self, records: impl IntoIterator<Item = Record>) {
-        let mut pending: HashMap<BatchKey, (SampleRecord, u64, u64)> = HashMap::new();
+        let records = records.into_iter();
+        let mut pending: FastMap<BatchKey, (SampleRecord, u64, u64)> =
+            FastMap::with_capacity_and_hasher(records.size_hint().0, Default::default());
         for r in records {
             match r {
-                Record::Sample(s) => {
+                Record::Sample(mut s) => {
                     let origin = *self.origin.get_or_insert(s.time);
+                    // The chain moves into the key (and back into the
+                    // record in `flush_batch`): no copy per sample.
                     let key = BatchKey {
                         event: s.event,
                         pid: s.pid,
@@ -266,7 +272,7 @@ impl Converter {
                         ip: s.ip,
                         second: s.time.saturating_sub(origin) / 1_000_000_000,
                         cpu: s.cpu,
-                        chain: s.callchain.clone(),
+                        chain: std::mem::take(&mut s.callchain),
                     };
                     let period = s.period.max(1);
                     match pending.get_mut(&key) {
@@ -289,8 +295,9 @@ impl Converter {
         self.flush_batch(&mut pending);
     }
 
-    fn flush_batch(&mut self, pending: &mut HashMap<BatchKey, (SampleRecord, u64, u64)>) {
-        for (_, (s, n, period)) in pending.drain() {
+    fn flush_batch(&mut self, pending: &mut FastMap<BatchKey, (SampleRecord, u64, u64)>) {
+        for (key, (mut s, n, period)) in pending.drain() {
+            s.callchain = key.chain;
             self.sample_weighted(&s, n, period, None);
         }
     }
@@ -510,7 +517,10 @@ impl Converter {
                 }
                 self.frame_text.push(r.symbol);
             }
-            let mut text = String::with_capacity(self.frame_text.len() * 24);
+            // One buffer for every sample's text: one allocation (the
+            // Arc) per stack instead of two.
+            let text = &mut self.stack_text;
+            text.clear();
             for (i, f) in self.frame_text.iter().rev().enumerate() {
                 if i > 0 {
                     text.push(';');
@@ -519,13 +529,13 @@ impl Converter {
             }
             // Interned: samples of many call chains (other IPs, pids) share
             // one stack text, and rows are aggregated by its pointer.
-            if let Some(t) = self.stack_texts.get(text.as_str()) {
+            if let Some(t) = self.stack_texts.get(self.stack_text.as_str()) {
                 t.clone()
             } else {
                 if self.stack_texts.len() >= 1 << 18 {
                     self.stack_texts.clear();
                 }
-                let t: Arc<str> = text.into();
+                let t: Arc<str> = Arc::from(self.stack_text.as_str());
                 self.stack_texts.insert(t.clone());
                 t
             }

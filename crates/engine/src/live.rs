@@ -1,7 +1,9 @@
 //! A live profiling session without a file: the host's rings, the
-//! converter and the active VMs' agents, read a step at a time. `record`
-//! writes what it yields to a session; `top` and `serve --profile` keep a
-//! rolling window of it. One place owns the order of things (rings opened,
+//! converter and the active VMs' agents, read a step at a time. `top` and
+//! `serve --profile` keep a rolling window of what it yields. `record` does
+//! not use it: it has its own loop ([`crate::record`]), with the converter
+//! on a helper thread ([`crate::pipeline::ConvertThread`]) so that reading
+//! the rings never waits on symbol loading, and writes the session file. One place owns the order of things (rings opened,
 //! `/proc` synthesized, agents armed behind the barrier, rings enabled) and
 //! the agents' bookkeeping (busy time per VM and event, lost samples, lost
 //! agents), so every consumer scales guest rows the same way, and what

@@ -4,11 +4,20 @@
 //! milliseconds; on the ring-reading thread that stalled the reads and let
 //! the rings fill on hosts that exec many short-lived programs.
 //!
-//! The ring reader hands each batch of records over an unbounded channel
-//! (records stay in the order read, so mmaps, execs and exits keep their
-//! order relative to samples), and asks for the profile accumulated so far
-//! without waiting: the answer comes back on a second channel and is picked
-//! up on a later turn of the loop. [`ConvertThread::finish`] waits for
+//! The ring reader hands each batch of records over a channel (records stay
+//! in the order read, so mmaps, execs and exits keep their order relative
+//! to samples), and asks for the profile accumulated so far without
+//! waiting: the answer comes back on a second channel and is picked up on a
+//! later turn of the loop.
+//!
+//! What waits in the channel is bounded ([`MAX_IN_FLIGHT`] records): a
+//! converter that cannot keep up must not grow the recorder's memory
+//! without end, and must not block the ring reader either (the kernel would
+//! drop samples, uncounted by us, and the rings' other records with them).
+//! A batch that finds the channel full keeps its other records, held in
+//! order for the next batch, and drops its samples, which are counted as
+//! lost (a `Lost` record sent ahead of the held records), as the kernel
+//! counts the samples a full ring drops. [`ConvertThread::finish`] waits for
 //! every batch to be converted and returns the converter (warnings,
 //! build-ids, the last delta). The converter thread is a thread of the
 //! recorder process, so its CPU time is in the recorder's own cost
@@ -18,9 +27,15 @@
 //! cached by the [`vmscope_symbols::Symbolizer`] the converter owns.
 
 use crate::{Converter, ConverterStats, EngineError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use vmscope_model::{Profile, Record};
+
+/// Records handed over and not yet converted, at most: about 16 s of
+/// `-a -g -F 4000` samples on two CPUs, some tens of MiB.
+pub const MAX_IN_FLIGHT: usize = 1 << 17;
 
 enum Msg {
     Batch(Vec<Record>),
@@ -44,21 +59,42 @@ pub struct ConvertThread {
     /// Counters as of the last answer received.
     stats: ConverterStats,
     handle: Option<JoinHandle<Converter>>,
+    /// Records sent and not yet converted (the converter decrements).
+    in_flight: Arc<AtomicUsize>,
+    /// Records of batches that found the channel full, other than samples,
+    /// in order, waiting for room.
+    held: Vec<Record>,
+    /// Samples dropped since the last batch sent (channel full).
+    unsent_lost: u64,
+    /// Samples dropped in all.
+    dropped: u64,
+    limit: usize,
 }
 
 impl ConvertThread {
     /// Move `conv` to a new thread named `vmscope-convert`.
     pub fn spawn(conv: Converter) -> Result<ConvertThread, EngineError> {
+        ConvertThread::spawn_bounded(conv, MAX_IN_FLIGHT)
+    }
+
+    /// [`ConvertThread::spawn`] with at most `limit` records in flight.
+    pub fn spawn_bounded(conv: Converter, limit: usize) -> Result<ConvertThread, EngineError> {
         let (tx, rx) = channel::<Msg>();
         let (done_tx, done) = channel::<Taken>();
         let stats = conv.stats().clone();
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let counter = in_flight.clone();
         let handle = std::thread::Builder::new()
             .name("vmscope-convert".into())
             .spawn(move || {
                 let mut conv = conv;
                 for msg in rx {
                     match msg {
-                        Msg::Batch(b) => conv.push_batch(b),
+                        Msg::Batch(b) => {
+                            let n = b.len();
+                            conv.push_batch(b);
+                            counter.fetch_sub(n, Ordering::AcqRel);
+                        }
                         Msg::Take => {
                             let t = Taken {
                                 delta: conv.take_delta(),
@@ -78,15 +114,72 @@ impl ConvertThread {
             outstanding: 0,
             stats,
             handle: Some(handle),
+            in_flight,
+            held: Vec::new(),
+            unsent_lost: 0,
+            dropped: 0,
+            limit,
         })
     }
 
-    /// Hand over one ring read (never blocks).
+    /// Hand over one ring read (never blocks). When the records in flight
+    /// would pass the bound, the batch's samples are dropped and counted as
+    /// lost, and its other records wait for the next batch (module docs).
     pub fn push_batch(&mut self, batch: Vec<Record>) {
+        if batch.is_empty() && self.held.is_empty() && self.unsent_lost == 0 {
+            return;
+        }
+        let waiting = self.held.len() + usize::from(self.unsent_lost > 0);
+        if self.in_flight.load(Ordering::Acquire) + waiting + batch.len() > self.limit {
+            self.hold(batch);
+            return;
+        }
+        let batch = self.with_held(batch);
+        self.send(batch);
+    }
+
+    /// Samples dropped because the converter was behind (also counted in
+    /// its lost samples once it converted the `Lost` record).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    fn hold(&mut self, batch: Vec<Record>) {
+        for r in batch {
+            match r {
+                Record::Sample(_) => {
+                    self.unsent_lost += 1;
+                    self.dropped += 1;
+                }
+                other => self.held.push(other),
+            }
+        }
+    }
+
+    /// The held records (after a `Lost` record for the dropped samples)
+    /// followed by `batch`.
+    fn with_held(&mut self, batch: Vec<Record>) -> Vec<Record> {
+        if self.held.is_empty() && self.unsent_lost == 0 {
+            return batch;
+        }
+        let mut all = Vec::with_capacity(self.held.len() + 1 + batch.len());
+        if self.unsent_lost > 0 {
+            all.push(Record::Lost {
+                cpu: None,
+                count: std::mem::take(&mut self.unsent_lost),
+            });
+        }
+        all.append(&mut self.held);
+        all.extend(batch);
+        all
+    }
+
+    fn send(&mut self, batch: Vec<Record>) {
         if batch.is_empty() {
             return;
         }
         if let Some(tx) = &self.tx {
+            self.in_flight.fetch_add(batch.len(), Ordering::AcqRel);
             // A send fails only when the thread ended (it panicked);
             // `finish` reports that.
             let _ = tx.send(Msg::Batch(batch));
@@ -126,6 +219,9 @@ impl ConvertThread {
     /// not yet collected (in order) and the converter, whose remaining
     /// delta the caller takes.
     pub fn finish(mut self) -> Result<(Vec<Taken>, Converter), EngineError> {
+        // What waited for room goes now (the reader is done: waiting is fine).
+        let rest = self.with_held(Vec::new());
+        self.send(rest);
         drop(self.tx.take());
         let conv = self
             .handle
@@ -212,5 +308,42 @@ mod tests {
         assert_eq!(got.total_samples, 2000);
         assert_eq!(got.rows, want.rows);
         assert_eq!(got.bins, want.bins);
+    }
+
+    fn comm(pid: u32) -> Record {
+        Record::Comm {
+            pid,
+            tid: pid,
+            comm: "x".into(),
+            exec: true,
+            time: 0,
+        }
+    }
+
+    /// Past the bound, samples are counted as lost instead of queued, the
+    /// other records still reach the converter, and samples + lost add up
+    /// to every sample handed over.
+    #[test]
+    fn a_full_channel_drops_samples_as_lost_and_keeps_other_records() {
+        let mut t = ConvertThread::spawn_bounded(converter(), 100).unwrap();
+        let mut handed = 0u64;
+        for b in 0..200u64 {
+            // The first batch alone is past the bound: some drops are certain.
+            let n = if b == 0 { 150 } else { 60 };
+            let mut batch: Vec<Record> = (0..n)
+                .map(|i| sample(b * 100_000_000 + i * 1_000))
+                .collect();
+            batch.insert(30, comm(1000 + b as u32));
+            handed += n;
+            t.push_batch(batch);
+        }
+        let dropped = t.dropped();
+        let (_, mut conv) = t.finish().unwrap();
+        let st = conv.stats().clone();
+        assert!(dropped >= 150, "{dropped}");
+        assert_eq!(st.lost, dropped);
+        assert_eq!(st.samples + st.lost, handed, "{st:?}");
+        let p = conv.take_delta();
+        assert_eq!(p.lost.values().sum::<u64>(), dropped);
     }
 }

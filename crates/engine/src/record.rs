@@ -526,6 +526,9 @@ impl Run<'_, '_> {
         // From here the converter runs on its own thread: reading the rings
         // never waits on symbol loading (crate::pipeline).
         let mut conv = ConvertThread::spawn(conv)?;
+        // Checkpoints at most every 64 MiB of log rather than SQLite's 4 MiB
+        // (SessionWriter::set_wal_autocheckpoint).
+        writer.set_wal_autocheckpoint(16_384)?;
         // The same origin for agents' rows: the second they arrive in.
         let t_origin = Instant::now();
 

@@ -20,7 +20,8 @@ pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole
 pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent, DEFAULT_FREQUENCY};
 pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
 pub use profile::{
-    AggKey, BinKey, Counts, Profile, ProfileHasher, ProfileRow, INLINED_SUFFIX, UNKNOWN_SLICE,
+    AggKey, BinKey, Counts, FastMap, FastSet, Profile, ProfileHasher, ProfileRow, INLINED_SUFFIX,
+    UNKNOWN_SLICE,
 };
 pub use record::{split_callchain, CpuMode, Record, SampleRecord};
 

@@ -352,7 +352,7 @@ pub struct BenchSampleRow {
 pub struct SessionWriter {
     conn: Connection,
     path: PathBuf,
-    stack_ids: HashMap<Arc<str>, i64, vmscope_model::ProfileHasher>,
+    stack_ids: vmscope_model::FastMap<Arc<str>, i64>,
     /// [`SessionWriter::bulk_load`] is on.
     bulk: bool,
 }
@@ -398,7 +398,7 @@ impl SessionWriter {
         let w = SessionWriter {
             conn,
             path: path.to_path_buf(),
-            stack_ids: HashMap::default(),
+            stack_ids: Default::default(),
             bulk: false,
         };
         w.set_meta("clean_stop", "0")?;
@@ -410,6 +410,22 @@ impl SessionWriter {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Let the write-ahead log grow to `pages` pages before SQLite folds it
+    /// into the main file (its default is 1000 pages, 4 MiB). A recorder
+    /// flushing every second dirties pages all over the samples table's
+    /// B-tree each time, and every checkpoint copies them again: at 4 MiB
+    /// that was about a tenth of the recorder's CPU under exec churn
+    /// (bench/vs-perf part c). The log stays bounded by `pages`, and
+    /// [`SessionWriter::close`] folds in what is left.
+    pub fn set_wal_autocheckpoint(&self, pages: u32) -> Result<()> {
+        self.conn
+            .query_row(&format!("PRAGMA wal_autocheckpoint = {pages}"), [], |_| {
+                Ok(())
+            })
+            .map_err(sql_err(&self.path))?;
+        Ok(())
     }
 
     pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
@@ -475,15 +491,21 @@ impl SessionWriter {
         }
         // Cached statements: a recording with call stacks interns many new
         // stacks per flush.
-        self.conn
+        let inserted = self
+            .conn
             .prepare_cached("INSERT OR IGNORE INTO stacks(frames) VALUES (?1)")
             .and_then(|mut st| st.execute(params![&**stack]))
             .map_err(sql_err(&self.path))?;
-        let id: i64 = self
-            .conn
-            .prepare_cached("SELECT id FROM stacks WHERE frames = ?1")
-            .and_then(|mut st| st.query_row(params![&**stack], |r| r.get(0)))
-            .map_err(sql_err(&self.path))?;
+        // A new row's id is the last rowid: no second lookup by text (the
+        // stacks of a recording are mostly new ones).
+        let id: i64 = if inserted == 1 {
+            self.conn.last_insert_rowid()
+        } else {
+            self.conn
+                .prepare_cached("SELECT id FROM stacks WHERE frames = ?1")
+                .and_then(|mut st| st.query_row(params![&**stack], |r| r.get(0)))
+                .map_err(sql_err(&self.path))?
+        };
         self.stack_ids.insert(stack.clone(), id);
         Ok(id)
     }
