@@ -56,9 +56,12 @@ fn class_index(class: &ImageRef) -> u8 {
     }
 }
 
-/// Rows of a delta not yet added to its [`Profile`].
+/// Rows of a delta not yet added to its [`Profile`] (import only: the
+/// agent builds the converter without the `host` feature).
+#[cfg(feature = "host")]
 pub(crate) struct PendingRows(RowAggregator);
 
+#[cfg(feature = "host")]
 impl PendingRows {
     /// The rows; keys may repeat (see `SessionWriter::flush_with_rows`).
     pub fn into_rows(self) -> Vec<(AggKey, u64, u64)> {
@@ -187,6 +190,7 @@ impl Converter {
 
     /// [`Converter::take_delta`] with the rows still apart, for
     /// `SessionWriter::flush_with_rows` (import).
+    #[cfg(feature = "host")]
     pub(crate) fn take_delta_parts(&mut self) -> (Profile, PendingRows) {
         (self.delta.take(), PendingRows(self.rows.take()))
     }

@@ -235,6 +235,7 @@ impl StackCache {
     }
 }
 
+#[cfg_attr(not(feature = "host"), allow(dead_code))]
 struct KeyEntry {
     pid: u32,
     generation: u64,
@@ -247,12 +248,14 @@ struct KeyEntry {
 /// Numbers for sample keys, made where records are read; see the module
 /// docs. Fed every record in stream order.
 #[derive(Default)]
+#[cfg_attr(not(feature = "host"), allow(dead_code))]
 pub(crate) struct StackKeys {
     entries: FastMap<u64, KeyEntry>,
     generations: Generations,
     next: u64,
 }
 
+#[cfg_attr(not(feature = "host"), allow(dead_code))]
 impl StackKeys {
     /// The number of a sample's key; other records move generations and
     /// get none.
@@ -435,12 +438,14 @@ impl RowAggregator {
     }
 
     /// Everything, leaving this empty.
+    #[cfg_attr(not(feature = "host"), allow(dead_code))]
     pub fn take(&mut self) -> RowAggregator {
         std::mem::take(self)
     }
 
     /// The rows, in no order; keys may repeat (equal texts behind other
     /// pointers).
+    #[cfg_attr(not(feature = "host"), allow(dead_code))]
     pub fn into_rows(self) -> Vec<(AggKey, u64, u64)> {
         self.rows.into_values().collect()
     }
