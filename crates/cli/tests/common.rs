@@ -232,3 +232,35 @@ pub fn leftovers(env: &LabEnv, lab: &str) -> Vec<String> {
     }
     left
 }
+
+/// Kills (by its own pid) and reaps a child when dropped.
+pub struct Reap(pub std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Example `name` of `package`, built on demand in the profile of the
+/// vmscope under test (next to which it is looked for).
+pub fn example(package: &str, name: &str) -> Result<PathBuf, String> {
+    let dir = bin().parent().ok_or("no target dir")?.to_path_buf();
+    let exe = dir.join("examples").join(name);
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "-q", "-p", package, "--example", name]);
+    if dir.ends_with("release") {
+        c.arg("--release");
+    }
+    let st = c.status().map_err(|e| format!("cargo build: {e}"))?;
+    if !st.success() || !exe.exists() {
+        return Err(format!("could not build the {name} example"));
+    }
+    Ok(exe)
+}
+
+/// The synthetic QEMU (`fake_qemu` of vmscope-stat).
+pub fn fake_qemu() -> Result<PathBuf, String> {
+    example("vmscope-stat", "fake_qemu")
+}

@@ -34,6 +34,8 @@
 
 mod common;
 
+use common::Reap;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -688,16 +690,6 @@ fn libvirtd_stops_mid_account(domain: &str, libvirtd: u32) {
     assert_eq!(sources[0], "libvirt", "{sources:?}");
     assert_eq!(sources.last().unwrap(), "proc-io", "{sources:?}");
     assert_eq!(notes.len(), 1, "{notes:?}");
-}
-
-/// Kills the child (by its pid) when dropped.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn http_get(addr: &str, path: &str) -> Option<String> {

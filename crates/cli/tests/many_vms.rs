@@ -9,36 +9,19 @@
 
 mod common;
 
+use common::Reap;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use vmscope_testkit::require_root;
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
-/// Kills (by its own pid) and reaps a child when dropped.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The `sim_vms` example, built on demand in this test's profile.
 fn sim_vms() -> PathBuf {
-    let dir = PathBuf::from(VMSCOPE).parent().unwrap().to_path_buf();
-    let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "-q", "-p", "vmscope-agent", "--example", "sim_vms"]);
-    if dir.ends_with("release") {
-        cmd.arg("--release");
-    }
-    assert!(cmd.status().unwrap().success(), "cargo build sim_vms");
-    let bin = dir.join("examples/sim_vms");
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    common::example("vmscope-agent", "sim_vms").expect("cargo build sim_vms")
 }
 
 #[test]

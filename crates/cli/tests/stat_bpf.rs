@@ -8,54 +8,17 @@
 //!
 //! Prints `SKIP: <reason>` without root or without BPF.
 
+mod common;
+
+use common::{fake_qemu, Reap};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
 use vmscope_testkit::{is_root, skip};
-
-/// Kills (by its own pid) and reaps a child when dropped.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The `fake_qemu` example, built on demand in the profile under test.
-fn fake_qemu() -> Result<PathBuf, String> {
-    let exe = PathBuf::from(VMSCOPE);
-    let bin = exe
-        .parent()
-        .map(|d| d.join("examples/fake_qemu"))
-        .ok_or("no target dir")?;
-    let release = exe
-        .parent()
-        .and_then(|d| d.file_name())
-        .is_some_and(|n| n == "release");
-    let st = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "vmscope-stat",
-            "--example",
-            "fake_qemu",
-        ])
-        .args(release.then_some("--release"))
-        .status()
-        .map_err(|e| format!("cargo build: {e}"))?;
-    if !st.success() || !bin.exists() {
-        return Err("could not build the fake_qemu example".into());
-    }
-    Ok(bin)
-}
 
 /// Summed run time of every thread of `pid` (ns).
 fn run_ns(pid: u32) -> u64 {

@@ -7,13 +7,11 @@
 
 mod common;
 
-use common::vmscope;
+use common::{fake_qemu, vmscope, Reap};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-
-const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
+use std::process::{Command, Stdio};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../linux/tests/fixtures/numa")
@@ -101,39 +99,6 @@ fn split_vms_are_flagged_local_ones_not() {
     let why = flat["topology"]["synthesized"].as_str().expect("said");
     assert!(why.contains("does not exist"), "{why}");
     assert_eq!(vm(&flat, "flat")["verdict"], "local");
-}
-
-/// Kills (by its own pid) and reaps a child when dropped.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The `fake_qemu` example, built for the profile this binary was built with.
-fn fake_qemu() -> Result<PathBuf, String> {
-    let dir = Path::new(VMSCOPE).parent().ok_or("no target dir")?;
-    let bin = dir.join("examples/fake_qemu");
-    let mut c = Command::new(env!("CARGO"));
-    c.args([
-        "build",
-        "-q",
-        "-p",
-        "vmscope-stat",
-        "--example",
-        "fake_qemu",
-    ]);
-    if dir.ends_with("release") {
-        c.arg("--release");
-    }
-    let st = c.status().map_err(|e| format!("cargo build: {e}"))?;
-    if !st.success() || !bin.exists() {
-        return Err("could not build the fake_qemu example".into());
-    }
-    Ok(bin)
 }
 
 /// `Cpus_allowed_list` and field 39 of a thread, read here.
