@@ -146,17 +146,18 @@ fn vms_come_and_go_mid_interval() {
             .spawn()
             .unwrap()
     };
-    let stat = spawn(&["stat", "-i", "300ms", "-n", "20", "--format", "json"]);
+    let stat = spawn(&["stat", "-i", "300ms", "-n", "26", "--format", "json"]);
     let account = spawn(&[
-        "account", "-i", "300ms", "-n", "20", "--format", "json", "--no-qmp",
+        "account", "-i", "300ms", "-n", "26", "--format", "json", "--no-qmp",
     ]);
     std::thread::sleep(Duration::from_millis(700));
     let (fake, pid, mut ctl) = start_fake(&bin, "faulty", 2, have_tap.then_some(tap));
     std::thread::sleep(Duration::from_millis(900));
     writeln!(ctl, "rename 1 renamed-vcpu").unwrap();
     ctl.flush().unwrap();
-    // Renames are seen within 2 s (VM thread names are re-read that often).
-    std::thread::sleep(Duration::from_millis(2300));
+    // Renames are seen within a round of name reads (2 s with few VM
+    // threads) and the next interval.
+    std::thread::sleep(Duration::from_millis(3000));
     let renamed = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()

@@ -105,6 +105,9 @@ pub struct VmTracker {
     comm_cursor: usize,
     last_full: Option<std::time::Instant>,
     last_names: Option<std::time::Instant>,
+    /// The fraction of a name due but not yet read at the last check, so
+    /// that rounding down never slows the round.
+    names_due: f64,
 }
 
 /// A full discovery (every process, every thread name) at least this often;
@@ -142,6 +145,7 @@ impl VmTracker {
             comm_cursor: 0,
             last_full: None,
             last_names: None,
+            names_due: 0.0,
         }
     }
 
@@ -221,10 +225,13 @@ impl VmTracker {
         let period = NAMES_EVERY.max(std::time::Duration::from_secs_f64(n as f64 / NAMES_PER_SEC));
         let now = std::time::Instant::now();
         let since = self.last_names.map_or(period, |t| now.duration_since(t));
-        let k = ((n as f64 * since.as_secs_f64() / period.as_secs_f64()).floor() as usize).min(n);
+        let due =
+            (self.names_due + n as f64 * since.as_secs_f64() / period.as_secs_f64()).min(n as f64);
+        let k = due.floor() as usize;
         if k == 0 {
             return false;
         }
+        self.names_due = due - k as f64;
         self.last_names = Some(now);
         let mut renamed = false;
         for _ in 0..k {
@@ -288,6 +295,7 @@ impl VmTracker {
         self.comm_keys.sort_unstable();
         self.comm_cursor = 0;
         self.last_names = Some(std::time::Instant::now());
+        self.names_due = 0.0;
         Ok(changes)
     }
 
@@ -569,18 +577,27 @@ mod tests {
         assert_eq!(d.comm_cursor, 2);
         assert_eq!(d.comm_reader.open_files(), 2);
         // Too soon for a whole name: nothing read, the time is kept.
+        d.names_due = 0.0;
         d.last_names = ago(100);
         assert!(!d.check_names());
         assert_eq!(d.comm_cursor, 2);
+        // What rounding left over counts at the next check: 0.6 due and
+        // 0.1 s (0.5 of a name) make one read.
+        d.names_due = 0.6;
+        d.last_names = ago(100);
+        assert!(!d.check_names());
+        assert_eq!(d.comm_cursor, 3);
+        assert!(d.names_due < 0.2, "{}", d.names_due);
         // A rename among the next two is found.
-        std::fs::write(root.join("100/task/104/comm"), "renamed\n").unwrap();
+        std::fs::write(root.join("100/task/105/comm"), "renamed\n").unwrap();
+        d.names_due = 0.0;
         d.last_names = ago(500);
         assert!(d.check_names());
-        assert_eq!(d.comm_cursor, 4);
+        assert_eq!(d.comm_cursor, 5);
         // A long pause reads the round once, not more, and wraps.
         d.last_names = ago(60_000);
         d.check_names();
-        assert_eq!(d.comm_cursor, 4);
+        assert_eq!(d.comm_cursor, 5);
         assert_eq!(d.comm_reader.open_files(), 10);
         // With 5000 names the round takes 10 s: 1 s reads 500.
         let n = 5000.0_f64;
