@@ -264,3 +264,26 @@ pub fn example(package: &str, name: &str) -> Result<PathBuf, String> {
 pub fn fake_qemu() -> Result<PathBuf, String> {
     example("vmscope-stat", "fake_qemu")
 }
+
+/// Starts a synthetic QEMU (`cmd`: the `fake_qemu` binary and its
+/// arguments; stdin as the caller set it) and waits for its `ready PID`
+/// line: its reaper, its pid, and its stdin when `cmd` piped it.
+pub fn start_fake_qemu(cmd: &mut Command) -> (Reap, u32, Option<std::process::ChildStdin>) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fake_qemu");
+    let stdin = child.stdin.take();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut line)
+        .expect("fake_qemu ready line");
+    let reap = Reap(child);
+    let pid = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .expect("fake_qemu ready line");
+    (reap, pid, stdin)
+}

@@ -56,22 +56,8 @@ fn start_fake(
     if let Some(t) = tap {
         c.args(["--tap", t]);
     }
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start fake_qemu");
-    let stdin = child.stdin.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let pid = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok())
-        .expect("fake_qemu ready line");
-    (Reap(child), pid, stdin)
+    let (reap, pid, stdin) = common::start_fake_qemu(c.stdin(Stdio::piped()));
+    (reap, pid, stdin.expect("piped"))
 }
 
 #[test]

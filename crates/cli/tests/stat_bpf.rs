@@ -10,9 +10,8 @@
 
 mod common;
 
-use common::{fake_qemu, Reap};
+use common::fake_qemu;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -92,31 +91,20 @@ fn bpf_source_agrees_with_the_threads_schedstat() {
         }
     };
     let name = "statbpf";
-    let mut child = Command::new(&bin)
-        .args([
-            "--vcpus",
-            "4",
-            "--name",
-            name,
-            "--period-ms",
-            "18",
-            "--spin-us",
-            "2000",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start fake_qemu");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let fake = Reap(child);
-    let pid: u32 = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok())
-        .expect("fake_qemu ready line");
+    let (fake, pid, _) = common::start_fake_qemu(
+        Command::new(&bin)
+            .args([
+                "--vcpus",
+                "4",
+                "--name",
+                name,
+                "--period-ms",
+                "18",
+                "--spin-us",
+                "2000",
+            ])
+            .stdin(Stdio::null()),
+    );
     let spawn = |src: &str| {
         Command::new(VMSCOPE)
             .args([

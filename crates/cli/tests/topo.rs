@@ -7,9 +7,8 @@
 
 mod common;
 
-use common::{fake_qemu, vmscope, Reap};
+use common::{fake_qemu, vmscope};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -157,23 +156,13 @@ fn live_on_this_machine() {
             return;
         }
     };
-    let mut child = Command::new(&bin)
-        .args(["--vcpus", "2", "--name", "topo-live", "--period-ms", "20"])
-        .args(["--spin-us", "200"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start fake_qemu");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _reap = Reap(child);
-    let pid: u64 = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok())
-        .expect("fake_qemu ready line");
+    let (_reap, pid, _stdin) = common::start_fake_qemu(
+        Command::new(&bin)
+            .args(["--vcpus", "2", "--name", "topo-live", "--period-ms", "20"])
+            .args(["--spin-us", "200"])
+            .stdin(Stdio::piped()),
+    );
+    let pid = u64::from(pid);
 
     let v = topo_json(&[]);
     let nodes = v["topology"]["nodes"].as_array().unwrap();

@@ -273,18 +273,15 @@ impl VmStat {
                 for cpu in stat.iter().flat_map(|st| st.cpus.iter().map(|c| c.0)) {
                     times.entry((cpu, 0)).or_default();
                 }
-                let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
-                let busy = fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
                 let dt = dt_ns as f64 / 1e9;
-                let rows = switch_rows(&times, &map, dt);
-                track_drift(
-                    &mut s.drift,
-                    &busy,
-                    s.prev_stat.as_ref(),
-                    stat.as_ref(),
+                let rows = fit_rows(
+                    &mut times,
+                    &map,
+                    (&mut s.prev_stat, &mut s.drift),
+                    stat,
                     dt_ns,
+                    dt,
                 );
-                s.prev_stat = stat;
                 (rows, dt, s.times.take_dropped(), changes)
             }
             Src::Switch(s) => {
@@ -306,17 +303,14 @@ impl VmStat {
                 }
                 let stat = self.proc.cpu_times().ok();
                 let dt_ns = (dt * 1e9) as u64;
-                let bounds = bounds(&times, s.prev_stat.as_ref(), stat.as_ref(), &s.drift, dt_ns);
-                let busy = fit::fit_cpus(&mut times, |t| map.contains_key(&t), &bounds, dt_ns);
-                let rows = switch_rows(&times, &map, dt);
-                track_drift(
-                    &mut s.drift,
-                    &busy,
-                    s.prev_stat.as_ref(),
-                    stat.as_ref(),
+                let rows = fit_rows(
+                    &mut times,
+                    &map,
+                    (&mut s.prev_stat, &mut s.drift),
+                    stat,
                     dt_ns,
+                    dt,
                 );
-                s.prev_stat = stat;
                 (rows, dt, lost, changes)
             }
             Src::Sched(s) => {
@@ -430,6 +424,25 @@ fn kind_of(map: &HashMap<u32, (u32, Option<u32>)>, tid: u32) -> Option<(u32, Cel
 }
 
 /// Rows from per-(cpu, tid) nanoseconds (tid 0 = idle).
+/// One interval of slices (the bpf or the sched_switch source) fitted to
+/// each CPU's `/proc/stat` bounds (`stat`, against the source's previous
+/// reading and learned drift, both updated here), then made rows.
+fn fit_rows(
+    times: &mut TidTimes,
+    map: &HashMap<u32, (u32, Option<u32>)>,
+    (prev_stat, drift): (&mut Option<procfs::ProcStat>, &mut HashMap<u32, i64>),
+    stat: Option<procfs::ProcStat>,
+    dt_ns: u64,
+    dt: f64,
+) -> Vec<CpuRow> {
+    let b = bounds(times, prev_stat.as_ref(), stat.as_ref(), drift, dt_ns);
+    let busy = fit::fit_cpus(times, |t| map.contains_key(&t), &b, dt_ns);
+    let rows = switch_rows(times, map, dt);
+    track_drift(drift, &busy, prev_stat.as_ref(), stat.as_ref(), dt_ns);
+    *prev_stat = stat;
+    rows
+}
+
 fn switch_rows(times: &TidTimes, map: &HashMap<u32, (u32, Option<u32>)>, dt: f64) -> Vec<CpuRow> {
     let mut per_cpu: HashMap<u32, (f64, CellTimes)> = HashMap::new();
     for (&(cpu, tid), &ns) in times {
