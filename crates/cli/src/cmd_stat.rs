@@ -29,7 +29,8 @@ impl From<OutFormat> for IntervalFormat {
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum SourceArg {
-    /// sched:sched_switch tracepoint rings, falling back to schedstat.
+    /// The eBPF program when it loads (root), else the sched_switch rings,
+    /// else schedstat; the header says which and why.
     Auto,
     /// sched:sched_switch only (fails when tracepoints are unavailable).
     SchedSwitch,
@@ -84,7 +85,7 @@ pub fn run(a: StatArgs) -> Result<ExitCode> {
     let mut out = stdout.lock();
     let mut desc = stat.source().describe().to_string();
     if let Some(why) = &stat.fallback_reason {
-        desc.push_str(&format!("; sched_switch unavailable: {why}"));
+        desc.push_str(&format!("; not available: {why}"));
     }
     let mut session = match &a.output {
         Some(p) => Some(

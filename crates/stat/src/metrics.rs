@@ -392,6 +392,7 @@ mod tests {
             legend: None,
             lost: 0,
             uncounted_slices: 0,
+            unchained_switches: 0,
         };
         let names = [(1u32, "t0".to_string())].into_iter().collect();
         let mut p = Totals::new(true);

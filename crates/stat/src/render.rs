@@ -3,7 +3,7 @@
 //! its units (seconds, percent, operations).
 
 use crate::account::AccountInterval;
-use crate::vmstat::{CpuRow, StatInterval};
+use crate::vmstat::{CpuRow, Source, StatInterval};
 use serde_json::json;
 use std::io::Write;
 
@@ -65,11 +65,11 @@ pub fn stat_interval(
                 writeln!(out, "# legend: {l}")?;
             }
             if s.lost > 0 {
-                writeln!(
-                    out,
-                    "# {} switch records lost: times of this interval are short",
-                    s.lost
-                )?;
+                let what = match s.source {
+                    Source::Bpf => "slices dropped (the eBPF program's map was full)",
+                    _ => "switch records lost",
+                };
+                writeln!(out, "# {} {what}: times of this interval are short", s.lost)?;
             }
             writeln!(out, "CPU  Total Pct  Virtual CPUs")?;
             for r in &s.rows {
@@ -127,7 +127,8 @@ pub fn stat_interval(
                     "{}",
                     json!({"type": "cpu", "time_s": s.time_s, "interval_s": s.interval_s,
                            "source": s.source, "cpu": r.cpu, "total_pct": r.total_pct, "cells": cells,
-                           "uncounted_slices": s.uncounted_slices})
+                           "lost": s.lost, "uncounted_slices": s.uncounted_slices,
+                           "unchained_switches": s.unchained_switches})
                 )?;
             }
         }

@@ -222,6 +222,7 @@ mod tests {
             legend: None,
             lost: 0,
             uncounted_slices: 0,
+            unchained_switches: 0,
         };
         s.add_stat(&iv, &[(2, "web".to_string())].into_iter().collect())
             .unwrap();

@@ -57,8 +57,12 @@ impl Source {
 #[derive(Debug, Clone)]
 pub struct VmStatOptions {
     pub proc_root: PathBuf,
-    /// `None`: sched_switch, falling back to schedstat when it cannot open.
-    /// [`Source::Bpf`] is only used when asked for.
+    /// `None` (`--source auto`): the eBPF program, falling back to the
+    /// sched_switch rings when it cannot load (not root, no BPF), and to
+    /// schedstat when tracepoints cannot open either. bpf comes first: its
+    /// cost follows the tasks that ran, not the threads that exist
+    /// (`bench/stat-overhead`), and it read closer to the threads' own
+    /// schedstat than the rings in `tests/stat_bpf.rs`.
     pub source: Option<Source>,
 }
 
@@ -126,6 +130,10 @@ pub struct StatInterval {
     /// Switch-outs after a lost switch-in from idle, whose slice is not
     /// counted (sched_switch source).
     pub uncounted_slices: u64,
+    /// Switches whose outgoing task was not the one the eBPF program last
+    /// saw switched in on that CPU: a switch it missed, whose gap went to
+    /// the task it last saw (bpf source).
+    pub unchained_switches: u64,
 }
 
 /// Seconds per (domain, cell) on one CPU.
@@ -184,7 +192,8 @@ pub struct VmStat {
     src: Src,
     start: Instant,
     first: bool,
-    /// Why the fallback was taken, when it was.
+    /// Why `auto` did not get the eBPF source (and the rings, when it fell
+    /// back to schedstat), when it did not.
     pub fallback_reason: Option<String>,
 }
 
@@ -196,18 +205,20 @@ impl VmStat {
         let mut fallback_reason = None;
         let src = match opts.source {
             Some(Source::Schedstat) => Src::Sched(Box::new(sched_src(&proc, &domains)?)),
-            Some(Source::Bpf) => Src::Bpf(Box::new(BpfSrc {
-                times: vmscope_linux::bpf_switch::BpfSwitchTimes::open()?,
-                prev_stat: proc.cpu_times().ok(),
-                drift: HashMap::new(),
-            })),
-            want => match open_switch(&proc) {
-                Ok(s) => Src::Switch(Box::new(s)),
-                Err(e) if want.is_none() => {
-                    fallback_reason = Some(e.to_string());
-                    Src::Sched(Box::new(sched_src(&proc, &domains)?))
-                }
-                Err(e) => return Err(e),
+            Some(Source::Bpf) => Src::Bpf(Box::new(bpf_src(&proc)?)),
+            Some(Source::SchedSwitch) => Src::Switch(Box::new(open_switch(&proc)?)),
+            None => match bpf_src(&proc) {
+                Ok(b) => Src::Bpf(Box::new(b)),
+                Err(bpf_err) => match open_switch(&proc) {
+                    Ok(s) => {
+                        fallback_reason = Some(format!("bpf: {bpf_err}"));
+                        Src::Switch(Box::new(s))
+                    }
+                    Err(e) => {
+                        fallback_reason = Some(format!("bpf: {bpf_err}; sched_switch: {e}"));
+                        Src::Sched(Box::new(sched_src(&proc, &domains)?))
+                    }
+                },
             },
         };
         let mut src = src;
@@ -257,6 +268,7 @@ impl VmStat {
     pub fn next(&mut self, interval: Duration) -> Result<StatInterval, StatError> {
         let before = self.domains.tid_map();
         let mut uncounted_slices = 0;
+        let mut unchained_switches = 0;
         let (rows, dt, lost, changes) = match &mut self.src {
             Src::Bpf(s) => {
                 let until = s.times.t0() + interval.as_nanos() as u64;
@@ -282,6 +294,7 @@ impl VmStat {
                     dt_ns,
                     dt,
                 );
+                unchained_switches = s.times.take_unchained();
                 (rows, dt, s.times.take_dropped(), changes)
             }
             Src::Switch(s) => {
@@ -335,6 +348,7 @@ impl VmStat {
             legend: legend_changed.then(|| self.domains.legend()),
             lost,
             uncounted_slices,
+            unchained_switches,
         })
     }
 }
@@ -420,6 +434,14 @@ fn kind_of(map: &HashMap<u32, (u32, Option<u32>)>, tid: u32) -> Option<(u32, Cel
                 None => CellKind::Io,
             },
         )
+    })
+}
+
+fn bpf_src(proc: &ProcRoot) -> Result<BpfSrc, StatError> {
+    Ok(BpfSrc {
+        times: vmscope_linux::bpf_switch::BpfSwitchTimes::open()?,
+        prev_stat: proc.cpu_times().ok(),
+        drift: HashMap::new(),
     })
 }
 
