@@ -11,7 +11,10 @@
 //! them: it agrees with them as well as they agree together
 //! (`peers::agree`; the `dd/fio` column shows it). A configuration whose
 //! 256 MiB pass ends in under 0.4 s is measured over several passes
-//! ([`passes_for`]). The file lives under /var/tmp, on disk. dd's
+//! ([`passes_for`]). Seven rounds let paired rounds speak too: medians
+//! apart, but the engine not past the same side of a peer's band in every
+//! round (sign test, `peers::SIGN_ALPHA`), is not a difference shown; the
+//! `rounds beyond` column counts them. The file lives under /var/tmp, on disk. dd's
 //! writes are timed without its reads of /dev/zero (`peers` explains).
 //! The lab test `lab_bench_io` (vmscope-cli) does the same in a VM.
 
@@ -155,8 +158,8 @@ fn engine_agrees_with_dd_and_fio_on_the_host() {
         .filter(|a| !a.within)
         .map(|a| {
             format!(
-                "{} {}: engine/dd {:.3}, engine/fio {:.3}",
-                a.mode, a.bs, a.engine_dd, a.engine_fio
+                "{} {}: engine/dd {:.3}, engine/fio {:.3}, rounds beyond {:?} of {}",
+                a.mode, a.bs, a.engine_dd, a.engine_fio, a.beyond, a.rounds
             )
         })
         .collect();
