@@ -204,8 +204,9 @@ fn partial_of(db: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Samples stored so far in a session file, if it is readable.
-fn stored_samples(db: &Path) -> Option<u64> {
+/// Host samples and `vm`'s agent samples stored so far in a session file,
+/// if it is readable.
+fn stored_samples(db: &Path, vm: &str) -> Option<(u64, u64)> {
     let out = Command::new(VMSCOPE)
         .arg("report")
         .arg(db)
@@ -213,7 +214,13 @@ fn stored_samples(db: &Path) -> Option<u64> {
         .output()
         .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["events"][0]["samples"].as_u64()
+    let agent = v["scales"].as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|s| s["domain"] == vm)
+            .filter_map(|s| s["agent_samples"].as_u64())
+            .sum()
+    });
+    Some((v["events"][0]["samples"].as_u64()?, agent))
 }
 
 #[test]
@@ -256,7 +263,10 @@ fn record_stat_account_and_serve_stop_cleanly_on_sigterm_and_sighup() {
                 "record", "-a", "-F", "499", "-d", "120", "--vm", &role, "-o", &d,
             ],
             sig,
-            &|_| stored_samples(&part).is_some_and(|n| n > 0),
+            // Stopped once the partial file holds host samples and the
+            // agent's rows: the stop must keep both, and an agent's first
+            // rows can come a few seconds after the host's under TCG.
+            &|_| stored_samples(&part, vm).is_some_and(|(h, a)| h > 0 && a > 0),
         );
         assert_eq!(code, Some(0), "record stopped by signal {sig}: {err}");
         assert!(err.contains("written to"), "{err}");

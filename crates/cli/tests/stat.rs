@@ -132,10 +132,11 @@ fn vms_come_and_go_mid_interval() {
             .spawn()
             .unwrap()
     };
-    let stat = spawn(&["stat", "-i", "300ms", "-n", "26", "--format", "json"]);
-    let account = spawn(&[
-        "account", "-i", "300ms", "-n", "26", "--format", "json", "--no-qmp",
-    ]);
+    // Both run until SIGTERM (which ends them after the current interval),
+    // sent once the fake has exited and a few intervals passed: the exit
+    // always falls inside their runs, however slow the host.
+    let stat = spawn(&["stat", "-i", "300ms", "--format", "json"]);
+    let account = spawn(&["account", "-i", "300ms", "--format", "json", "--no-qmp"]);
     std::thread::sleep(Duration::from_millis(700));
     let (fake, pid, mut ctl) = start_fake(&bin, "faulty", 2, have_tap.then_some(tap));
     std::thread::sleep(Duration::from_millis(900));
@@ -156,6 +157,11 @@ fn vms_come_and_go_mid_interval() {
     }
     std::thread::sleep(Duration::from_millis(700));
     drop(fake);
+    std::thread::sleep(Duration::from_millis(1500));
+    for c in [&stat, &account] {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    }
     let stat = stat.wait_with_output().unwrap();
     let account = account.wait_with_output().unwrap();
     if have_tap {
