@@ -154,6 +154,13 @@ impl Converter {
         }
     }
 
+    /// The per-second bin a sample of this time falls in (`None` before
+    /// the first sample sets the origin).
+    #[cfg(feature = "host")]
+    pub(crate) fn second_of(&self, time: u64) -> Option<u64> {
+        self.origin.map(|o| time.saturating_sub(o) / 1_000_000_000)
+    }
+
     /// Set the time origin of per-second bins (else the first sample's time).
     pub fn set_origin(&mut self, t: u64) {
         self.origin = Some(t);

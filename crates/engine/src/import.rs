@@ -64,7 +64,11 @@ pub struct ImportSummary {
 }
 
 /// Hand a delta to the store every this many records (bounds memory; a
-/// small last delta leaves little store work after conversion ends).
+/// small last delta leaves little store work after conversion ends), at
+/// the first sample of a new second after that: rows are keyed by second,
+/// so a delta then shares no row with the next one, and the store inserts
+/// each row once instead of inserting it and then updating it (records out
+/// of time order only make an update).
 const FLUSH_EVERY: u64 = 100_000;
 /// Records per batch from the reading thread to the converting one.
 const BATCH: usize = 4096;
@@ -205,17 +209,33 @@ fn convert_pipelined(
         };
         let mut conv = make_conv();
         let mut n = 0u64;
+        // The second of the sample that made `n` reach FLUSH_EVERY.
+        let mut due: Option<u64> = None;
         'read: for batch in rec_rx {
             for item in &batch {
                 match item {
-                    Item::Sample(s, key, chain) => conv.push_raw_sample(s, *key, chain),
+                    Item::Sample(s, key, chain) => {
+                        if n >= FLUSH_EVERY {
+                            let second = conv.second_of(s.time);
+                            // Samples without times (all in second 0)
+                            // flush every 4 × FLUSH_EVERY records.
+                            let flush = n >= 4 * FLUSH_EVERY
+                                || matches!((due, second), (Some(d), Some(sec)) if sec > d);
+                            if flush {
+                                if delta_tx.send(conv.take_delta_parts()).is_err() {
+                                    break 'read;
+                                }
+                                n = 0;
+                                due = None;
+                            } else if due.is_none() {
+                                due = second;
+                            }
+                        }
+                        conv.push_raw_sample(s, *key, chain);
+                    }
                     Item::Other(r) => conv.push_keyed(r, None),
                 }
                 n += 1;
-                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta_parts()).is_err()
-                {
-                    break 'read;
-                }
             }
             // Full (the reader is behind): dropped here instead.
             let _ = back_tx.try_send(batch);
