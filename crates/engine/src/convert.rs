@@ -38,6 +38,21 @@ struct BatchKey {
     chain: Vec<(CpuMode, u64)>,
 }
 
+/// Add `n` samples to a domain's count; the name is cloned (an atomic
+/// operation, and one more to drop it) only the first time.
+fn count_domain(
+    counts: &mut HashMap<Arc<str>, u64, vmscope_model::ProfileHasher>,
+    domain: &Arc<str>,
+    n: u64,
+) {
+    match counts.get_mut(domain) {
+        Some(c) => *c += n,
+        None => {
+            counts.insert(domain.clone(), n);
+        }
+    }
+}
+
 /// What [`attribute`] looks at in a leaf's image: kernel, anonymous, or
 /// anything else (as `Unknown`); no `Arc` to clone.
 fn image_class(image: &ImageRef) -> ImageRef {
@@ -363,7 +378,7 @@ impl Converter {
         }
         if !self.unmonitored.is_empty() && self.unmonitored.contains(&attr.domain) {
             let label = self.unmonitored_label.clone();
-            *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+            count_domain(&mut self.stats.domains, &attr.domain, n);
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
             self.delta
                 .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
@@ -382,7 +397,7 @@ impl Converter {
             self.rows.add(key, n, period);
             return;
         }
-        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+        count_domain(&mut self.stats.domains, &attr.domain, n);
         if attr.context.is_guest() {
             *self
                 .stats
