@@ -38,6 +38,21 @@ struct BatchKey {
     chain: Vec<(CpuMode, u64)>,
 }
 
+/// Add `n` samples to a domain's count; the name is cloned (an atomic
+/// operation, and one more to drop it) only the first time.
+fn count_domain(
+    counts: &mut HashMap<Arc<str>, u64, vmscope_model::ProfileHasher>,
+    domain: &Arc<str>,
+    n: u64,
+) {
+    match counts.get_mut(domain) {
+        Some(c) => *c += n,
+        None => {
+            counts.insert(domain.clone(), n);
+        }
+    }
+}
+
 /// What [`attribute`] looks at in a leaf's image: kernel, anonymous, or
 /// anything else (as `Unknown`); no `Arc` to clone.
 fn image_class(image: &ImageRef) -> ImageRef {
@@ -154,6 +169,13 @@ impl Converter {
         }
     }
 
+    /// The per-second bin a sample of this time falls in (`None` before
+    /// the first sample sets the origin).
+    #[cfg(feature = "host")]
+    pub(crate) fn second_of(&self, time: u64) -> Option<u64> {
+        self.origin.map(|o| time.saturating_sub(o) / 1_000_000_000)
+    }
+
     /// Set the time origin of per-second bins (else the first sample's time).
     pub fn set_origin(&mut self, t: u64) {
         self.origin = Some(t);
@@ -199,13 +221,21 @@ impl Converter {
         self.push_keyed(&rec, None);
     }
 
+    /// A sample as import reads it: its call chain's raw words (markers
+    /// included; the record's own `callchain` is not read) and the number
+    /// `sample_cache::StackKeys` gave its key.
+    #[cfg(feature = "host")]
+    pub(crate) fn push_raw_sample(&mut self, s: &SampleRecord, key: u64, chain: &[u64]) {
+        self.sample_weighted(s, 1, s.period.max(1), Some(key), Some(chain));
+    }
+
     /// [`Converter::push`] of a borrowed record (the caller drops it, e.g.
     /// on the thread that allocated it), with the number
     /// `sample_cache::StackKeys` gave a sample (`None`: look its stack up by
     /// the chain itself).
     pub(crate) fn push_keyed(&mut self, rec: &Record, key: Option<u64>) {
         match rec {
-            Record::Sample(s) => self.sample_weighted(s, 1, s.period.max(1), key),
+            Record::Sample(s) => self.sample_weighted(s, 1, s.period.max(1), key, None),
             Record::Lost { count, .. } => {
                 // Ring losses are shared by every event of that CPU's ring;
                 // they are booked on the first event.
@@ -302,11 +332,19 @@ impl Converter {
     fn flush_batch(&mut self, pending: &mut FastMap<BatchKey, (SampleRecord, u64, u64)>) {
         for (key, (mut s, n, period)) in pending.drain() {
             s.callchain = key.chain;
-            self.sample_weighted(&s, n, period, None);
+            self.sample_weighted(&s, n, period, None, None);
         }
     }
 
-    fn sample_weighted(&mut self, s: &SampleRecord, n: u64, period: u64, key: Option<u64>) {
+    /// `raw`: the call chain as perf wrote it, instead of `s.callchain`.
+    fn sample_weighted(
+        &mut self,
+        s: &SampleRecord,
+        n: u64,
+        period: u64,
+        key: Option<u64>,
+        raw: Option<&[u64]>,
+    ) {
         let st = &mut self.stats;
         st.samples += n;
         st.first_time = Some(st.first_time.map_or(s.time, |t| t.min(s.time)));
@@ -340,7 +378,7 @@ impl Converter {
         }
         if !self.unmonitored.is_empty() && self.unmonitored.contains(&attr.domain) {
             let label = self.unmonitored_label.clone();
-            *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+            count_domain(&mut self.stats.domains, &attr.domain, n);
             let second = (s.time.saturating_sub(origin) / 1_000_000_000) as u32;
             self.delta
                 .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
@@ -359,7 +397,7 @@ impl Converter {
             self.rows.add(key, n, period);
             return;
         }
-        *self.stats.domains.entry(attr.domain.clone()).or_default() += n;
+        count_domain(&mut self.stats.domains, &attr.domain, n);
         if attr.context.is_guest() {
             *self
                 .stats
@@ -413,7 +451,7 @@ impl Converter {
             Ok(c) => (c.leaf, c.stack),
             Err(None) => {
                 let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
-                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, raw, &leaf);
                 if let Some(k) = key {
                     self.keyed
                         .insert(k, &attr.domain, image_class(&leaf.image), &resolved, &stack);
@@ -422,7 +460,7 @@ impl Converter {
             }
             Err(Some(miss)) => {
                 let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
-                let (resolved, stack) = self.resolve_stack(&attr.domain, s, &leaf);
+                let (resolved, stack) = self.resolve_stack(&attr.domain, s, raw, &leaf);
                 self.stacks.insert(
                     miss,
                     &attr.domain,
@@ -497,14 +535,23 @@ impl Converter {
         &mut self,
         domain: &str,
         s: &SampleRecord,
+        raw: Option<&[u64]>,
         leaf: &NormalizedFrame,
     ) -> (Resolved, Arc<str>) {
         let resolved = self.resolve(domain, leaf);
-        let stack: Arc<str> = if s.callchain.is_empty() {
+        let split;
+        let chain = match raw {
+            Some(words) => {
+                split = vmscope_model::split_callchain(words, s.mode);
+                &split
+            }
+            None => &s.callchain,
+        };
+        let stack: Arc<str> = if chain.is_empty() {
             self.empty.clone()
         } else {
             self.frame_text.clear();
-            for (i, &(mode, ip)) in s.callchain.iter().enumerate() {
+            for (i, &(mode, ip)) in chain.iter().enumerate() {
                 // Return addresses point after the call: look up ip-1 so the
                 // caller's own function is found (not the next one).
                 let addr = if i > 0 && !mode.is_kernel() {

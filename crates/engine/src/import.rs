@@ -8,7 +8,9 @@ use crate::sample_cache::StackKeys;
 use crate::{Converter, EngineError};
 use std::io::{IsTerminal, Seek};
 use std::path::{Path, PathBuf};
-use vmscope_model::{Domain, Role, SessionEvent, ThreadMap};
+use std::sync::Arc;
+use vmscope_model::{Domain, Record, Role, SampleRecord, SessionEvent, ThreadMap};
+use vmscope_perfdata::RawRecord;
 use vmscope_store::output::SessionOutput;
 use vmscope_store::{DomainRecord, SessionWriter};
 use vmscope_symbols::{Kallsyms, Symbolizer, SymbolizerOptions};
@@ -62,7 +64,11 @@ pub struct ImportSummary {
 }
 
 /// Hand a delta to the store every this many records (bounds memory; a
-/// small last delta leaves little store work after conversion ends).
+/// small last delta leaves little store work after conversion ends), at
+/// the first sample of a new second after that: rows are keyed by second,
+/// so a delta then shares no row with the next one, and the store inserts
+/// each row once instead of inserting it and then updating it (records out
+/// of time order only make an update).
 const FLUSH_EVERY: u64 = 100_000;
 /// Records per batch from the reading thread to the converting one.
 const BATCH: usize = 4096;
@@ -84,10 +90,10 @@ pub fn import(
 
 fn read_input(
     input: &ImportInput,
-    sink: &mut dyn FnMut(vmscope_model::Record),
+    sink: &mut dyn FnMut(RawRecord<'_>),
 ) -> Result<vmscope_perfdata::PerfDataInfo, EngineError> {
     match input {
-        ImportInput::File(p) => Ok(vmscope_perfdata::import(p, sink)?),
+        ImportInput::File(p) => Ok(vmscope_perfdata::import_raw(p, sink)?),
         ImportInput::Stdin => {
             let stdin = std::io::stdin();
             if stdin.is_terminal() {
@@ -104,13 +110,21 @@ fn read_input(
             let mut spool = tempfile::tempfile().map_err(io)?;
             std::io::copy(&mut stdin.lock(), &mut spool).map_err(io)?;
             spool.rewind().map_err(io)?;
-            Ok(vmscope_perfdata::import_reader(
+            Ok(vmscope_perfdata::import_reader_raw(
                 spool,
                 "standard input",
                 sink,
             )?)
         }
     }
+}
+
+/// What the reading thread hands the converter: a sample with its key's
+/// number and its chain's words (shared with the reader's key table: no
+/// allocation per sample), or another record.
+enum Item {
+    Sample(SampleRecord, u64, Arc<[u64]>),
+    Other(Record),
 }
 
 /// Read, convert and store on three threads: the perf.data reader hands
@@ -125,12 +139,12 @@ fn convert_pipelined(
     writer: &mut SessionWriter,
 ) -> Result<(Converter, vmscope_perfdata::PerfDataInfo), EngineError> {
     use std::sync::mpsc::sync_channel;
-    use vmscope_model::{Profile, Record};
-    let (rec_tx, rec_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT);
+    use vmscope_model::Profile;
+    let (rec_tx, rec_rx) = sync_channel::<Vec<Item>>(BATCHES_IN_FLIGHT);
     // Converted batches go back to the reader, which drops their records
     // (allocated there: a free on another thread costs several times more)
     // and refills them.
-    let (back_tx, back_rx) = sync_channel::<Vec<(Record, Option<u64>)>>(BATCHES_IN_FLIGHT + 2);
+    let (back_tx, back_rx) = sync_channel::<Vec<Item>>(BATCHES_IN_FLIGHT + 2);
     // Rows go to the store as the converter aggregated them (by string
     // identity): the upsert sums equal keys, so no stack text is hashed.
     let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
@@ -149,8 +163,16 @@ fn convert_pipelined(
                     if !open {
                         return;
                     }
-                    let key = keys.observe(&rec);
-                    batch.push((rec, key));
+                    batch.push(match rec {
+                        RawRecord::Sample(s, chain) => {
+                            let (key, words) = keys.sample(&s, chain);
+                            Item::Sample(s, key, words)
+                        }
+                        RawRecord::Other(r) => {
+                            keys.observe_other(&r);
+                            Item::Other(r)
+                        }
+                    });
                     if batch.len() >= BATCH {
                         let mut next = back_rx
                             .try_recv()
@@ -187,14 +209,33 @@ fn convert_pipelined(
         };
         let mut conv = make_conv();
         let mut n = 0u64;
+        // The second of the sample that made `n` reach FLUSH_EVERY.
+        let mut due: Option<u64> = None;
         'read: for batch in rec_rx {
-            for (rec, key) in &batch {
-                conv.push_keyed(rec, *key);
-                n += 1;
-                if n.is_multiple_of(FLUSH_EVERY) && delta_tx.send(conv.take_delta_parts()).is_err()
-                {
-                    break 'read;
+            for item in &batch {
+                match item {
+                    Item::Sample(s, key, chain) => {
+                        if n >= FLUSH_EVERY {
+                            let second = conv.second_of(s.time);
+                            // Samples without times (all in second 0)
+                            // flush every 4 × FLUSH_EVERY records.
+                            let flush = n >= 4 * FLUSH_EVERY
+                                || matches!((due, second), (Some(d), Some(sec)) if sec > d);
+                            if flush {
+                                if delta_tx.send(conv.take_delta_parts()).is_err() {
+                                    break 'read;
+                                }
+                                n = 0;
+                                due = None;
+                            } else if due.is_none() {
+                                due = second;
+                            }
+                        }
+                        conv.push_raw_sample(s, *key, chain);
+                    }
+                    Item::Other(r) => conv.push_keyed(r, None),
                 }
+                n += 1;
             }
             // Full (the reader is behind): dropped here instead.
             let _ = back_tx.try_send(batch);

@@ -235,54 +235,63 @@ impl StackCache {
     }
 }
 
-#[cfg_attr(not(feature = "host"), allow(dead_code))]
+#[cfg(feature = "host")]
 struct KeyEntry {
     pid: u32,
     generation: u64,
     mode: CpuMode,
     ip: u64,
-    chain: Box<[(CpuMode, u64)]>,
+    /// The chain's words as the file has them, markers included: half the
+    /// memory of split frames, compared without splitting, and handed to
+    /// the converter with every sample of this key (a reference count, no
+    /// copy; it splits the words only to symbolize a new key).
+    chain: Arc<[u64]>,
     number: u64,
 }
 
 /// Numbers for sample keys, made where records are read; see the module
 /// docs. Fed every record in stream order.
 #[derive(Default)]
-#[cfg_attr(not(feature = "host"), allow(dead_code))]
+#[cfg(feature = "host")]
 pub(crate) struct StackKeys {
     entries: FastMap<u64, KeyEntry>,
     generations: Generations,
     next: u64,
 }
 
-#[cfg_attr(not(feature = "host"), allow(dead_code))]
+#[cfg(feature = "host")]
 impl StackKeys {
-    /// The number of a sample's key; other records move generations and
-    /// get none.
-    pub fn observe(&mut self, rec: &Record) -> Option<u64> {
-        let Record::Sample(s) = rec else {
-            if self.generations.observe(rec) {
-                self.entries.clear();
-            }
-            return None;
-        };
+    /// A record other than a sample: moves generations.
+    pub fn observe_other(&mut self, rec: &Record) {
+        if self.generations.observe(rec) {
+            self.entries.clear();
+        }
+    }
+
+    /// The number of a sample's key (its call chain as the file has it) and
+    /// the chain's words, shared.
+    pub fn sample(
+        &mut self,
+        s: &vmscope_model::SampleRecord,
+        chain: vmscope_model::RawChain<'_>,
+    ) -> (u64, Arc<[u64]>) {
         let generation = self.generations.of(s.pid);
-        // The domain is the converter's part of the key.
-        let h = StackCache::hash("", s.pid, generation, s.mode, s.ip, &s.callchain);
+        let h = Self::hash(s.pid, generation, s.mode, s.ip, chain);
         if let Some(e) = self.entries.get(&h) {
             if e.pid == s.pid
                 && e.generation == generation
                 && e.mode == s.mode
                 && e.ip == s.ip
-                && *e.chain == *s.callchain
+                && chain.eq_words(&e.chain)
             {
-                return Some(e.number);
+                return (e.number, e.chain.clone());
             }
         }
         if self.entries.len() >= STACK_CACHE_LIMIT {
             self.entries.clear();
         }
         self.next += 1;
+        let words: Arc<[u64]> = chain.words().collect();
         self.entries.insert(
             h,
             KeyEntry {
@@ -290,11 +299,30 @@ impl StackKeys {
                 generation,
                 mode: s.mode,
                 ip: s.ip,
-                chain: s.callchain.as_slice().into(),
+                chain: words.clone(),
                 number: self.next,
             },
         );
-        Some(self.next)
+        (self.next, words)
+    }
+
+    /// [`StackCache::hash`] of raw words (markers folded in like frames:
+    /// equal words give equal frames, and entries are compared in full).
+    fn hash(
+        pid: u32,
+        generation: u64,
+        mode: CpuMode,
+        ip: u64,
+        chain: vmscope_model::RawChain<'_>,
+    ) -> u64 {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let fold = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
+        let mut h = fold(u64::from(pid) | (mode as u64) << 32, generation);
+        h = fold(h, ip);
+        for w in chain.words() {
+            h = fold(h, w);
+        }
+        h ^ (h >> 29)
     }
 }
 
@@ -525,9 +553,39 @@ mod tests {
         })
     }
 
+    /// What import's reader hands `StackKeys`: the sample and its chain's
+    /// words (no markers here: user frames).
+    #[cfg(feature = "host")]
+    struct Keys(StackKeys);
+
+    #[cfg(feature = "host")]
+    impl Keys {
+        fn observe(&mut self, rec: &Record) -> Option<u64> {
+            match rec {
+                Record::Sample(s) => {
+                    let bytes: Vec<u8> = s
+                        .callchain
+                        .iter()
+                        .flat_map(|(_, a)| a.to_le_bytes())
+                        .collect();
+                    let (n, words) = self
+                        .0
+                        .sample(s, vmscope_model::RawChain::new(&bytes, false));
+                    assert_eq!(words.len(), s.callchain.len());
+                    Some(n)
+                }
+                other => {
+                    self.0.observe_other(other);
+                    None
+                }
+            }
+        }
+    }
+
     #[test]
+    #[cfg(feature = "host")]
     fn key_numbers_change_with_the_address_space() {
-        let mut k = StackKeys::default();
+        let mut k = Keys(StackKeys::default());
         let chain = [(CpuMode::User, 0x10), (CpuMode::User, 0x20)];
         let a = k.observe(&sample(1, &chain)).unwrap();
         assert_eq!(k.observe(&sample(1, &chain)), Some(a));

@@ -23,7 +23,7 @@ pub use profile::{
     AggKey, BinKey, Counts, FastMap, FastSet, Profile, ProfileHasher, ProfileRow, INLINED_SUFFIX,
     UNKNOWN_SLICE,
 };
-pub use record::{split_callchain, CpuMode, Record, SampleRecord};
+pub use record::{split_callchain, CpuMode, RawChain, Record, SampleRecord};
 
 use serde::{Deserialize, Serialize};
 

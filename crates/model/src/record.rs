@@ -79,6 +79,62 @@ pub fn split_callchain(raw: &[u64], sample_mode: CpuMode) -> Vec<(CpuMode, u64)>
     out
 }
 
+/// A call chain as perf writes it: 8-byte words in the file's byte order,
+/// leaf first, context markers included (see [`split_callchain`]). Import
+/// borrows it from the record it was read from, so a sample whose chain was
+/// seen before costs no allocation (the chain is split only when a new one
+/// is symbolized).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawChain<'a> {
+    bytes: &'a [u8],
+    big_endian: bool,
+}
+
+impl<'a> RawChain<'a> {
+    /// `bytes` holds whole words (a trailing partial word is ignored).
+    pub fn new(bytes: &'a [u8], big_endian: bool) -> RawChain<'a> {
+        let whole = bytes.len() / 8 * 8;
+        RawChain {
+            bytes: &bytes[..whole],
+            big_endian,
+        }
+    }
+
+    /// Number of words, markers included.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 8
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The words in host order.
+    #[inline]
+    pub fn words(&self) -> impl Iterator<Item = u64> + 'a {
+        let big = self.big_endian;
+        self.bytes.chunks_exact(8).map(move |w| {
+            let a: [u8; 8] = w.try_into().unwrap_or_default();
+            if big {
+                u64::from_be_bytes(a)
+            } else {
+                u64::from_le_bytes(a)
+            }
+        })
+    }
+
+    /// The same words as `other`.
+    #[inline]
+    pub fn eq_words(&self, other: &[u64]) -> bool {
+        self.len() == other.len() && self.words().zip(other).all(|(a, &b)| a == b)
+    }
+
+    /// The words in host order, copied.
+    pub fn to_words(&self) -> Vec<u64> {
+        self.words().collect()
+    }
+}
+
 /// One sample, before symbolization.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleRecord {
@@ -164,6 +220,21 @@ mod tests {
         );
         let g = split_callchain(&[PERF_CONTEXT_GUEST_USER, 0x1000], CpuMode::Unknown);
         assert_eq!(g, vec![(CpuMode::GuestUser, 0x1000)]);
+    }
+
+    #[test]
+    fn raw_chains_read_either_byte_order() {
+        let words = [PERF_CONTEXT_USER, 0x401000, 0x402000];
+        let le: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut be: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+        assert_eq!(RawChain::new(&le, false).to_words(), words);
+        assert!(RawChain::new(&le, false).eq_words(&words));
+        assert!(!RawChain::new(&le, false).eq_words(&words[..2]));
+        assert!(!RawChain::new(&le, true).eq_words(&words));
+        be.push(0);
+        let c = RawChain::new(&be, true);
+        assert_eq!((c.len(), c.to_words()), (3, words.to_vec()));
+        assert!(RawChain::new(&[], false).is_empty());
     }
 
     #[test]

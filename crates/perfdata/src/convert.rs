@@ -5,7 +5,7 @@
 
 use crate::error::{Ctx, PerfDataError};
 use crate::layout::{Endian, Layout};
-use crate::{features, sample, PerfDataInfo};
+use crate::{features, sample, PerfDataInfo, RawRecord};
 use linux_perf_data::linux_perf_event_reader::{
     EventRecord, Mmap2FileId, RawEventRecord, RecordType, SamplingPolicy,
 };
@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use vmscope_model::{split_callchain, CpuMode, EventKind, Record, SampleRecord, SessionEvent};
+use vmscope_model::{CpuMode, EventKind, RawChain, Record, SampleRecord, SessionEvent};
 
 /// `PERF_RECORD_MISC_MMAP_BUILD_ID`: an MMAP2 record carries a build id.
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
@@ -89,13 +89,13 @@ pub(crate) fn run<R: Read + Seek>(
     r: BufReader<R>,
     layout: &Layout,
     ctx: &Ctx,
-    sink: &mut dyn FnMut(Record),
+    sink: &mut dyn FnMut(RawRecord<'_>),
 ) -> Result<PerfDataInfo, PerfDataError> {
     // The parser is a dependency fed with hostile input; if it panics
     // despite the layout checks, report the file as corrupt. Panics raised
     // by the sink are the caller's and propagate unchanged.
     let in_sink = Cell::new(false);
-    let mut guarded = |rec: Record| {
+    let mut guarded = |rec: RawRecord<'_>| {
         in_sink.set(true);
         sink(rec);
         in_sink.set(false);
@@ -111,7 +111,7 @@ fn run_inner<R: Read + Seek>(
     mut r: BufReader<R>,
     layout: &Layout,
     ctx: &Ctx,
-    sink: &mut dyn FnMut(Record),
+    sink: &mut dyn FnMut(RawRecord<'_>),
 ) -> Result<PerfDataInfo, PerfDataError> {
     r.seek(SeekFrom::Start(0)).map_err(|e| ctx.io(e))?;
     let PerfFileReader {
@@ -188,7 +188,6 @@ fn run_inner<R: Read + Seek>(
         skip_lost: layout.has_lost_samples,
         decode,
         by_path,
-        chain: Vec::new(),
     };
     while let Some(rec) = record_iter
         .next_record(&mut perf_file)
@@ -209,8 +208,6 @@ struct Converter<'a> {
     skip_lost: bool,
     decode: Vec<AttrDecode>,
     by_path: BuildIds,
-    /// Reused call chain buffer.
-    chain: Vec<u64>,
 }
 
 fn lossy(b: &[u8]) -> Arc<str> {
@@ -226,8 +223,9 @@ impl Converter<'_> {
         attr: usize,
         rec: &RawEventRecord<'_>,
         info: &mut PerfDataInfo,
-        sink: &mut dyn FnMut(Record),
+        sink: &mut dyn FnMut(RawRecord<'_>),
     ) -> Result<(), PerfDataError> {
+        let mut other = |r: Record| sink(RawRecord::Other(r));
         let bad = |what: &str| {
             self.ctx
                 .corrupt(format!("malformed {what} record (event {attr})"))
@@ -245,21 +243,14 @@ impl Converter<'_> {
                 let s = sample::parse(&body, self.e, d.sample_type, d.read_format)
                     .ok_or_else(|| bad("SAMPLE"))?;
                 let mode = CpuMode::from_misc(rec.misc);
-                let callchain = if s.callchain.is_empty() {
-                    Vec::new()
-                } else {
-                    self.chain.clear();
-                    self.chain
-                        .extend(s.callchain.chunks_exact(8).filter_map(|w| self.e.u64(w, 0)));
-                    split_callchain(&self.chain, mode)
-                };
+                let chain = RawChain::new(s.callchain, matches!(self.e, Endian::Big));
                 let time = s.time.unwrap_or(0);
                 if s.time.is_some() {
                     info.first_time = Some(info.first_time.map_or(time, |t| t.min(time)));
                     info.last_time = Some(info.last_time.map_or(time, |t| t.max(time)));
                 }
                 info.samples += 1;
-                sink(Record::Sample(SampleRecord {
+                let rec = SampleRecord {
                     event: attr as u32,
                     ip: s.ip,
                     pid: s.pid,
@@ -268,15 +259,16 @@ impl Converter<'_> {
                     time,
                     mode,
                     period: s.period.unwrap_or(d.fixed_period),
-                    callchain,
-                }));
+                    callchain: Vec::new(),
+                };
+                sink(RawRecord::Sample(rec, chain));
             }
             RecordType::MMAP => {
                 let Ok(EventRecord::Mmap(m)) = rec.parse() else {
                     return Err(bad("MMAP"));
                 };
                 let path = lossy(&m.path.as_slice());
-                sink(Record::Mmap {
+                other(Record::Mmap {
                     pid: m.pid as u32,
                     tid: m.tid as u32,
                     start: m.address,
@@ -323,7 +315,7 @@ impl Converter<'_> {
                     Mmap2FileId::BuildId(b) if !b.is_empty() => Some(Arc::from(b.as_slice())),
                     _ => self.by_path.get(&path),
                 };
-                sink(Record::Mmap {
+                other(Record::Mmap {
                     pid: m.pid as u32,
                     tid: m.tid as u32,
                     start: m.address,
@@ -339,7 +331,7 @@ impl Converter<'_> {
                 let Ok(EventRecord::Comm(c)) = rec.parse() else {
                     return Err(bad("COMM"));
                 };
-                sink(Record::Comm {
+                other(Record::Comm {
                     pid: c.pid as u32,
                     tid: c.tid as u32,
                     comm: lossy(&c.name.as_slice()),
@@ -351,7 +343,7 @@ impl Converter<'_> {
                 let Ok(EventRecord::Fork(f)) = rec.parse() else {
                     return Err(bad("FORK"));
                 };
-                sink(Record::Fork {
+                other(Record::Fork {
                     pid: f.pid as u32,
                     ppid: f.ppid as u32,
                     tid: f.tid as u32,
@@ -363,7 +355,7 @@ impl Converter<'_> {
                 let Ok(EventRecord::Exit(f)) = rec.parse() else {
                     return Err(bad("EXIT"));
                 };
-                sink(Record::Exit {
+                other(Record::Exit {
                     pid: f.pid as u32,
                     tid: f.tid as u32,
                     time: f.timestamp,
@@ -380,7 +372,7 @@ impl Converter<'_> {
                 let body = rec.data.as_slice();
                 let count = self.e.u64(&body, off).ok_or_else(|| bad("LOST"))?;
                 info.lost = info.lost.saturating_add(count);
-                sink(Record::Lost {
+                other(Record::Lost {
                     cpu: rec.common_data().ok().and_then(|c| c.cpu),
                     count,
                 });

@@ -29,7 +29,7 @@ pub use error::PerfDataError;
 
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
-use vmscope_model::{Record, SessionEvent};
+use vmscope_model::{split_callchain, RawChain, Record, SampleRecord, SessionEvent};
 
 /// What a perf.data file says about its recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +56,14 @@ pub struct PerfDataInfo {
     pub build_ids: Vec<(String, Vec<u8>)>,
 }
 
+/// One record of [`import_raw`]: a sample with its call chain borrowed from
+/// the file (the record's `callchain` is left empty), or any other record.
+#[derive(Debug)]
+pub enum RawRecord<'a> {
+    Sample(SampleRecord, RawChain<'a>),
+    Other(Record),
+}
+
 /// Read buffer size: large enough that a record rarely straddles two reads.
 const READ_BUFFER: usize = 256 * 1024;
 
@@ -64,12 +72,22 @@ const READ_BUFFER: usize = 256 * 1024;
 /// `SampleRecord::event` is the attr index; sample ids are mapped to attrs
 /// through the file's id tables.
 pub fn import(path: &Path, sink: &mut dyn FnMut(Record)) -> Result<PerfDataInfo, PerfDataError> {
+    let mut chain = Vec::new();
+    import_raw(path, &mut |r| sink(owned(r, &mut chain)))
+}
+
+/// [`import`] with samples' call chains as the file has them, borrowed:
+/// no allocation per sample.
+pub fn import_raw(
+    path: &Path,
+    sink: &mut dyn FnMut(RawRecord<'_>),
+) -> Result<PerfDataInfo, PerfDataError> {
     let name = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|source| PerfDataError::Io {
         file: name.clone(),
         source,
     })?;
-    import_reader(file, &name, sink)
+    import_reader_raw(file, &name, sink)
 }
 
 /// [`import`] from any seekable reader; `name` names it in errors.
@@ -78,10 +96,35 @@ pub fn import_reader<R: Read + Seek>(
     name: &str,
     sink: &mut dyn FnMut(Record),
 ) -> Result<PerfDataInfo, PerfDataError> {
+    let mut chain = Vec::new();
+    import_reader_raw(reader, name, &mut |r| sink(owned(r, &mut chain)))
+}
+
+/// [`import_raw`] from any seekable reader; `name` names it in errors.
+pub fn import_reader_raw<R: Read + Seek>(
+    reader: R,
+    name: &str,
+    sink: &mut dyn FnMut(RawRecord<'_>),
+) -> Result<PerfDataInfo, PerfDataError> {
     let ctx = error::Ctx {
         file: name.to_string(),
     };
     let mut r = BufReader::with_capacity(READ_BUFFER, reader);
     let layout = layout::check(&mut r, &ctx)?;
     convert::run(r, &layout, &ctx, sink)
+}
+
+/// A record with its call chain split into frames (`buf`: reused words).
+fn owned(r: RawRecord<'_>, buf: &mut Vec<u64>) -> Record {
+    match r {
+        RawRecord::Sample(mut s, chain) => {
+            if !chain.is_empty() {
+                buf.clear();
+                buf.extend(chain.words());
+                s.callchain = split_callchain(buf, s.mode);
+            }
+            Record::Sample(s)
+        }
+        RawRecord::Other(r) => r,
+    }
 }

@@ -29,6 +29,7 @@ pub struct IntervalRow {
 impl SessionWriter {
     /// Store one interval's rows, in one transaction.
     pub fn add_intervals(&mut self, rows: &[IntervalRow]) -> Result<()> {
+        self.settle()?;
         let path = self.path.clone();
         let tx = self.conn.unchecked_transaction().map_err(sql_err(&path))?;
         {

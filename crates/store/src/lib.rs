@@ -355,6 +355,9 @@ pub struct SessionWriter {
     stack_ids: vmscope_model::FastMap<Arc<str>, i64>,
     /// [`SessionWriter::bulk_load`] is on.
     bulk: bool,
+    /// The bulk load's one transaction is open (see
+    /// [`SessionWriter::bulk_load`]); [`SessionWriter::settle`] commits it.
+    bulk_tx: std::cell::Cell<bool>,
 }
 
 impl SessionWriter {
@@ -400,6 +403,7 @@ impl SessionWriter {
             path: path.to_path_buf(),
             stack_ids: Default::default(),
             bulk: false,
+            bulk_tx: std::cell::Cell::new(false),
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -441,6 +445,7 @@ impl SessionWriter {
 
     /// Store the session's events; their order gives the indexes samples use.
     pub fn set_events(&self, events: &[SessionEvent]) -> Result<()> {
+        self.settle()?;
         let tx = self
             .conn
             .unchecked_transaction()
@@ -517,13 +522,35 @@ impl SessionWriter {
     /// and its checkpoints (every page written twice). [`SessionWriter::close`]
     /// puts the WAL back; the caller syncs the file
     /// ([`output::SessionOutput::commit`] does).
+    ///
+    /// Flushes then go into one transaction that stays open until a write
+    /// that makes its own (events, build-ids, intervals, bench rows) or
+    /// [`SessionWriter::close`]: every page is written to the file once, at
+    /// the end, instead of at every flush's commit (a row's page was
+    /// rewritten by most of an import's flushes), and pages the file did not
+    /// have when it began are never journaled. A failed flush leaves the
+    /// transaction half done: the writer is then only to be dropped (the
+    /// partial file is discarded, as any failed import's).
     pub fn bulk_load(&mut self) -> Result<()> {
         let path = self.path.clone();
         self.conn
             .query_row("PRAGMA journal_mode=MEMORY", [], |_| Ok(()))
             .and_then(|()| self.conn.pragma_update(None, "synchronous", "OFF"))
+            .and_then(|()| self.conn.execute_batch("BEGIN IMMEDIATE"))
             .map_err(sql_err(&path))?;
         self.bulk = true;
+        self.bulk_tx.set(true);
+        Ok(())
+    }
+
+    /// Commit the bulk load's open transaction, if any.
+    fn settle(&self) -> Result<()> {
+        if self.bulk_tx.get() {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(sql_err(&self.path))?;
+            self.bulk_tx.set(false);
+        }
         Ok(())
     }
 
@@ -533,6 +560,7 @@ impl SessionWriter {
         if !self.bulk {
             return Ok(());
         }
+        self.settle()?;
         self.conn
             .pragma_update(None, "synchronous", "NORMAL")
             .and_then(|()| {
@@ -614,6 +642,11 @@ impl SessionWriter {
     ) -> Result<()> {
         if delta.is_empty() && extra.is_empty() && scales.is_empty() {
             return Ok(());
+        }
+        if self.bulk_tx.get() {
+            // Inside the bulk load's transaction (see bulk_load).
+            self.flush_inner(delta, extra, table)?;
+            return scales.iter().try_for_each(|s| self.set_scale(s));
         }
         let path = self.path.clone();
         self.conn
@@ -735,6 +768,7 @@ impl SessionWriter {
 
     /// Record the build-ids (hex) of files the session's symbols came from.
     pub fn set_build_ids(&self, ids: &[(String, String)]) -> Result<()> {
+        self.settle()?;
         let tx = self
             .conn
             .unchecked_transaction()
@@ -753,6 +787,7 @@ impl SessionWriter {
 
     /// Add benchmark rows (`bench_samples`), in one transaction.
     pub fn add_bench_samples(&self, rows: &[BenchSampleRow]) -> Result<()> {
+        self.settle()?;
         let tx = self
             .conn
             .unchecked_transaction()

@@ -451,3 +451,41 @@ fn rows_flushed_apart_from_the_delta_sum_up_with_it_and_bulk_load_keeps_wal() {
         .unwrap();
     assert_eq!(mode, "wal");
 }
+
+#[test]
+fn bulk_load_flushes_in_one_transaction_until_a_write_that_makes_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.bulk_load().unwrap();
+    let rows = vec![
+        (key("alpha", "main;alpha"), 2, 20),
+        (key("beta", "main;beta"), 8, 80),
+    ];
+    // Inside the bulk transaction: nothing is committed yet.
+    w.flush_with_rows(&Profile::new(), &rows).unwrap();
+    w.flush_with_rows(&Profile::new(), &rows[..1]).unwrap();
+    w.set_meta("k", "v").unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    let seen: i64 = other
+        .query_row("SELECT count(*) FROM samples", [], |r| r.get(0))
+        .unwrap_or(-1);
+    assert!(seen <= 0, "uncommitted rows visible: {seen}");
+    drop(other);
+    // set_events commits it; later flushes make their own transactions.
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(999),
+    }])
+    .unwrap();
+    w.flush_with_rows(&Profile::new(), &rows[1..]).unwrap();
+    w.set_build_ids(&[("/bin/p".into(), "ab".into())]).unwrap();
+    w.close(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let g = s.grouped(View::Merged, 0, &[Field::Symbol], &[]).unwrap();
+    assert_eq!(g[0].values, vec!["beta".to_string()]);
+    assert_eq!((g[0].samples, g[1].samples), (16, 4));
+    assert_eq!(s.meta().unwrap()["k"], "v");
+    assert_eq!(s.build_ids().unwrap()["/bin/p"], "ab");
+}
