@@ -36,7 +36,7 @@ pub const DEFAULT_NAME: &str = vmscope_protocol::AGENT_PORT;
 /// Usage text.
 pub const USAGE: &str = "\
 usage: vmscope-agent [--name NAME | --port PATH | --stdio] [--allow-exec] [--allow-write] [--once] [--log FILE]
-       vmscope-agent demo [-d SECONDS] [-t THREADS] [-u DUTY_PCT]
+       vmscope-agent demo [-d SECONDS] [-t THREADS] [-u DUTY_PCT] [-p SECONDS]
        vmscope-agent dd if=FILE [bs=SIZE] [count=N] [skip=N] [iflag=direct]
        vmscope-agent dd of=FILE [bs=SIZE] count=N [seek=N] [oflag=direct] [conv=fdatasync]
        vmscope-agent io run PATH mode=MODE bs=SIZE count=N [offset=BYTES]
@@ -59,7 +59,9 @@ Answers the vmscope host over a virtio-serial port.
 `demo` runs the known-answer workload (vmscope_demo_alpha/beta/gamma take
 50/30/20 % of its CPU) for SECONDS (default 10) on THREADS threads (default 1)
 and prints the rounds done and the rounds per second. With -u, each thread
-works DUTY_PCT % of every 100 ms and sleeps the rest (default 100).
+works DUTY_PCT % of every 100 ms and sleeps the rest (default 100). With -p,
+it also prints `progress UNIX_SECONDS ROUNDS` every SECONDS (the guest's
+clock, the rounds done so far by all threads).
 
 `dd` reads FILE (a disk such as /dev/vdb) in blocks of SIZE bytes (default
 512; suffixes k, M, G) and discards them: COUNT reads (default: to the end),
@@ -308,6 +310,8 @@ pub struct DemoOptions {
     pub threads: usize,
     /// Percent of every 100 ms each thread works (100: always).
     pub duty: f64,
+    /// Print the rounds done so far every this many seconds.
+    pub progress: Option<f64>,
 }
 
 /// Parses the arguments after `demo`.
@@ -316,6 +320,7 @@ pub fn parse_demo<I: IntoIterator<Item = String>>(args: I) -> Result<DemoOptions
         seconds: 10.0,
         threads: 1,
         duty: 100.0,
+        progress: None,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -340,6 +345,13 @@ pub fn parse_demo<I: IntoIterator<Item = String>>(args: I) -> Result<DemoOptions
                 o.duty = match v.parse::<f64>() {
                     Ok(p) if p > 0.0 && p <= 100.0 => p,
                     _ => return Err(format!("-u wants a percentage in (0, 100], not `{v}`")),
+                };
+            }
+            "-p" | "--progress" => {
+                let v = value("-p")?;
+                o.progress = match v.parse::<f64>() {
+                    Ok(s) if s.is_finite() && (0.01..=3600.0).contains(&s) => Some(s),
+                    _ => return Err(format!("-p wants seconds in [0.01, 3600], not `{v}`")),
                 };
             }
             other => return Err(format!("unknown demo argument `{other}`")),
@@ -554,19 +566,23 @@ mod tests {
             DemoOptions {
                 seconds: 10.0,
                 threads: 1,
-                duty: 100.0
+                duty: 100.0,
+                progress: None
             }
         );
         assert_eq!(
-            d(&["-d", "2.5", "-t", "3", "-u", "30"]).unwrap(),
+            d(&["-d", "2.5", "-t", "3", "-u", "30", "-p", "0.5"]).unwrap(),
             DemoOptions {
                 seconds: 2.5,
                 threads: 3,
-                duty: 30.0
+                duty: 30.0,
+                progress: Some(0.5)
             }
         );
         for bad in [
-            &["-d", "0"][..],
+            &["-p", "0"][..],
+            &["-p", "x"],
+            &["-d", "0"],
             &["-d", "x"],
             &["-t", "0"],
             &["-t"],

@@ -18,7 +18,7 @@ mod putfile;
 mod server;
 mod sysinfo;
 
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -77,7 +77,27 @@ fn demo(args: impl Iterator<Item = String>) -> ExitCode {
         }
     };
     let t0 = std::time::Instant::now();
-    let rounds = vmscope_workload::run_duty(Duration::from_secs_f64(o.seconds), o.threads, o.duty);
+    let d = Duration::from_secs_f64(o.seconds);
+    let rounds = match o.progress {
+        None => vmscope_workload::run_duty(d, o.threads, o.duty),
+        Some(every) => {
+            vmscope_workload::run_duty_progress(
+                d,
+                o.threads,
+                o.duty,
+                Duration::from_secs_f64(every),
+                |r| {
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    // One line at a time, flushed: read while the run goes on.
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "progress {:.3} {r}", t.as_secs_f64());
+                    let _ = out.flush();
+                },
+            )
+        }
+    };
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "rounds {rounds} seconds {secs:.3} threads {} rounds_per_s {:.2}",

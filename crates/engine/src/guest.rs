@@ -107,6 +107,12 @@ pub fn arm_all(
     handles.into_iter().filter_map(|h| h.join().ok()).collect()
 }
 
+/// Under an overhead budget, the longest time between two polls of an
+/// agent whose rate holds ([`GuestPollers::spawn_stretching`]): rows then
+/// reach the host in batches of up to this long (booked in the second they
+/// arrive in), and a cost that grows is seen within this long.
+pub const BUDGET_LONGEST_POLL: Duration = Duration::from_secs(4);
+
 /// The polling threads of the armed VMs.
 pub struct GuestPollers {
     stop: Arc<AtomicBool>,
@@ -121,6 +127,26 @@ impl GuestPollers {
         every: Duration,
         t0: Instant,
     ) -> GuestPollers {
+        GuestPollers::spawn_stretching(guests, every, every, t0)
+    }
+
+    /// As [`GuestPollers::spawn`], and while an agent under an overhead
+    /// budget keeps its rate (two deltas in a row with the same rate), the
+    /// time to its next poll doubles, up to `longest`; a changed rate (or a
+    /// delta without a cost) brings it back to `every`. Each poll is an
+    /// exchange over the emulated virtio-serial port, which costs the
+    /// guest's vCPUs more than the agent measures of itself
+    /// (bench/coordinated-overhead), so a budget governs how often it
+    /// happens too. The agent steps its rate once per poll, and every
+    /// delta's cost carries the rate in force over it, so the stored rate
+    /// over time stays exact, in longer steps.
+    pub fn spawn_stretching(
+        guests: Vec<Box<dyn GuestProfiler>>,
+        every: Duration,
+        longest: Duration,
+        t0: Instant,
+    ) -> GuestPollers {
+        let longest = longest.max(every);
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = channel();
         let threads = guests
@@ -128,7 +154,7 @@ impl GuestPollers {
             .map(|g| {
                 let stop = stop.clone();
                 let tx: Sender<GuestEvent> = tx.clone();
-                std::thread::spawn(move || poll_loop(g, stop, tx, every, t0))
+                std::thread::spawn(move || poll_loop(g, stop, tx, (every, longest), t0))
             })
             .collect();
         GuestPollers {
@@ -155,17 +181,19 @@ fn poll_loop(
     mut g: Box<dyn GuestProfiler>,
     stop: Arc<AtomicBool>,
     tx: Sender<GuestEvent>,
-    every: Duration,
+    (every, longest): (Duration, Duration),
     t0: Instant,
 ) {
     let domain: Arc<str> = g.domain().into();
     let timeout = Duration::from_secs(5);
+    let mut interval = every;
+    let mut last_rate: Option<u64> = None;
     loop {
         // Parked until the next poll or until `stop` unparks it: one
         // wake-up per poll. (A 20 ms sleep loop here woke each VM's thread
         // 50 times a second, a cost that grew with the number of VMs:
         // bench/many-vms.)
-        let deadline = Instant::now() + every;
+        let deadline = Instant::now() + interval;
         while !stop.load(Ordering::Acquire) {
             let now = Instant::now();
             if now >= deadline {
@@ -194,6 +222,9 @@ fn poll_loop(
         }
         match g.poll(timeout) {
             Ok(delta) => {
+                let rate = delta.cost.as_ref().map(|c| c.rate_hz);
+                interval = next_interval(interval, every, longest, last_rate, rate);
+                last_rate = rate;
                 if tx
                     .send(GuestEvent::Delta {
                         domain: domain.clone(),
@@ -216,9 +247,50 @@ fn poll_loop(
     }
 }
 
+/// The time to the next poll: doubled (up to `longest`) when the agent's
+/// rate stayed the same over two deltas, `every` otherwise.
+fn next_interval(
+    interval: Duration,
+    every: Duration,
+    longest: Duration,
+    last: Option<u64>,
+    now: Option<u64>,
+) -> Duration {
+    match (last, now) {
+        (Some(a), Some(b)) if a == b => (interval * 2).min(longest),
+        _ => every,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn polls_stretch_while_the_rate_holds_and_snap_back_when_it_moves() {
+        let (e, l) = (Duration::from_millis(500), Duration::from_secs(4));
+        let mut i = e;
+        let mut last = None;
+        let mut seen = Vec::new();
+        for rate in [
+            Some(125),
+            Some(125),
+            Some(125),
+            Some(125),
+            Some(125),
+            Some(60),
+            Some(60),
+            None,
+            None,
+        ] {
+            i = next_interval(i, e, l, last, rate);
+            last = rate;
+            seen.push(i.as_millis());
+        }
+        assert_eq!(seen, [500, 1000, 2000, 4000, 4000, 500, 1000, 500, 500]);
+        // Without a budget `longest` is `every`: never stretched.
+        assert_eq!(next_interval(e, e, e, Some(10), Some(10)), e);
+    }
 
     struct Fake {
         name: String,

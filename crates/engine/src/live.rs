@@ -225,8 +225,13 @@ impl LiveSession {
         rec.enable()?;
         cost.sampling_starts();
         let t0 = Instant::now();
-        let pollers =
-            (!active.is_empty()).then(|| GuestPollers::spawn(active, opts.poll_every, t0));
+        let pollers = (!active.is_empty()).then(|| {
+            let longest = match opts.overhead_budget {
+                Some(_) => crate::guest::BUDGET_LONGEST_POLL,
+                None => opts.poll_every,
+            };
+            GuestPollers::spawn_stretching(active, opts.poll_every, longest, t0)
+        });
         Ok(LiveSession {
             rec,
             conv,

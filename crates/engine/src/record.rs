@@ -17,6 +17,9 @@ use vmscope_store::output::SessionOutput;
 use vmscope_store::{DomainRecord, ScaleRow, SessionWriter};
 use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
+/// How often each active VM's agent is polled.
+const AGENT_POLL: Duration = Duration::from_millis(500);
+
 /// What to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -610,8 +613,13 @@ impl Run<'_, '_> {
         rec.enable()?;
         self.sampling = true;
         let t_enable = Instant::now();
-        let mut pollers = (!active.is_empty())
-            .then(|| GuestPollers::spawn(active, Duration::from_millis(500), t_enable));
+        let mut pollers = (!active.is_empty()).then(|| {
+            let longest = match opts.overhead_budget {
+                Some(_) => crate::guest::BUDGET_LONGEST_POLL,
+                None => AGENT_POLL,
+            };
+            GuestPollers::spawn_stretching(active, AGENT_POLL, longest, t_enable)
+        });
         let mut agents = AgentBook {
             t0: Some(t_origin),
             ..AgentBook::default()
