@@ -48,10 +48,14 @@ fn start_fake(
         &vcpus.to_string(),
         "--name",
         name,
+        // A third of each vCPU's time, in 1 ms spins 2 ms apart: whenever
+        // the kill falls, each thread ran since account's last read, so
+        // the exit row's last CPU time is never 0 by chance (CI once killed
+        // it within a few ms of a read with 500 us spins every 20 ms).
         "--period-ms",
-        "20",
+        "2",
         "--spin-us",
-        "500",
+        "1000",
     ]);
     if let Some(t) = tap {
         c.args(["--tap", t]);
@@ -215,7 +219,7 @@ fn vms_come_and_go_mid_interval() {
     assert!(notes.iter().any(|n| n.contains("started")), "{ao}");
     assert!(notes.iter().any(|n| n.contains("exited")), "{ao}");
     // The row of the interval it exited in carries its last CPU time, from
-    // the kernel's exit records (its vCPU threads spin 500 us every 20 ms).
+    // the kernel's exit records (its vCPU threads spin 1 ms every 3 ms).
     let exit_row = ao
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
