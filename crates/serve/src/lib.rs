@@ -3,19 +3,18 @@
 //! `--profile` `/debug/pprof/profile?seconds=N`, a pprof of the host and its
 //! active VMs from a rolling recording ([`profile`]).
 //!
-//! The server is tiny_http, a well-kept small HTTP/1.1 server: each client
-//! connection is read on a thread of its own, so a client that sends
-//! nothing, or one byte a second, holds only its own thread and never delays
-//! a scrape. Every request is answered on a thread of its own too, so a slow
+//! The HTTP side is [`http`]: each client connection is read and answered
+//! on a thread of its own, so a client that sends nothing, or one byte a
+//! second, holds only its own thread and never delays a scrape, and a slow
 //! answer (a rolling profile waiting for its seconds) never holds up
 //! `/metrics`. The host is sampled when scraped (counters are exact at
 //! scrape time and nothing runs between scrapes), one scrape at a time.
 
+mod http;
 pub mod profile;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_stat::metrics::{ProfilerTotals, Totals};
 use vmscope_stat::vmstat::{VmStat, VmStatOptions};
@@ -57,7 +56,7 @@ struct Sampler {
 
 /// A bound server.
 pub struct Server {
-    http: tiny_http::Server,
+    http: http::Listener,
     sampler: Arc<Mutex<Sampler>>,
     rolling: Option<Arc<profile::Rolling>>,
 }
@@ -65,7 +64,7 @@ pub struct Server {
 impl Server {
     /// Bind and take the first sample (the counters start here).
     pub fn bind(opts: &ServeOptions) -> Result<Server, ServeError> {
-        let http = tiny_http::Server::http(&opts.listen).map_err(|e| ServeError::Listen {
+        let http = http::Listener::bind(&opts.listen).map_err(|e| ServeError::Listen {
             addr: opts.listen.clone(),
             message: e.to_string(),
         })?;
@@ -96,100 +95,70 @@ impl Server {
 
     /// The address bound (with the port the kernel chose for port 0).
     pub fn local_addr(&self) -> String {
-        match self.http.server_addr() {
-            tiny_http::ListenAddr::IP(a) => a.to_string(),
-            tiny_http::ListenAddr::Unix(a) => format!("{a:?}"),
-        }
+        self.http.local_addr()
     }
 
     /// Answer requests until `stop` is set.
     pub fn run(&self, stop: &AtomicBool) {
-        while !stop.load(Ordering::Relaxed) {
-            let req = match self.http.recv_timeout(Duration::from_millis(200)) {
-                Ok(Some(r)) => r,
-                Ok(None) => continue,
-                Err(e) => {
-                    eprintln!("vmscope serve: accepting a request: {e}");
-                    continue;
-                }
-            };
-            let sampler = Arc::clone(&self.sampler);
-            let rolling = self.rolling.clone();
-            let spawned = std::thread::Builder::new()
-                .name("serve-request".into())
-                .spawn(move || handle(req, &sampler, rolling.as_deref()));
-            if let Err(e) = spawned {
-                eprintln!("vmscope serve: cannot start a request thread: {e}");
-            }
-        }
+        let sampler = Arc::clone(&self.sampler);
+        let rolling = self.rolling.clone();
+        self.http.run(stop, move |req: &http::Request| {
+            handle(req, &sampler, rolling.as_deref())
+        });
         if let Some(r) = &self.rolling {
             r.stop();
         }
     }
 }
 
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    // Both are ASCII constants of this file.
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
-        .unwrap_or_else(|()| unreachable!("ASCII header"))
-}
-
-fn text(status: u16, body: String) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    tiny_http::Response::from_string(body)
-        .with_status_code(status)
-        .with_header(header("Content-Type", "text/plain; charset=utf-8"))
-}
-
-fn handle(req: tiny_http::Request, sampler: &Mutex<Sampler>, rolling: Option<&profile::Rolling>) {
-    let (path, query) = match req.url().split_once('?') {
+fn handle(
+    req: &http::Request,
+    sampler: &Mutex<Sampler>,
+    rolling: Option<&profile::Rolling>,
+) -> http::Response {
+    let (path, query) = match req.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
-        None => (req.url().to_string(), String::new()),
+        None => (req.target.clone(), String::new()),
     };
-    let resp = if *req.method() != tiny_http::Method::Get {
-        text(405, "only GET is served\n".into())
-    } else {
-        match path.as_str() {
-            "/metrics" => match metrics(sampler, rolling) {
-                Ok(body) => tiny_http::Response::from_string(body).with_header(header(
-                    "Content-Type",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )),
-                Err(e) => text(500, format!("sampling the host failed: {e}\n")),
-            },
-            "/debug/pprof/profile" => match rolling {
-                None => text(
-                    404,
-                    format!("{path}: not served: start vmscope serve with --profile\n"),
-                ),
-                Some(r) => match r.seconds(&query) {
-                    Err(e) => text(400, format!("{e}\n")),
-                    Ok(n) => match r.profile(n) {
-                        // A known length rather than tiny_http's chunks
-                        // past 32 KiB: simpler for every scraper.
-                        Ok(body) => tiny_http::Response::from_data(body)
-                            .with_chunked_threshold(usize::MAX)
-                            .with_header(header("Content-Type", "application/octet-stream"))
-                            .with_header(header(
-                                "Content-Disposition",
-                                "attachment; filename=\"profile.pb.gz\"",
-                            )),
-                        Err(e) => text(500, format!("{e}\n")),
-                    },
-                },
-            },
-            "/" => text(
+    if req.method != "GET" {
+        return http::Response::text(405, "only GET is served\n");
+    }
+    match path.as_str() {
+        "/metrics" => match metrics(sampler, rolling) {
+            Ok(body) => http::Response::new(
                 200,
-                if rolling.is_some() {
-                    "vmscope serve: /metrics, /debug/pprof/profile?seconds=N\n".into()
-                } else {
-                    "vmscope serve: /metrics\n".into()
-                },
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body.into_bytes(),
             ),
-            _ => text(404, format!("{path}: not found (try /metrics)\n")),
-        }
-    };
-    // A client that went away is its own business.
-    let _ = req.respond(resp);
+            Err(e) => http::Response::text(500, format!("sampling the host failed: {e}\n")),
+        },
+        "/debug/pprof/profile" => match rolling {
+            None => http::Response::text(
+                404,
+                format!("{path}: not served: start vmscope serve with --profile\n"),
+            ),
+            Some(r) => match r.seconds(&query) {
+                Err(e) => http::Response::text(400, format!("{e}\n")),
+                Ok(n) => match r.profile(n) {
+                    Ok(body) => http::Response::new(200, "application/octet-stream", body)
+                        .with_header(
+                            "Content-Disposition",
+                            "attachment; filename=\"profile.pb.gz\"",
+                        ),
+                    Err(e) => http::Response::text(500, format!("{e}\n")),
+                },
+            },
+        },
+        "/" => http::Response::text(
+            200,
+            if rolling.is_some() {
+                "vmscope serve: /metrics, /debug/pprof/profile?seconds=N\n"
+            } else {
+                "vmscope serve: /metrics\n"
+            },
+        ),
+        _ => http::Response::text(404, format!("{path}: not found (try /metrics)\n")),
+    }
 }
 
 /// Sample the host (one scrape at a time) and encode the totals.

@@ -3,6 +3,8 @@
 use super::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 fn start() -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let server = Server::bind(&ServeOptions {
