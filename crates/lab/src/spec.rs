@@ -1052,7 +1052,7 @@ pub fn check_host(spec: &LabSpec, host: &HostFacts, own: &[String]) -> Result<()
     if spec.needs_bridge() {
         let br = crate::names::bridge(&spec.name);
         if host.interfaces.contains(&br) && !own.contains(&br) {
-            return Err(spec.error("name", format!("bridge {br} (derived from the lab name) is already in use by something else; pick another lab name or remove it")));
+            return Err(spec.error("name", format!("bridge {br} (derived from the lab name) is already in use by something else; pick another lab name, or remove it if it is left over from a lab that was killed (`ip link del {br}`)")));
         }
     }
     if spec.needs_bridge() {
