@@ -181,6 +181,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         meta: vec![(crate::VERSION_META_KEY.into(), crate::VERSION.into())],
         barrier_timeout: Duration::from_secs_f64(args.barrier_timeout),
         overhead_budget: args.overhead_budget,
+        exit_after: true,
     };
     let rates: Vec<String> = events
         .iter()

@@ -58,6 +58,12 @@ pub struct RecordOptions {
     /// agent's) within this fraction of the CPU it observes, by lowering
     /// its rate (`--overhead-budget`); `None`: the rates asked for.
     pub overhead_budget: Option<f64>,
+    /// The process exits right after the recording (the CLI): the
+    /// converter's tables (symbol tables, caches, the interned strings of
+    /// every row) are not freed one allocation at a time, which cost a
+    /// recording under exec churn a tenth of its CPU. Leave it `false`
+    /// where the process goes on (tests, a library caller).
+    pub exit_after: bool,
 }
 
 /// What a recording produced.
@@ -406,6 +412,7 @@ pub fn record(
             flush_interval: opts.flush_interval,
             duration: opts.duration,
             command: opts.command.as_deref(),
+            exit_after: opts.exit_after,
         },
     );
     match body {
@@ -446,6 +453,7 @@ struct RunOptions<'a> {
     flush_interval: Duration,
     duration: Option<Duration>,
     command: Option<&'a [String]>,
+    exit_after: bool,
 }
 
 /// One recording in progress.
@@ -735,6 +743,10 @@ impl Run<'_, '_> {
         writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
         writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
         let stats = conv.stats().clone();
+        if opts.exit_after {
+            // See RecordOptions::exit_after: the OS takes it back at exit.
+            std::mem::forget(conv);
+        }
         Ok(RecordSummary {
             output: PathBuf::new(),
             samples: stats.samples,

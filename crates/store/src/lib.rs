@@ -494,23 +494,15 @@ impl SessionWriter {
         if let Some(id) = self.stack_ids.get(stack) {
             return Ok(*id);
         }
-        // Cached statements: a recording with call stacks interns many new
+        // The writer is the only one to add stacks to its session (it
+        // creates the file), so the map knows every stack already stored.
+        // A cached statement: a recording with call stacks interns many new
         // stacks per flush.
-        let inserted = self
-            .conn
-            .prepare_cached("INSERT OR IGNORE INTO stacks(frames) VALUES (?1)")
+        self.conn
+            .prepare_cached("INSERT INTO stacks(frames) VALUES (?1)")
             .and_then(|mut st| st.execute(params![&**stack]))
             .map_err(sql_err(&self.path))?;
-        // A new row's id is the last rowid: no second lookup by text (the
-        // stacks of a recording are mostly new ones).
-        let id: i64 = if inserted == 1 {
-            self.conn.last_insert_rowid()
-        } else {
-            self.conn
-                .prepare_cached("SELECT id FROM stacks WHERE frames = ?1")
-                .and_then(|mut st| st.query_row(params![&**stack], |r| r.get(0)))
-                .map_err(sql_err(&self.path))?
-        };
+        let id = self.conn.last_insert_rowid();
         self.stack_ids.insert(stack.clone(), id);
         Ok(id)
     }
@@ -690,8 +682,10 @@ impl SessionWriter {
                     x.cmp(y)
                 }
             };
-            a.event
-                .cmp(&b.event)
+            slice_column(a.second)
+                .cmp(&slice_column(b.second))
+                .then_with(|| slice_column(a.cpu).cmp(&slice_column(b.cpu)))
+                .then_with(|| a.event.cmp(&b.event))
                 .then_with(|| text(&a.domain, &b.domain))
                 .then_with(|| a.context.as_str().cmp(b.context.as_str()))
                 .then_with(|| text(&a.process, &b.process))
@@ -699,8 +693,6 @@ impl SessionWriter {
                 .then_with(|| text(&a.symbol, &b.symbol))
                 .then_with(|| sa.cmp(sb))
                 .then_with(|| text(&a.srcline, &b.srcline))
-                .then_with(|| slice_column(a.second).cmp(&slice_column(b.second)))
-                .then_with(|| slice_column(a.cpu).cmp(&slice_column(b.cpu)))
         });
         {
             let mut st = self

@@ -14,7 +14,11 @@ pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
         CREATE TABLE domains(
             name TEXT PRIMARY KEY, role TEXT NOT NULL, pid INTEGER,
             status TEXT NOT NULL DEFAULT 'running', ended_at REAL, detail TEXT NOT NULL DEFAULT '');
-        CREATE TABLE stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL UNIQUE);
+        -- One row per distinct stack: the writer interns them in memory
+        -- (`SessionWriter::stack_id`), so no index on the text (an index
+        -- of long texts in random order cost a recording under exec churn
+        -- a tenth of its CPU).
+        CREATE TABLE stacks(id INTEGER PRIMARY KEY, frames TEXT NOT NULL);
         -- The host's counts. srcline: `path:line` where DWARF says; second:
         -- whole seconds since the start; cpu: the CPU (-1: not recorded).
         CREATE TABLE samples(
@@ -23,7 +27,7 @@ pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
             stack INTEGER NOT NULL DEFAULT 0,
             srcline TEXT NOT NULL DEFAULT '', second INTEGER NOT NULL DEFAULT -1, cpu INTEGER NOT NULL DEFAULT -1,
             samples INTEGER NOT NULL, period INTEGER NOT NULL,
-            PRIMARY KEY(event, domain, context, process, image, symbol, stack, srcline, second, cpu)) WITHOUT ROWID;
+            PRIMARY KEY(second, cpu, event, domain, context, process, image, symbol, stack, srcline)) WITHOUT ROWID;
         CREATE TABLE bins(
             second INTEGER NOT NULL, event INTEGER NOT NULL, domain TEXT NOT NULL, context TEXT NOT NULL,
             samples INTEGER NOT NULL,
@@ -37,7 +41,7 @@ pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
             stack INTEGER NOT NULL DEFAULT 0,
             srcline TEXT NOT NULL DEFAULT '', second INTEGER NOT NULL DEFAULT -1, cpu INTEGER NOT NULL DEFAULT -1,
             samples INTEGER NOT NULL, period INTEGER NOT NULL,
-            PRIMARY KEY(event, domain, context, process, image, symbol, stack, srcline, second, cpu)) WITHOUT ROWID;
+            PRIMARY KEY(second, cpu, event, domain, context, process, image, symbol, stack, srcline)) WITHOUT ROWID;
         -- Per active VM and event: guest time the host measured on its vCPU
         -- threads, busy time its agent measured, and their ratio (the scale
         -- applied to the agent's rows in the merged profile).

@@ -65,7 +65,7 @@ impl Kallsyms {
         let mut all_zero = true;
         for (i, line) in text.lines().enumerate() {
             let lineno = i + 1;
-            let mut fields = line.split_whitespace();
+            let mut fields = line.split_ascii_whitespace();
             let Some(addr_s) = fields.next() else {
                 continue;
             };
