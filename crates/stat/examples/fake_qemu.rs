@@ -1,7 +1,8 @@
 //! A synthetic "QEMU" for tests and the overhead benchmark: a process whose
 //! argv[0] is `qemu-system-x86_64` (so discovery takes it) with N threads
-//! named `CPU n/KVM`. Each thread wakes every `--period-ms` and spins for
-//! `--spin-us`, so its schedstat moves.
+//! named `CPU n/KVM`. Each thread sleeps `--period-ms`, then spins for
+//! `--spin-us`, and again (a cycle is the period plus the spin, not the
+//! period), so its schedstat moves.
 //!
 //! `rename N NAME` on stdin renames vCPU N's thread.
 //!
