@@ -1241,7 +1241,10 @@ impl Session {
         self.rows_in(view, &Slice::default(), event)
     }
 
-    /// [`Session::rows`] within a slice.
+    /// [`Session::rows`] within a slice, most samples first; rows with
+    /// equal counts by their key's text, so the order never depends on how
+    /// the table is laid out (stack ids follow insertion order, so stacks
+    /// compare by their frames).
     pub fn rows_in(
         &self,
         view: View,
@@ -1252,7 +1255,9 @@ impl Session {
             "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''),
                s.srcline, s.second, s.cpu, s.samples, s.period
              FROM {} s LEFT JOIN stacks k ON k.id = s.stack
-             WHERE ?1 IS NULL OR s.event = ?1 ORDER BY s.samples DESC",
+             WHERE ?1 IS NULL OR s.event = ?1
+             ORDER BY s.samples DESC, s.event, s.domain, s.context, s.process, s.image, s.symbol,
+               COALESCE(k.frames, ''), s.srcline, s.second, s.cpu",
             view.source_in(slice)
         );
         let mut st = self.conn.prepare(&sql).map_err(sql_err(&self.path))?;

@@ -489,3 +489,81 @@ fn bulk_load_flushes_in_one_transaction_until_a_write_that_makes_its_own() {
     assert_eq!(s.meta().unwrap()["k"], "v");
     assert_eq!(s.build_ids().unwrap()["/bin/p"], "ab");
 }
+
+#[test]
+fn rows_with_equal_counts_come_in_key_order_not_table_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(999),
+    }])
+    .unwrap();
+    w.upsert_domain(&DomainRecord {
+        domain: Domain::host(),
+        status: "running".into(),
+        ended_at: None,
+        detail: String::new(),
+    })
+    .unwrap();
+    // The table is keyed by second first and stack ids follow insertion:
+    // laid out, these rows read beta (second 0), then main;z before main;a
+    // (ids 1 and 2, second 1), then alpha (second 2).
+    let mut first = Profile::new();
+    first.add(
+        AggKey {
+            second: 1,
+            ..key("gamma", "main;z")
+        },
+        3,
+        30,
+    );
+    w.flush(&first).unwrap();
+    let mut p = Profile::new();
+    p.add(
+        AggKey {
+            second: 2,
+            ..key("alpha", "main;alpha")
+        },
+        3,
+        30,
+    );
+    p.add(
+        AggKey {
+            second: 0,
+            ..key("beta", "main;beta")
+        },
+        3,
+        30,
+    );
+    p.add(
+        AggKey {
+            second: 1,
+            ..key("gamma", "main;a")
+        },
+        3,
+        30,
+    );
+    p.add(key("delta", "main;delta"), 9, 90);
+    w.flush(&p).unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    let order: Vec<String> = s
+        .rows(View::Host, Some(0))
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r.key.symbol, r.key.stack))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "delta main;delta",
+            "alpha main;alpha",
+            "beta main;beta",
+            "gamma main;a",
+            "gamma main;z"
+        ]
+    );
+}
