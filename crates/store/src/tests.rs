@@ -16,8 +16,10 @@ fn key(sym: &str, stack: &str) -> AggKey {
     }
 }
 
-fn write_session(path: &Path, clean: bool) {
-    let mut w = SessionWriter::create(path).unwrap();
+/// A new session at `path` with one event (cpu-clock at 999 Hz) and the
+/// host domain.
+fn host_session(path: &Path) -> SessionWriter {
+    let w = SessionWriter::create(path).unwrap();
     w.set_events(&[SessionEvent {
         name: "cpu-clock".into(),
         period: None,
@@ -31,6 +33,11 @@ fn write_session(path: &Path, clean: bool) {
         detail: String::new(),
     })
     .unwrap();
+    w
+}
+
+fn write_session(path: &Path, clean: bool) {
+    let mut w = host_session(path);
     let mut p = Profile::new();
     p.add(key("alpha", "main;alpha"), 5, 50);
     p.add(key("beta", "main;beta"), 3, 30);
@@ -494,20 +501,7 @@ fn bulk_load_flushes_in_one_transaction_until_a_write_that_makes_its_own() {
 fn rows_with_equal_counts_come_in_key_order_not_table_order() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let mut w = SessionWriter::create(&path).unwrap();
-    w.set_events(&[SessionEvent {
-        name: "cpu-clock".into(),
-        period: None,
-        frequency: Some(999),
-    }])
-    .unwrap();
-    w.upsert_domain(&DomainRecord {
-        domain: Domain::host(),
-        status: "running".into(),
-        ended_at: None,
-        detail: String::new(),
-    })
-    .unwrap();
+    let mut w = host_session(&path);
     // The table is keyed by second first and stack ids follow insertion:
     // laid out, these rows read beta (second 0), then main;z before main;a
     // (ids 1 and 2, second 1), then alpha (second 2).
