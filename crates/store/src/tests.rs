@@ -505,41 +505,17 @@ fn rows_with_equal_counts_come_in_key_order_not_table_order() {
     // The table is keyed by second first and stack ids follow insertion:
     // laid out, these rows read beta (second 0), then main;z before main;a
     // (ids 1 and 2, second 1), then alpha (second 2).
+    let at = |second, sym, stack| AggKey {
+        second,
+        ..key(sym, stack)
+    };
     let mut first = Profile::new();
-    first.add(
-        AggKey {
-            second: 1,
-            ..key("gamma", "main;z")
-        },
-        3,
-        30,
-    );
+    first.add(at(1, "gamma", "main;z"), 3, 30);
     w.flush(&first).unwrap();
     let mut p = Profile::new();
-    p.add(
-        AggKey {
-            second: 2,
-            ..key("alpha", "main;alpha")
-        },
-        3,
-        30,
-    );
-    p.add(
-        AggKey {
-            second: 0,
-            ..key("beta", "main;beta")
-        },
-        3,
-        30,
-    );
-    p.add(
-        AggKey {
-            second: 1,
-            ..key("gamma", "main;a")
-        },
-        3,
-        30,
-    );
+    p.add(at(2, "alpha", "main;alpha"), 3, 30);
+    p.add(at(0, "beta", "main;beta"), 3, 30);
+    p.add(at(1, "gamma", "main;a"), 3, 30);
     p.add(key("delta", "main;delta"), 9, 90);
     w.flush(&p).unwrap();
     w.finish(true).unwrap();
