@@ -641,17 +641,30 @@ impl Run<'_, '_> {
         let mut last_flush = Instant::now();
         let mut buf = Vec::with_capacity(4096);
         let mut status = None;
+        // A delta was asked for and not yet written.
+        let mut asked = false;
         let ended = loop {
             buf.clear();
-            rec.read(Duration::from_millis(100), &mut buf)?;
+            let wait = read_wait(
+                t0.elapsed(),
+                last_flush.elapsed(),
+                opts.flush_interval,
+                opts.duration,
+                asked,
+                self.child.is_some() || matches!(target, Target::Pids(_)),
+            );
+            rec.read(wait, &mut buf)?;
             if dump {
                 for r in &buf {
                     eprintln!("{r:?}");
                 }
             }
-            conv.push_batch(std::mem::replace(&mut buf, Vec::with_capacity(4096)));
+            if !buf.is_empty() {
+                conv.push_batch(std::mem::replace(&mut buf, Vec::with_capacity(4096)));
+            }
             for t in conv.try_taken() {
                 writer.flush(&t.delta)?;
+                asked = false;
             }
             if let Some(p) = &pollers {
                 for ev in p.events.try_iter() {
@@ -661,13 +674,19 @@ impl Run<'_, '_> {
             }
             if last_flush.elapsed() >= opts.flush_interval {
                 cost.host_step(rec, t0.elapsed().as_secs_f64(), conv.stats().samples)?;
-                cost.flush(writer)?;
                 // The delta is written when the converter answers (a
-                // later turn of the loop): asking never waits.
+                // later turn of the loop, soon: see read_wait): asking
+                // never waits.
                 conv.ask();
-                agents.flush(writer, conv.stats(), false)?;
-                mark_ended_vms(writer, &vm_detail, &mut agents, t0)?;
-                writer.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
+                asked = true;
+                // The flush's bookkeeping in one commit.
+                writer.batch(|w| {
+                    cost.flush(w)?;
+                    agents.flush(w, conv.stats(), false)?;
+                    mark_ended_vms(w, &vm_detail, &mut agents, t0)?;
+                    w.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
+                    Ok::<(), EngineError>(())
+                })?;
                 (self.progress)(t0.elapsed(), conv.stats().samples);
                 last_flush = Instant::now();
             }
@@ -759,6 +778,41 @@ impl Run<'_, '_> {
 }
 
 /// Note what an agent's delta says its profiling cost.
+/// How long the recording loop's next read may wait on the rings, `now`
+/// into the recording and `since_flush` after the last flush.
+///
+/// A ring wakes the loop when it is half full (at 1 kHz without call
+/// chains that is seconds), so outside those wakes the loop runs when this
+/// says. It waits until the next flush is due, or the duration ends,
+/// so a quiet recording wakes about twice a flush (the flush, then the
+/// converter's answer) instead of ten times a second: every wake-up of
+/// the recorder's two threads takes a CPU from the workload being
+/// measured. It waits 20 ms at most while an answer is awaited (the delta
+/// reaches the file as soon as it is converted) and 100 ms at most while a
+/// command or given processes may end (their end ends the recording).
+/// A stop signal ends a wait early when the main thread takes it, and
+/// within one wait when another thread does.
+pub(crate) fn read_wait(
+    now: Duration,
+    since_flush: Duration,
+    flush_interval: Duration,
+    duration: Option<Duration>,
+    asked: bool,
+    watching: bool,
+) -> Duration {
+    let mut wait = flush_interval.saturating_sub(since_flush);
+    if let Some(d) = duration {
+        wait = wait.min(d.saturating_sub(now));
+    }
+    if asked {
+        wait = wait.min(Duration::from_millis(20));
+    }
+    if watching {
+        wait = wait.min(Duration::from_millis(100));
+    }
+    wait
+}
+
 fn guest_cost(cost: &mut crate::cost::CostBook, ev: &GuestEvent, t0: Instant) {
     if let GuestEvent::Delta { domain, delta } = ev {
         if let Some(step) = delta.cost {
@@ -898,4 +952,62 @@ fn mark_ended_vms(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_wait;
+    use std::time::Duration;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_quiet_recording_waits_until_the_next_flush() {
+        let flush = 500 * MS;
+        // Recording system-wide, nothing asked: until the flush is due.
+        assert_eq!(
+            read_wait(10 * MS, Duration::ZERO, flush, None, false, false),
+            flush
+        );
+        assert_eq!(
+            read_wait(900 * MS, 400 * MS, flush, None, false, false),
+            100 * MS
+        );
+        // Due (or overdue): no wait.
+        assert_eq!(
+            read_wait(900 * MS, 600 * MS, flush, None, false, false),
+            Duration::ZERO
+        );
+        // The duration's end comes first.
+        let d = Some(1000 * MS);
+        assert_eq!(
+            read_wait(800 * MS, 100 * MS, flush, d, false, false),
+            200 * MS
+        );
+        assert_eq!(
+            read_wait(1200 * MS, 100 * MS, flush, d, false, false),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn an_awaited_answer_or_a_watched_command_shortens_the_wait() {
+        let flush = 500 * MS;
+        assert_eq!(
+            read_wait(10 * MS, Duration::ZERO, flush, None, true, false),
+            20 * MS
+        );
+        assert_eq!(
+            read_wait(10 * MS, Duration::ZERO, flush, None, false, true),
+            100 * MS
+        );
+        assert_eq!(
+            read_wait(10 * MS, Duration::ZERO, flush, None, true, true),
+            20 * MS
+        );
+        assert_eq!(
+            read_wait(10 * MS, 490 * MS, flush, None, false, true),
+            10 * MS
+        );
+    }
 }

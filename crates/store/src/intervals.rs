@@ -29,25 +29,18 @@ pub struct IntervalRow {
 impl SessionWriter {
     /// Store one interval's rows, in one transaction.
     pub fn add_intervals(&mut self, rows: &[IntervalRow]) -> Result<()> {
-        self.settle()?;
-        let path = self.path.clone();
-        let tx = self.conn.unchecked_transaction().map_err(sql_err(&path))?;
-        {
-            let mut st = tx
-                .prepare_cached(
-                    "INSERT INTO intervals(kind, t_start, t_end, cpu, domain, vcpu, metric, value, unit)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )
-                .map_err(sql_err(&path))?;
+        self.write_tx(|tx| {
+            let mut st = tx.prepare_cached(
+                "INSERT INTO intervals(kind, t_start, t_end, cpu, domain, vcpu, metric, value, unit)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            )?;
             for r in rows {
                 st.execute(params![
                     r.kind, r.t_start, r.t_end, r.cpu, r.domain, r.vcpu, r.metric, r.value, r.unit
-                ])
-                .map_err(sql_err(&path))?;
+                ])?;
             }
-        }
-        tx.commit().map_err(sql_err(&path))?;
-        Ok(())
+            Ok(())
+        })
     }
 }
 

@@ -358,6 +358,8 @@ pub struct SessionWriter {
     /// The bulk load's one transaction is open (see
     /// [`SessionWriter::bulk_load`]); [`SessionWriter::settle`] commits it.
     bulk_tx: std::cell::Cell<bool>,
+    /// A [`SessionWriter::batch`] is open: writes join its transaction.
+    in_batch: bool,
 }
 
 impl SessionWriter {
@@ -404,6 +406,7 @@ impl SessionWriter {
             stack_ids: Default::default(),
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
+            in_batch: false,
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -445,27 +448,78 @@ impl SessionWriter {
 
     /// Store the session's events; their order gives the indexes samples use.
     pub fn set_events(&self, events: &[SessionEvent]) -> Result<()> {
+        self.write_tx(|tx| {
+            tx.execute("DELETE FROM events", [])?;
+            for (i, e) in events.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO events(id, name, period, frequency) VALUES (?1, ?2, ?3, ?4)",
+                    params![
+                        i as i64,
+                        e.name,
+                        e.period.map(|v| v as i64),
+                        e.frequency.map(|v| v as i64)
+                    ],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Run `f`'s statements in one transaction: its own, or the open
+    /// [`SessionWriter::batch`]'s. A bulk load's open transaction is
+    /// committed first (see [`SessionWriter::bulk_load`]).
+    fn write_tx(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<()>) -> Result<()> {
         self.settle()?;
-        let tx = self
-            .conn
-            .unchecked_transaction()
-            .map_err(sql_err(&self.path))?;
-        tx.execute("DELETE FROM events", [])
-            .map_err(sql_err(&self.path))?;
-        for (i, e) in events.iter().enumerate() {
-            tx.execute(
-                "INSERT INTO events(id, name, period, frequency) VALUES (?1, ?2, ?3, ?4)",
-                params![
-                    i as i64,
-                    e.name,
-                    e.period.map(|v| v as i64),
-                    e.frequency.map(|v| v as i64)
-                ],
-            )
-            .map_err(sql_err(&self.path))?;
+        if self.in_batch {
+            return f(&self.conn).map_err(sql_err(&self.path));
         }
-        tx.commit().map_err(sql_err(&self.path))?;
-        Ok(())
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(sql_err(&self.path))?;
+        match f(&self.conn) {
+            Ok(()) => self
+                .conn
+                .execute_batch("COMMIT")
+                .map_err(sql_err(&self.path)),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(sql_err(&self.path)(e))
+            }
+        }
+    }
+
+    /// Run `f`'s writes as one transaction: one commit for a recorder's
+    /// bookkeeping of a flush (its cost intervals, agent rows, ended VMs,
+    /// duration) instead of one each, which was most of what SQLite cost a
+    /// recording between its start and its end. Writes inside `f` that
+    /// would make their own transaction join this one; a nested `batch`
+    /// joins too. If `f` fails, everything it wrote is rolled back.
+    pub fn batch<T, E: From<StoreError>>(
+        &mut self,
+        f: impl FnOnce(&mut SessionWriter) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        if self.in_batch {
+            return f(self);
+        }
+        self.settle()?;
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(sql_err(&self.path))?;
+        self.in_batch = true;
+        let r = f(self);
+        self.in_batch = false;
+        match r {
+            Ok(v) => {
+                self.conn
+                    .execute_batch("COMMIT")
+                    .map_err(sql_err(&self.path))?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
     }
 
     pub fn upsert_domain(&self, d: &DomainRecord) -> Result<()> {
@@ -635,8 +689,8 @@ impl SessionWriter {
         if delta.is_empty() && extra.is_empty() && scales.is_empty() {
             return Ok(());
         }
-        if self.bulk_tx.get() {
-            // Inside the bulk load's transaction (see bulk_load).
+        if self.bulk_tx.get() || self.in_batch {
+            // Inside the bulk load's or a batch's transaction.
             self.flush_inner(delta, extra, table)?;
             return scales.iter().try_for_each(|s| self.set_scale(s));
         }
@@ -760,38 +814,26 @@ impl SessionWriter {
 
     /// Record the build-ids (hex) of files the session's symbols came from.
     pub fn set_build_ids(&self, ids: &[(String, String)]) -> Result<()> {
-        self.settle()?;
-        let tx = self
-            .conn
-            .unchecked_transaction()
-            .map_err(sql_err(&self.path))?;
-        for (path, id) in ids {
-            tx.execute(
-                "INSERT INTO images(path, build_id) VALUES (?1, ?2)
-                 ON CONFLICT(path) DO UPDATE SET build_id = excluded.build_id",
-                params![path, id],
-            )
-            .map_err(sql_err(&self.path))?;
-        }
-        tx.commit().map_err(sql_err(&self.path))?;
-        Ok(())
+        self.write_tx(|tx| {
+            for (path, id) in ids {
+                tx.execute(
+                    "INSERT INTO images(path, build_id) VALUES (?1, ?2)
+                     ON CONFLICT(path) DO UPDATE SET build_id = excluded.build_id",
+                    params![path, id],
+                )?;
+            }
+            Ok(())
+        })
     }
 
     /// Add benchmark rows (`bench_samples`), in one transaction.
     pub fn add_bench_samples(&self, rows: &[BenchSampleRow]) -> Result<()> {
-        self.settle()?;
-        let tx = self
-            .conn
-            .unchecked_transaction()
-            .map_err(sql_err(&self.path))?;
-        {
-            let mut st = tx
-                .prepare_cached(
-                    "INSERT INTO bench_samples(experiment, config_hash, manifest, point, sample,
-                       metric, value, unit, raw_output, flagged)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                )
-                .map_err(sql_err(&self.path))?;
+        self.write_tx(|tx| {
+            let mut st = tx.prepare_cached(
+                "INSERT INTO bench_samples(experiment, config_hash, manifest, point, sample,
+                   metric, value, unit, raw_output, flagged)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?;
             for r in rows {
                 st.execute(params![
                     r.experiment,
@@ -804,12 +846,10 @@ impl SessionWriter {
                     r.unit,
                     r.raw_output,
                     r.flagged
-                ])
-                .map_err(sql_err(&self.path))?;
+                ])?;
             }
-        }
-        tx.commit().map_err(sql_err(&self.path))?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Mark the session's stop (clean or not), fold the whole WAL into the

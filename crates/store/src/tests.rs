@@ -77,6 +77,63 @@ fn write_then_read_back() {
 }
 
 #[test]
+fn a_batch_commits_its_writes_together_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let mut w = host_session(&path);
+    let mut p = Profile::new();
+    p.add(key("alpha", "main;alpha"), 5, 50);
+    let interval = |t: f64| crate::IntervalRow {
+        kind: "profiler".into(),
+        t_start: t,
+        t_end: t + 0.5,
+        cpu: None,
+        domain: Some("host".into()),
+        vcpu: None,
+        metric: "cost_s".into(),
+        value: 0.001,
+        unit: "s".into(),
+    };
+    let seen = |key: &str| {
+        Session::open(&path)
+            .unwrap()
+            .meta()
+            .unwrap()
+            .get(key)
+            .cloned()
+    };
+    w.batch(|w| {
+        w.flush(&p)?;
+        w.add_intervals(&[interval(0.0)])?;
+        w.set_meta("duration_s", "0.5")?;
+        // A reader sees none of it before the batch commits.
+        assert_eq!(seen("duration_s"), None);
+        Ok::<(), StoreError>(())
+    })
+    .unwrap();
+    assert_eq!(seen("duration_s").as_deref(), Some("0.5"));
+    // A batch that fails leaves nothing of what it wrote.
+    let failed = w.batch(|w| {
+        w.flush(&p)?;
+        w.add_intervals(&[interval(0.5)])?;
+        w.set_meta("duration_s", "1.0")?;
+        Err::<(), StoreError>(StoreError::OutputRefused {
+            path: path.clone(),
+            reason: "stops this batch".into(),
+        })
+    });
+    assert!(failed.is_err());
+    // Writes after it make their own transactions again.
+    w.set_meta("after", "1").unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    assert_eq!(s.meta().unwrap()["duration_s"], "0.5");
+    assert_eq!(s.meta().unwrap()["after"], "1");
+    assert_eq!(s.totals(View::Merged).unwrap()[&0], (5, 50));
+    assert_eq!(s.intervals(Some("profiler")).unwrap().len(), 1);
+}
+
+#[test]
 fn unclean_stop_is_visible() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
