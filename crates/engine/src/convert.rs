@@ -181,6 +181,24 @@ impl Converter {
         self.origin = Some(t);
     }
 
+    /// A VM found after the converter started: its process and threads
+    /// are the VM's from now on (samples already converted stay where
+    /// they were attributed).
+    pub fn add_vm(
+        &mut self,
+        name: &str,
+        pid: u32,
+        tcg: bool,
+        threads: impl IntoIterator<Item = (u32, vmscope_model::ThreadRole)>,
+    ) {
+        self.threads.add_vm(name, pid, tcg);
+        for (tid, role) in threads {
+            self.threads.add_thread(name, tid, role);
+        }
+        // Cached attributions were made with the old map.
+        self.attributions.clear();
+    }
+
     /// Count this VM's samples as one line, unresolved (role unmonitored).
     pub fn set_unmonitored(&mut self, domain: &str) {
         self.unmonitored.insert(domain.into());
@@ -255,6 +273,19 @@ impl Converter {
                     self.modules.sort_by_key(|m| m.0);
                 }
                 self.stacks.observe(rec);
+            }
+            Record::Ksymbol {
+                addr,
+                len,
+                name,
+                bpf,
+                unregister,
+                ..
+            } => {
+                // Through symbolizer_mut: stacks cached with this range's
+                // old name are dropped.
+                self.symbolizer_mut()
+                    .kernel_symbol(*addr, *len, name, *bpf, *unregister);
             }
             other => {
                 // Records that change an address space (what

@@ -106,3 +106,68 @@ fn batch_and_single_pushes_give_the_same_profile() {
         "{images:?}"
     );
 }
+
+/// Kernel samples in a BPF program registered mid-stream (a KSYMBOL record)
+/// are named after it from that record on, in order within one batch, and
+/// stop being named after it once it is unregistered.
+#[test]
+fn samples_in_code_registered_mid_stream_get_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kallsyms"),
+        "ffffffff81000000 T _text\nffffffff81000100 T schedule\n",
+    )
+    .unwrap();
+    let s = Symbolizer::new(SymbolizerOptions {
+        kallsyms: Some(dir.path().join("kallsyms")),
+        symfs: Some(dir.path().to_path_buf()),
+        ..SymbolizerOptions::default()
+    });
+    let mut conv = Converter::new(s, ThreadMap::new());
+    conv.set_origin(0);
+    let sample = |t: u64| {
+        Record::Sample(SampleRecord {
+            event: 0,
+            ip: 0xffff_ffff_c000_1010,
+            pid: 10,
+            tid: 10,
+            cpu: 0,
+            time: t,
+            mode: CpuMode::Kernel,
+            period: 1,
+            callchain: vec![],
+        })
+    };
+    let ksym = |unregister: bool| Record::Ksymbol {
+        addr: 0xffff_ffff_c000_1000,
+        len: 0x100,
+        name: Arc::from("bpf_prog_aa_tick"),
+        bpf: true,
+        unregister,
+        time: 0,
+    };
+    // One ring read: 2 samples before, 3 while loaded, 4 after.
+    let mut batch = vec![sample(1), sample(2), ksym(false)];
+    batch.extend((3..6).map(sample));
+    batch.push(ksym(true));
+    batch.extend((6..10).map(sample));
+    conv.push_batch(batch);
+    let p = conv.take_delta();
+    let by_symbol = |name: &str| -> u64 {
+        p.rows
+            .iter()
+            .filter(|(k, _)| &*k.symbol == name)
+            .map(|(_, c)| c.samples)
+            .sum()
+    };
+    assert_eq!(by_symbol("bpf_prog_aa_tick"), 3, "{:?}", p.rows.keys());
+    let image: Vec<String> = p
+        .rows
+        .keys()
+        .filter(|k| &*k.symbol == "bpf_prog_aa_tick")
+        .map(|k| k.image.to_string())
+        .collect();
+    assert_eq!(image, ["[bpf]"]);
+    // Outside the program's lifetime the table has nothing there.
+    assert_eq!(by_symbol("0xffffffffc0001010"), 6, "{:?}", p.rows.keys());
+}

@@ -143,6 +143,27 @@ impl Decoder {
                     },
                 ))
             })(),
+            sys::PERF_RECORD_KSYMBOL => (|| {
+                // { u64 addr; u32 len; u16 ksym_type; u16 flags; char name[]; }
+                let t = trailer(rec)?;
+                let addr = u64_at(rec, body)?;
+                let len = u32_at(rec, body + 8)?;
+                let kind = u16::from_ne_bytes(rec.get(body + 12..body + 14)?.try_into().ok()?);
+                let flags = u16::from_ne_bytes(rec.get(body + 14..body + 16)?.try_into().ok()?);
+                let end = rec.len().checked_sub(TRAILER)?;
+                Some((
+                    t.time,
+                    Record::Ksymbol {
+                        addr,
+                        len: u64::from(len),
+                        name: c_str(rec.get(body + 16..end)?),
+                        bpf: u32::from(kind) == sys::PERF_RECORD_KSYMBOL_TYPE_BPF,
+                        unregister: u32::from(flags) & sys::PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER
+                            != 0,
+                        time: t.time,
+                    },
+                ))
+            })(),
             sys::PERF_RECORD_LOST => (|| {
                 let t = trailer(rec)?;
                 let count = u64_at(rec, body + 8)?;
@@ -493,7 +514,41 @@ pub(crate) mod tests {
         );
         assert_eq!(lost, 17);
 
+        // KSYMBOL: a BPF program registered, then the same range removed.
+        for (flags, unregister) in [(0u16, false), (1, true)] {
+            let mut b = Vec::new();
+            b.extend_from_slice(&0xffff_ffff_c000_1000u64.to_ne_bytes());
+            b.extend_from_slice(&0x80u32.to_ne_bytes());
+            b.extend_from_slice(&1u16.to_ne_bytes());
+            b.extend_from_slice(&flags.to_ne_bytes());
+            b.extend_from_slice(b"bpf_prog_6deef7357e7b4530_sd_fw_ingress\0");
+            while b.len() % 8 != 0 {
+                b.push(0);
+            }
+            b.extend(trailer_bytes(0, 0, 46, 1, 100));
+            let (got, _) = decode_one(&d, &record(sys::PERF_RECORD_KSYMBOL, 0, &b));
+            assert_eq!(
+                got,
+                Some((
+                    46,
+                    Record::Ksymbol {
+                        addr: 0xffff_ffff_c000_1000,
+                        len: 0x80,
+                        name: Arc::from("bpf_prog_6deef7357e7b4530_sd_fw_ingress"),
+                        bpf: true,
+                        unregister,
+                        time: 46
+                    }
+                ))
+            );
+        }
+
         // Truncated records are ignored, not panicked on.
+        assert!(
+            decode_one(&d, &record(sys::PERF_RECORD_KSYMBOL, 0, &[0u8; 12]))
+                .0
+                .is_none()
+        );
         let short = record(sys::PERF_RECORD_MMAP2, 0, &[0u8; 8]);
         assert!(decode_one(&d, &short).0.is_none());
         assert!(decode_one(&d, &record(sys::PERF_RECORD_COMM, 0, &[]))

@@ -230,6 +230,7 @@ struct AttrParams {
     callchain: bool,
     inherit: bool,
     build_id: bool,
+    ksymbol: bool,
     wakeup_bytes: u32,
 }
 
@@ -266,6 +267,9 @@ fn sample_attr(ev: &EventSpec, p: &AttrParams) -> perf_event_attr {
         attr.set_comm_exec(1);
         attr.set_task(1);
         attr.set_build_id(u64::from(p.build_id));
+        // BPF programs and trampolines loaded while recording: names
+        // that the kallsyms read at the start does not have.
+        attr.set_ksymbol(u64::from(p.ksymbol));
     }
     attr
 }
@@ -368,6 +372,7 @@ impl Recorder {
             callchain: opts.callchain,
             inherit: matches!(opts.target, Target::Pids(_)),
             build_id: true,
+            ksymbol: true,
             wakeup_bytes: (ring_bytes / 2).min(u32::MAX as usize) as u32,
         };
         for &cpu in &cpus {
@@ -384,15 +389,21 @@ impl Recorder {
                     params.side_band = idx == 0;
                     let mut attr = sample_attr(ev, &params);
                     let mut res = sys_open(&mut attr, tid, cpu as i32);
-                    if params.side_band && params.build_id {
-                        if let Err(e) = &res {
-                            if e.raw_os_error() == Some(libc::EINVAL) {
-                                // Kernels before 5.12 reject the build_id bit.
-                                params.build_id = false;
-                                let mut attr = sample_attr(ev, &params);
-                                res = sys_open(&mut attr, tid, cpu as i32);
-                            }
+                    // Kernels before 5.12 reject the build_id bit, before
+                    // 5.1 the ksymbol bit: drop them in that order.
+                    for drop in [0, 1] {
+                        let einval =
+                            matches!(&res, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
+                        if !(params.side_band && einval) {
+                            break;
                         }
+                        match drop {
+                            0 if params.build_id => params.build_id = false,
+                            1 if params.ksymbol => params.ksymbol = false,
+                            _ => continue,
+                        }
+                        let mut attr = sample_attr(ev, &params);
+                        res = sys_open(&mut attr, tid, cpu as i32);
                     }
                     let fd = match res {
                         Ok(fd) => fd,
@@ -715,6 +726,7 @@ mod tests {
             callchain: true,
             inherit: true,
             build_id: true,
+            ksymbol: true,
             wakeup_bytes: 4096,
         };
         let a = sample_attr(&ev, &p);
@@ -734,6 +746,7 @@ mod tests {
             (1, 1, libc::CLOCK_MONOTONIC)
         );
         assert_eq!((a.disabled(), a.exclude_guest(), a.mmap_data()), (1, 0, 0));
+        assert_eq!((a.build_id(), a.ksymbol()), (1, 1));
         let f = EventSpec::parse("cpu-clock", 999).unwrap();
         let b = sample_attr(
             &f,
@@ -744,6 +757,7 @@ mod tests {
             },
         );
         assert_eq!((b.freq(), b.mmap2(), b.comm(), b.task()), (1, 0, 0, 0));
+        assert_eq!(b.ksymbol(), 0);
         // SAFETY: as above.
         assert_eq!(unsafe { b.__bindgen_anon_1.sample_freq }, 999);
         assert_eq!(b.sample_type, SAMPLE_TYPE);

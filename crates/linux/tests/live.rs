@@ -121,7 +121,8 @@ fn record_time(r: &Record) -> Option<u64> {
         Record::Mmap { time, .. }
         | Record::Comm { time, .. }
         | Record::Fork { time, .. }
-        | Record::Exit { time, .. } => Some(*time),
+        | Record::Exit { time, .. }
+        | Record::Ksymbol { time, .. } => Some(*time),
         Record::Lost { .. } => None,
     }
 }
@@ -663,4 +664,70 @@ fn a_waker_ends_the_wait_on_quiet_rings() {
     assert_eq!(n, -1, "the eventfd still held a count");
     // SAFETY: fd is open and owned here.
     unsafe { libc::close(fd) };
+}
+
+/// A BPF program loaded while recording arrives as a KSYMBOL record with
+/// its kernel name and range (so samples in it get a name the kallsyms
+/// read at the start lacks), and its removal as one that unregisters the
+/// same range. The program is vm-stat's own sched_switch program.
+#[test]
+fn bpf_programs_loaded_while_recording_are_named() {
+    if !is_root() {
+        return;
+    }
+    let opts = RingOptions {
+        events: vec![cpu_clock(99)],
+        target: Target::AllCpus,
+        callchain: false,
+        ring_pages: 0,
+    };
+    let mut rec = Recorder::open(&opts).unwrap();
+    rec.enable().unwrap();
+    let prog = match vmscope_linux::bpf_switch::BpfSwitchTimes::open() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("SKIP: cannot load a BPF program here: {e}");
+            return;
+        }
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    drop(prog);
+    let ksyms = |out: &[Record]| -> Vec<(u64, u64, String, bool, bool)> {
+        out.iter()
+            .filter_map(|r| match r {
+                Record::Ksymbol {
+                    addr,
+                    len,
+                    name,
+                    bpf,
+                    unregister,
+                    ..
+                } => Some((*addr, *len, name.to_string(), *bpf, *unregister)),
+                _ => None,
+            })
+            .collect()
+    };
+    // The unregistering record comes when the kernel frees the program
+    // (after an RCU grace period): read until it is there, 100 reads at most.
+    let mut out = Vec::new();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        rec.read(Duration::from_millis(50), &mut out).unwrap();
+        got = ksyms(&out);
+        let added = got.iter().find(|k| k.2.starts_with("bpf_prog_") && !k.4);
+        if added.is_some_and(|a| got.iter().any(|k| k.0 == a.0 && k.4)) {
+            break;
+        }
+    }
+    rec.disable().unwrap();
+    let added = got
+        .iter()
+        .find(|k| k.2.starts_with("bpf_prog_") && !k.4)
+        .unwrap_or_else(|| panic!("no KSYMBOL record of the program: {got:?}"));
+    assert!(added.3, "not typed BPF: {added:?}");
+    assert!(added.0 >= 0xffff_0000_0000_0000 && added.1 > 0, "{added:?}");
+    assert!(
+        got.iter().any(|k| k.0 == added.0 && k.4),
+        "no KSYMBOL record unregistering {added:?}: {got:?}"
+    );
 }

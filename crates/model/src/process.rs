@@ -146,7 +146,10 @@ impl ProcessTable {
                     self.thread_comm.entry(*tid).or_insert(c);
                 }
             }
-            Record::Exit { .. } | Record::Sample(_) | Record::Lost { .. } => {}
+            Record::Exit { .. }
+            | Record::Sample(_)
+            | Record::Lost { .. }
+            | Record::Ksymbol { .. } => {}
         }
     }
 

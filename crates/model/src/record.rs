@@ -189,6 +189,18 @@ pub enum Record {
         tid: u32,
         time: u64,
     },
+    /// Kernel code that came or went at run time (a BPF program, a
+    /// trampoline: `PERF_RECORD_KSYMBOL`), which the kallsyms read at the
+    /// start does not have. `bpf` for BPF programs (kallsyms' `[bpf]`).
+    Ksymbol {
+        addr: u64,
+        len: u64,
+        name: Arc<str>,
+        bpf: bool,
+        /// The code was removed: the range is no longer this symbol.
+        unregister: bool,
+        time: u64,
+    },
     /// Records the kernel dropped (ring overflow) or a source lost.
     Lost {
         cpu: Option<u32>,

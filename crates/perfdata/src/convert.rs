@@ -210,6 +210,11 @@ struct Converter<'a> {
     by_path: BuildIds,
 }
 
+/// `PERF_RECORD_KSYMBOL_TYPE_BPF` and `PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER`
+/// (include/uapi/linux/perf_event.h).
+const KSYMBOL_TYPE_BPF: u16 = 1;
+const KSYMBOL_FLAGS_UNREGISTER: u16 = 1;
+
 fn lossy(b: &[u8]) -> Arc<str> {
     match std::str::from_utf8(b) {
         Ok(s) => Arc::from(s),
@@ -360,6 +365,25 @@ impl Converter<'_> {
                     tid: f.tid as u32,
                     time: f.timestamp,
                 });
+            }
+            RecordType::KSYMBOL => {
+                // { u64 addr; u32 len; u16 ksym_type; u16 flags; char
+                // name[] (NUL-terminated, padded); sample_id }
+                let body = rec.data.as_slice();
+                let e = self.e;
+                let parsed = (|| {
+                    let name = body.get(16..)?;
+                    let name = &name[..name.iter().position(|&b| b == 0)?];
+                    Some(Record::Ksymbol {
+                        addr: e.u64(&body, 0)?,
+                        len: u64::from(e.u32(&body, 8)?),
+                        bpf: e.u16(&body, 12)? == KSYMBOL_TYPE_BPF,
+                        unregister: e.u16(&body, 14)? & KSYMBOL_FLAGS_UNREGISTER != 0,
+                        name: lossy(name),
+                        time: time(),
+                    })
+                })();
+                other(parsed.ok_or_else(|| bad("KSYMBOL"))?);
             }
             RecordType::LOST if self.skip_lost => {}
             RecordType::LOST | RecordType::LOST_SAMPLES => {

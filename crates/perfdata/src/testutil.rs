@@ -318,6 +318,19 @@ impl PerfDataBuilder {
         self
     }
 
+    /// A KSYMBOL record: kernel code at `addr..addr + len` registered (or,
+    /// with `unregister`, removed); `bpf`: a BPF program.
+    pub fn ksymbol(mut self, addr: u64, len: u32, name: &str, bpf: bool, unregister: bool) -> Self {
+        let mut b = Vec::new();
+        b.extend_from_slice(&addr.to_le_bytes());
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&u16::from(bpf).to_le_bytes());
+        b.extend_from_slice(&u16::from(unregister).to_le_bytes());
+        pad8(&mut b, name);
+        self.record(17, 0, &b, u32::MAX, u32::MAX);
+        self
+    }
+
     /// A LOST_SAMPLES record.
     pub fn lost_samples(mut self, count: u64) -> Self {
         self.record(13, 0, &count.to_le_bytes(), u32::MAX, u32::MAX);

@@ -346,3 +346,72 @@ fn a_leaked_build_id_bit_over_an_inode_layout_is_read_as_a_plain_mmap2() {
     let err = import_reader(Cursor::new(bad), "bad.data", &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("malformed MMAP2"), "{err}");
 }
+
+#[test]
+fn ksymbol_records_register_and_remove_kernel_code() {
+    let bytes = PerfDataBuilder::new()
+        .time(50)
+        .ksymbol(
+            0xffff_ffff_c000_1000,
+            0x80,
+            "bpf_prog_6deef7357e7b4530_tick",
+            true,
+            false,
+        )
+        .time(60)
+        .ksymbol(
+            0xffff_ffff_c000_1000,
+            0x80,
+            "bpf_prog_6deef7357e7b4530_tick",
+            true,
+            true,
+        )
+        .ksymbol(
+            0xffff_ffff_c000_2000,
+            0x40,
+            "bpf_trampoline_6442",
+            false,
+            false,
+        );
+    for (how, b) in [("file", bytes.to_bytes()), ("pipe", bytes.to_pipe_bytes())] {
+        let (_, recs) = collect(b);
+        let k = |addr, len, name: &str, bpf, unregister, time| Record::Ksymbol {
+            addr,
+            len,
+            name: name.into(),
+            bpf,
+            unregister,
+            time,
+        };
+        assert_eq!(
+            recs,
+            vec![
+                k(
+                    0xffff_ffff_c000_1000,
+                    0x80,
+                    "bpf_prog_6deef7357e7b4530_tick",
+                    true,
+                    false,
+                    50
+                ),
+                k(
+                    0xffff_ffff_c000_1000,
+                    0x80,
+                    "bpf_prog_6deef7357e7b4530_tick",
+                    true,
+                    true,
+                    60
+                ),
+                k(
+                    0xffff_ffff_c000_2000,
+                    0x40,
+                    "bpf_trampoline_6442",
+                    false,
+                    false,
+                    60
+                ),
+            ],
+            "{how}"
+        );
+    }
+}

@@ -148,6 +148,9 @@ struct KernelTable {
     names: FxMap<usize, Arc<str>>,
     /// `[module]` image names by module index.
     module_images: Vec<Arc<str>>,
+    /// Code registered since the table was read (`PERF_RECORD_KSYMBOL`):
+    /// start → (end, image, name). Looked up before the table.
+    dynamic: std::collections::BTreeMap<u64, (u64, Arc<str>, Arc<str>)>,
     cache: FxMap<u64, Resolved>,
 }
 
@@ -158,14 +161,45 @@ impl KernelTable {
             syms,
             names: FxMap::default(),
             module_images,
+            dynamic: Default::default(),
             cache: FxMap::default(),
         }
+    }
+
+    /// Code at `addr..addr + len` is `name` from now on (`unregister`:
+    /// is no longer). Ranges it overlaps are dropped.
+    fn set_dynamic(&mut self, addr: u64, len: u64, image: Arc<str>, name: &str, unregister: bool) {
+        let end = addr.saturating_add(len.max(1));
+        let overlapping: Vec<u64> = self
+            .dynamic
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _, _))| *e > addr)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in overlapping {
+            self.dynamic.remove(&s);
+        }
+        if !unregister {
+            self.dynamic.insert(addr, (end, image, name.into()));
+        }
+        self.cache.clear();
     }
 
     /// `module_image: false` names every symbol's image `image` (guests).
     fn resolve(&mut self, addr: u64, image: &Arc<str>, module_image: bool) -> Resolved {
         if let Some(r) = self.cache.get(&addr) {
             return r.clone();
+        }
+        if let Some((_, (end, img, name))) = self.dynamic.range(..=addr).next_back() {
+            if addr < *end {
+                let image = if module_image {
+                    img.clone()
+                } else {
+                    image.clone()
+                };
+                return Resolved::named(image, name.clone());
+            }
         }
         let r = match self.syms.lookup_indexed(addr) {
             Some((idx, module, sym)) => {
@@ -265,6 +299,18 @@ impl Symbolizer {
             Err(e) => s.warn(format!("{e}: kernel symbols stay unresolved")),
         }
         s
+    }
+
+    /// Kernel code registered (or, with `unregister`, removed) while
+    /// recording: a BPF program (`bpf`: image `[bpf]`, as kallsyms names
+    /// them) or other code such as a trampoline (`[kernel.kallsyms]`).
+    pub fn kernel_symbol(&mut self, addr: u64, len: u64, name: &str, bpf: bool, unregister: bool) {
+        let image: Arc<str> = if bpf {
+            "[bpf]".into()
+        } else {
+            self.kernel_image.clone()
+        };
+        self.kernel.set_dynamic(addr, len, image, name, unregister);
     }
 
     /// Use `k` for [`ImageRef::GuestKernel`] frames of `domain`.
@@ -635,6 +681,77 @@ mod tests {
         let a = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000123));
         let b = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000124));
         assert!(Arc::ptr_eq(&a.symbol, &b.symbol));
+    }
+
+    #[test]
+    fn code_registered_while_recording_is_named_until_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Symbolizer::new(opts_with_kallsyms(
+            "ffffffff81000000 T _text\nffffffff81000100 T schedule\n\
+             ffffffffc0000000 t kvm_exit\t[kvm_intel]\n",
+            dir.path(),
+        ));
+        let at = |s: &mut Symbolizer, addr| {
+            let r = s.resolve("host", &frame(ImageRef::Kernel, addr));
+            (r.image.to_string(), r.symbol.to_string())
+        };
+        let pair = |i: &str, n: &str| (i.to_string(), n.to_string());
+        // Before: the table has nothing there (a page past the module's last
+        // symbol).
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001010),
+            pair("[kernel.kallsyms]", "0xffffffffc0001010")
+        );
+        s.kernel_symbol(0xffffffffc0001000, 0x100, "bpf_prog_aa_tick", true, false);
+        s.kernel_symbol(
+            0xffffffffc0002000,
+            0x40,
+            "bpf_trampoline_6442",
+            false,
+            false,
+        );
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001010),
+            pair("[bpf]", "bpf_prog_aa_tick")
+        );
+        assert_eq!(
+            at(&mut s, 0xffffffffc00010ff),
+            pair("[bpf]", "bpf_prog_aa_tick")
+        );
+        assert_eq!(
+            at(&mut s, 0xffffffffc0002000),
+            pair("[kernel.kallsyms]", "bpf_trampoline_6442")
+        );
+        // Past its end: the table again (nothing there), and the kernel's.
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001100),
+            pair("[kernel.kallsyms]", "0xffffffffc0001100")
+        );
+        assert_eq!(
+            at(&mut s, 0xffffffff81000123),
+            pair("[kernel.kallsyms]", "schedule")
+        );
+        // Removed, then another loaded over part of its range.
+        s.kernel_symbol(0xffffffffc0001000, 0x100, "bpf_prog_aa_tick", true, true);
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001010),
+            pair("[kernel.kallsyms]", "0xffffffffc0001010")
+        );
+        s.kernel_symbol(0xffffffffc0000f80, 0x100, "bpf_prog_bb_next", true, false);
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001010),
+            pair("[bpf]", "bpf_prog_bb_next")
+        );
+        // A new registration replaces what it overlaps.
+        s.kernel_symbol(0xffffffffc0000f00, 0x1200, "bpf_prog_cc_big", true, false);
+        assert_eq!(
+            at(&mut s, 0xffffffffc0001010),
+            pair("[bpf]", "bpf_prog_cc_big")
+        );
+        assert_eq!(
+            at(&mut s, 0xffffffffc0002000),
+            pair("[bpf]", "bpf_prog_cc_big")
+        );
     }
 
     #[test]
