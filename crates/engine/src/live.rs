@@ -6,7 +6,8 @@
 //! the rings never waits on symbol loading, and writes the session file. One place owns the order of things (rings opened,
 //! `/proc` synthesized, agents armed behind the barrier, rings enabled) and
 //! the agents' bookkeeping (busy time per VM and event, lost samples, lost
-//! agents), so every consumer scales guest rows the same way, and what
+//! agents; VMs started after the session began are found every
+//! [`VM_SCAN`] and profiled passive), so every consumer scales guest rows the same way, and what
 //! profiling costs (`crate::cost`, the rates kept within
 //! [`LiveOptions::overhead_budget`]).
 
@@ -42,6 +43,15 @@ pub struct LiveOptions {
 /// How often the host recorder's cost is measured (and, under a budget, its
 /// rate adjusted).
 const COST_STEP: Duration = Duration::from_secs(1);
+
+/// How often `/proc` is looked through for VMs started since the session
+/// began (without asking their monitors: a scan of process names).
+pub const VM_SCAN: Duration = Duration::from_secs(5);
+
+/// Why a VM found after the start is passive, and what would change it.
+pub const LATE_VM_REASON: &str =
+    "it started after this session began; its agent is armed only at the start";
+const LATE_VM_FIX: &str = "restart the session to profile it active";
 
 /// Something a consumer may want to store or show.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +145,7 @@ pub struct LiveSession {
     last_ended_check: Instant,
     cost: CostBook,
     last_cost_step: Instant,
+    last_vm_scan: Instant,
     dump: bool,
 }
 
@@ -247,6 +258,7 @@ impl LiveSession {
             last_ended_check: t0,
             cost,
             last_cost_step: t0,
+            last_vm_scan: t0,
             // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
             dump: std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some(),
         })
@@ -272,6 +284,13 @@ impl LiveSession {
         if self.last_ended_check.elapsed() >= Duration::from_millis(500) {
             self.mark_ended_vms();
             self.last_ended_check = Instant::now();
+        }
+        if self.last_vm_scan.elapsed() >= VM_SCAN {
+            self.adopt_new_vms(crate::plan::vm_map(&vmscope_discover::DiscoverOptions {
+                query_qmp: false,
+                ..Default::default()
+            }));
+            self.last_vm_scan = Instant::now();
         }
         if self.last_cost_step.elapsed() >= COST_STEP {
             self.cost.host_step(
@@ -394,6 +413,43 @@ impl LiveSession {
                 }
             }
             GuestEvent::Stopped { .. } => {}
+        }
+    }
+
+    /// Take in the VMs of `map` that this session does not know yet (a new
+    /// QEMU process, or a known name in a new process): from now on their
+    /// threads are theirs, profiled passive from the host, and an
+    /// [`LiveEvent::Armed`] event says so with the reason. Until this scan
+    /// their samples were the host's, as for any process.
+    pub fn adopt_new_vms(&mut self, map: crate::plan::VmMap) {
+        for (vm, (mut dom, detail)) in map.vms.iter().zip(map.domains) {
+            let known = self
+                .vm_detail
+                .get(&vm.name)
+                .is_some_and(|(d, _)| d.pid == Some(vm.pid));
+            if known {
+                continue;
+            }
+            self.conv.add_vm(
+                &vm.name,
+                vm.pid,
+                vm.accel == vmscope_discover::Accel::Tcg,
+                vm.tids(),
+            );
+            dom.role = Role::Passive;
+            self.ended.remove(&vm.name);
+            self.vm_detail
+                .insert(vm.name.clone(), (dom.clone(), detail.clone()));
+            self.events.push(LiveEvent::Armed {
+                domain: dom,
+                detail,
+                plan: Some(VmPlan {
+                    name: vm.name.clone(),
+                    role: Role::Passive,
+                    reason: Some(LATE_VM_REASON.into()),
+                    fix: Some(LATE_VM_FIX.into()),
+                }),
+            });
         }
     }
 

@@ -4,7 +4,8 @@
 //! Parca's scraper read).
 //!
 //! One thread owns an `engine::live::LiveSession` (host rings, active VMs'
-//! agents) and cuts what it yields into slices of half a second, kept for
+//! agents; VMs started later are taken in within `live::VM_SCAN`, passive)
+//! and cuts what it yields into slices of half a second, kept for
 //! the window (`--profile-window`). A request waits its N seconds, then
 //! takes the slices that cover them: requests only read the window, so any
 //! number of them run at once, and `/metrics` never waits for one.
@@ -200,7 +201,10 @@ impl Rolling {
         let mut start = Instant::now();
         let keep_for = Duration::from_secs(u64::from(self.opts.window)) + 2 * SLICE;
         while !self.stop.load(Ordering::Relaxed) {
-            if let Err(e) = session.step(Duration::from_millis(100)) {
+            // Sleep on the rings until the slice ends (a half-full ring
+            // wakes it sooner): each wake-up takes a CPU from the VMs.
+            let wait = SLICE.saturating_sub(start.elapsed());
+            if let Err(e) = session.step(wait.max(Duration::from_millis(1))) {
                 self.lock().failed = Some(format!("the rolling recording stopped: {e}"));
                 self.grew.notify_all();
                 return;
@@ -242,8 +246,25 @@ impl Rolling {
             let build_ids = session.build_ids();
             let domains = session.domains();
             let costs = session.profiler_costs();
+            let armed: Vec<(String, String)> = session
+                .take_events()
+                .into_iter()
+                .filter_map(|ev| match ev {
+                    // A VM started since: passive, and why.
+                    LiveEvent::Armed {
+                        domain,
+                        plan: Some(p),
+                        ..
+                    } => Some((format!("agent_{}", domain.name), p.describe())),
+                    _ => None,
+                })
+                .collect();
             {
                 let mut w = self.lock();
+                for (k, v) in armed {
+                    w.meta.retain(|(m, _)| m != &k);
+                    w.meta.push((k, v));
+                }
                 w.slices.push_back(slice);
                 while w
                     .slices

@@ -330,3 +330,99 @@ fn an_overhead_budget_lowers_the_rolling_rate() {
         }
     }
 }
+
+/// Kills and reaps a process when the test ends, however it ends.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A VM that starts after the rolling recording began is taken in within
+/// the scan interval: its samples carry its `vm` label (a host process's
+/// before), it is counted passive, and `/metrics` keeps answering. The
+/// "VM" is a shell busy loop whose `argv[0]` is QEMU's and whose command
+/// line names it, which is what discovery reads from `/proc`.
+#[test]
+fn a_vm_started_later_gets_its_own_label() {
+    use std::os::unix::process::CommandExt;
+    if !vmscope_testkit::require_root("a system-wide recording") {
+        return;
+    }
+    let server = Server::bind(&ServeOptions {
+        listen: "127.0.0.1:0".into(),
+        per_cpu: false,
+        shared_io: vec![],
+        profile: Some(ProfileOptions {
+            frequency: 199,
+            callchain: false,
+            window: 10,
+            roles: vec![],
+            overhead_budget: None,
+        }),
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let h = std::thread::spawn(move || server.run(&s2));
+    std::thread::sleep(Duration::from_secs(1));
+    let name = format!("late{}", std::process::id());
+    let vm = Reap(
+        std::process::Command::new("/bin/sh")
+            .arg0("qemu-system-x86_64")
+            .args(["-c", "while :; do :; done", "-name"])
+            .arg(format!("guest={name}"))
+            .spawn()
+            .unwrap(),
+    );
+    let pid = vm.0.id().to_string();
+    // Within a scan interval (5 s) and a profile's 2 s after it.
+    let until = Instant::now() + Duration::from_secs(30);
+    // VM label → samples of the shell's process, while waiting.
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let found = loop {
+        let (status, body) = get(
+            &addr,
+            "/debug/pprof/profile?seconds=2",
+            Duration::from_secs(20),
+        );
+        assert!(status.contains("200"), "{status}");
+        let p = decode(&body);
+        let of_vm: Vec<Vec<(String, String)>> = labels(&p)
+            .into_iter()
+            .filter(|l| l.iter().any(|(k, v)| k == "vm" && v == &name))
+            .collect();
+        if !of_vm.is_empty() {
+            break of_vm;
+        }
+        // Until then the loop is a host process.
+        for (_, vm) in labels(&p)
+            .into_iter()
+            .filter(|l| l.iter().any(|(k, v)| k == "process" && v.contains("sh")))
+            .filter_map(|l| l.into_iter().find(|(k, _)| k == "vm"))
+        {
+            *seen.entry(vm).or_default() += 1;
+        }
+        assert!(
+            Instant::now() < until,
+            "VM {name} (pid {pid}) never got its own label; the shell's samples were in {seen:?}"
+        );
+    };
+    // Its user code is the VMM's, as for any VM's QEMU outside guest code.
+    assert!(
+        found
+            .iter()
+            .any(|l| l.iter().any(|(k, v)| k == "context" && v == "vmm-user")),
+        "{found:?}"
+    );
+    let (status, body) = get(&addr, "/metrics", Duration::from_secs(5));
+    assert!(status.contains("200"), "{status}");
+    assert!(!body.is_empty());
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    drop(vm);
+}

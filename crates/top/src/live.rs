@@ -279,7 +279,14 @@ impl FrameSource for LiveTop {
                 LiveEvent::VmEnded { domain, .. } => {
                     self.notes.push(format!("VM {} exited", domain.name));
                 }
-                LiveEvent::Armed { .. } => {}
+                // A VM started since: passive, and why.
+                LiveEvent::Armed { domain, plan, .. } => {
+                    self.roles.insert(domain.name.clone(), domain.role);
+                    if let Some(p) = plan {
+                        self.reasons.insert(domain.name.clone(), p.describe());
+                    }
+                    self.notes.push(format!("VM {} started", domain.name));
+                }
             }
         }
         let slice = self.slice();
