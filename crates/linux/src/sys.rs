@@ -175,7 +175,9 @@ pub(crate) fn poll_fds(
     timeout: std::time::Duration,
     what: &'static str,
 ) -> Result<(), LinuxError> {
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // Rounded up: a wait of 0.4 ms is 1 ms, not a poll that returns at
+    // once (a caller waiting for a deadline would spin until it).
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: pollfds is a valid pollfd array; negative fds are ignored.
     let n = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
     if n < 0 {

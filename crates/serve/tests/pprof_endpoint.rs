@@ -109,28 +109,35 @@ fn serve_pprof_test_spin(stop: &AtomicBool) -> u64 {
     x
 }
 
-#[test]
-fn pprof_endpoint_on_a_host_recording() {
-    if !vmscope_testkit::require_root("a system-wide recording") {
-        return;
-    }
+/// A server with `profile` on a free local port, running on a thread:
+/// its address, the flag that stops it, the thread.
+fn start(profile: ProfileOptions) -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let server = Server::bind(&ServeOptions {
         listen: "127.0.0.1:0".into(),
         per_cpu: false,
         shared_io: vec![],
-        profile: Some(ProfileOptions {
-            frequency: 199,
-            callchain: true,
-            window: 10,
-            roles: vec![],
-            overhead_budget: Some(0.01),
-        }),
+        profile: Some(profile),
     })
     .unwrap();
     let addr = server.local_addr();
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = Arc::clone(&stop);
     let h = std::thread::spawn(move || server.run(&s2));
+    (addr, stop, h)
+}
+
+#[test]
+fn pprof_endpoint_on_a_host_recording() {
+    if !vmscope_testkit::require_root("a system-wide recording") {
+        return;
+    }
+    let (addr, stop, h) = start(ProfileOptions {
+        frequency: 199,
+        callchain: true,
+        window: 10,
+        roles: vec![],
+        overhead_budget: Some(0.01),
+    });
     let spin_stop = Arc::new(AtomicBool::new(false));
     let ss = Arc::clone(&spin_stop);
     let spinner = std::thread::Builder::new()
@@ -285,23 +292,13 @@ fn an_overhead_budget_lowers_the_rolling_rate() {
         return;
     }
     for (budget, lowered) in [(Some(0.000_01), true), (None, false)] {
-        let server = Server::bind(&ServeOptions {
-            listen: "127.0.0.1:0".into(),
-            per_cpu: false,
-            shared_io: vec![],
-            profile: Some(ProfileOptions {
-                frequency: 997,
-                callchain: true,
-                window: 10,
-                roles: vec![],
-                overhead_budget: budget,
-            }),
-        })
-        .unwrap();
-        let addr = server.local_addr();
-        let stop = Arc::new(AtomicBool::new(false));
-        let s2 = Arc::clone(&stop);
-        let h = std::thread::spawn(move || server.run(&s2));
+        let (addr, stop, h) = start(ProfileOptions {
+            frequency: 997,
+            callchain: true,
+            window: 10,
+            roles: vec![],
+            overhead_budget: budget,
+        });
         let series = "vmscope_profiler_sample_rate_hertz{domain=\"host\"}";
         let mut rate = None;
         let until = Instant::now() + Duration::from_secs(20);
@@ -352,23 +349,13 @@ fn a_vm_started_later_gets_its_own_label() {
     if !vmscope_testkit::require_root("a system-wide recording") {
         return;
     }
-    let server = Server::bind(&ServeOptions {
-        listen: "127.0.0.1:0".into(),
-        per_cpu: false,
-        shared_io: vec![],
-        profile: Some(ProfileOptions {
-            frequency: 199,
-            callchain: false,
-            window: 10,
-            roles: vec![],
-            overhead_budget: None,
-        }),
-    })
-    .unwrap();
-    let addr = server.local_addr();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = Arc::clone(&stop);
-    let h = std::thread::spawn(move || server.run(&s2));
+    let (addr, stop, h) = start(ProfileOptions {
+        frequency: 199,
+        callchain: false,
+        window: 10,
+        roles: vec![],
+        overhead_budget: None,
+    });
     std::thread::sleep(Duration::from_secs(1));
     let name = format!("late{}", std::process::id());
     let vm = Reap(
