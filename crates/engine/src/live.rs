@@ -53,6 +53,26 @@ pub const LATE_VM_REASON: &str =
     "it started after this session began; its agent is armed only at the start";
 const LATE_VM_FIX: &str = "restart the session to profile it active";
 
+/// The name a VM found by a later scan (`name`, process `pid`) takes in a
+/// session that knows the VMs of `known`: `None` when the session knows
+/// its process already (whatever a scan without the monitor calls it);
+/// `NAME-pidPID` when a VM of the session whose process is `alive` holds
+/// the name (a restarted VM's new process takes the name back).
+fn late_vm_name(
+    known: &HashMap<String, (Domain, String)>,
+    name: &str,
+    pid: u32,
+    alive: impl Fn(u32) -> bool,
+) -> Option<String> {
+    if known.values().any(|(d, _)| d.pid == Some(pid)) {
+        return None;
+    }
+    match known.get(name) {
+        Some((d, _)) if d.pid.is_some_and(alive) => Some(format!("{name}-pid{pid}")),
+        _ => Some(name.to_string()),
+    }
+}
+
 /// Something a consumer may want to store or show.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LiveEvent {
@@ -416,35 +436,35 @@ impl LiveSession {
         }
     }
 
-    /// Take in the VMs of `map` that this session does not know yet (a new
-    /// QEMU process, or a known name in a new process): from now on their
+    /// Take in the VMs of `map` that this session does not know yet (a QEMU
+    /// process it has not seen; one whose name a running VM of the session
+    /// holds is named `NAME-pidPID`): from now on their
     /// threads are theirs, profiled passive from the host, and an
     /// [`LiveEvent::Armed`] event says so with the reason. Until this scan
     /// their samples were the host's, as for any process.
     pub fn adopt_new_vms(&mut self, map: crate::plan::VmMap) {
         for (vm, (mut dom, detail)) in map.vms.iter().zip(map.domains) {
-            let known = self
-                .vm_detail
-                .get(&vm.name)
-                .is_some_and(|(d, _)| d.pid == Some(vm.pid));
-            if known {
+            let Some(name) = late_vm_name(&self.vm_detail, &vm.name, vm.pid, |p| {
+                ProcRoot::system().exists(p)
+            }) else {
                 continue;
-            }
+            };
             self.conv.add_vm(
-                &vm.name,
+                &name,
                 vm.pid,
                 vm.accel == vmscope_discover::Accel::Tcg,
                 vm.tids(),
             );
+            dom.name = name.clone();
             dom.role = Role::Passive;
-            self.ended.remove(&vm.name);
+            self.ended.remove(&name);
             self.vm_detail
-                .insert(vm.name.clone(), (dom.clone(), detail.clone()));
+                .insert(name.clone(), (dom.clone(), detail.clone()));
             self.events.push(LiveEvent::Armed {
                 domain: dom,
                 detail,
                 plan: Some(VmPlan {
-                    name: vm.name.clone(),
+                    name,
                     role: Role::Passive,
                     reason: Some(LATE_VM_REASON.into()),
                     fix: Some(LATE_VM_FIX.into()),
@@ -466,5 +486,44 @@ impl LiveSession {
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_vm_is_named_apart_from_the_running_vms_of_the_session() {
+        let vm = |name: &str, pid: u32| {
+            (
+                name.to_string(),
+                (
+                    Domain {
+                        name: name.into(),
+                        role: Role::Active,
+                        pid: Some(pid),
+                    },
+                    String::new(),
+                ),
+            )
+        };
+        let known: HashMap<_, _> = [vm("web", 100), vm("db", 200)].into_iter().collect();
+        let alive = |p: u32| p == 100;
+        // Known by its process, under any name.
+        assert_eq!(late_vm_name(&known, "web", 100, alive), None);
+        assert_eq!(late_vm_name(&known, "pid100", 100, alive), None);
+        // New.
+        assert_eq!(
+            late_vm_name(&known, "cache", 300, alive),
+            Some("cache".into())
+        );
+        // A running VM's name stays its own.
+        assert_eq!(
+            late_vm_name(&known, "web", 301, alive),
+            Some("web-pid301".into())
+        );
+        // A VM whose process ended gives its name to the new process.
+        assert_eq!(late_vm_name(&known, "db", 302, alive), Some("db".into()));
     }
 }
