@@ -80,6 +80,39 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// The lab's network as the host and each tap VM see it, for a failure
+    /// message: a run once found no VM reachable over its bridge (every
+    /// connection "No route to host") and said nothing more.
+    fn network_state(&self) -> String {
+        let run = |c: &mut Command| {
+            c.output().map_or_else(
+                |e| format!("({e})"),
+                |o| {
+                    format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                },
+            )
+        };
+        let mut s = format!(
+            "host addresses:\n{}host bridge ports:\n{}host neighbours:\n{}",
+            run(Command::new("ip").args(["-br", "addr"])),
+            run(Command::new("bridge").arg("link")),
+            run(Command::new("ip").arg("neigh")),
+        );
+        for vm in ["netbench-a", "netbench-b"] {
+            s.push_str(&format!(
+                "{vm} addresses:\n{}",
+                run(&mut self.lab(&["exec", vm, "--", "ip", "-br", "addr"]))
+            ));
+        }
+        s
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = self.lab(&["down", self.name]).output();
@@ -197,6 +230,12 @@ fn lab_bench_net_scale_overhead() {
         ])
         .output()
         .unwrap();
+    if !out.status.success() {
+        eprintln!(
+            "bench net failed; the lab's network:\n{}",
+            lab.network_state()
+        );
+    }
     let lines = json_lines(&out, "bench net");
     let of = |ty: &'static str| lines.iter().filter(move |v| v["type"] == ty);
     let summaries: Vec<&Value> = of("summary").collect();
