@@ -473,17 +473,33 @@ impl SessionWriter {
         if self.in_batch {
             return f(&self.conn).map_err(sql_err(&self.path));
         }
+        self.begin()?;
+        self.end(f(&self.conn).map_err(sql_err(&self.path)))
+    }
+
+    /// Open a write transaction (ended by [`SessionWriter::end`]).
+    fn begin(&self) -> Result<()> {
         self.conn
             .execute_batch("BEGIN IMMEDIATE")
-            .map_err(sql_err(&self.path))?;
-        match f(&self.conn) {
-            Ok(()) => self
-                .conn
-                .execute_batch("COMMIT")
-                .map_err(sql_err(&self.path)),
+            .map_err(sql_err(&self.path))
+    }
+
+    /// Commit the transaction [`SessionWriter::begin`] opened when `r` is
+    /// `Ok`, roll it back otherwise; `r` either way (or the commit's error).
+    fn end<T, E: From<StoreError>>(
+        &self,
+        r: std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        match r {
+            Ok(v) => {
+                self.conn
+                    .execute_batch("COMMIT")
+                    .map_err(sql_err(&self.path))?;
+                Ok(v)
+            }
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
-                Err(sql_err(&self.path)(e))
+                Err(e)
             }
         }
     }
@@ -502,24 +518,11 @@ impl SessionWriter {
             return f(self);
         }
         self.settle()?;
-        self.conn
-            .execute_batch("BEGIN IMMEDIATE")
-            .map_err(sql_err(&self.path))?;
+        self.begin()?;
         self.in_batch = true;
         let r = f(self);
         self.in_batch = false;
-        match r {
-            Ok(v) => {
-                self.conn
-                    .execute_batch("COMMIT")
-                    .map_err(sql_err(&self.path))?;
-                Ok(v)
-            }
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        self.end(r)
     }
 
     pub fn upsert_domain(&self, d: &DomainRecord) -> Result<()> {
@@ -694,20 +697,11 @@ impl SessionWriter {
             self.flush_inner(delta, extra, table)?;
             return scales.iter().try_for_each(|s| self.set_scale(s));
         }
-        let path = self.path.clone();
-        self.conn
-            .execute_batch("BEGIN IMMEDIATE")
-            .map_err(sql_err(&path))?;
+        self.begin()?;
         let r = self
             .flush_inner(delta, extra, table)
             .and_then(|()| scales.iter().try_for_each(|s| self.set_scale(s)));
-        match r {
-            Ok(()) => self.conn.execute_batch("COMMIT").map_err(sql_err(&path)),
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        self.end(r)
     }
 
     fn flush_inner(
