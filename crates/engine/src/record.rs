@@ -777,7 +777,6 @@ impl Run<'_, '_> {
     }
 }
 
-/// Note what an agent's delta says its profiling cost.
 /// How long the recording loop's next read may wait on the rings, `now`
 /// into the recording and `since_flush` after the last flush.
 ///
@@ -813,6 +812,7 @@ pub(crate) fn read_wait(
     wait
 }
 
+/// Note what an agent's delta says its profiling cost.
 fn guest_cost(cost: &mut crate::cost::CostBook, ev: &GuestEvent, t0: Instant) {
     if let GuestEvent::Delta { domain, delta } = ev {
         if let Some(step) = delta.cost {

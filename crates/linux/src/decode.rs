@@ -40,6 +40,11 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
 }
 
 #[inline]
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(off..off + 2)?.try_into().ok()?))
+}
+
+#[inline]
 fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
@@ -148,8 +153,8 @@ impl Decoder {
                 let t = trailer(rec)?;
                 let addr = u64_at(rec, body)?;
                 let len = u32_at(rec, body + 8)?;
-                let kind = u16::from_ne_bytes(rec.get(body + 12..body + 14)?.try_into().ok()?);
-                let flags = u16::from_ne_bytes(rec.get(body + 14..body + 16)?.try_into().ok()?);
+                let kind = u16_at(rec, body + 12)?;
+                let flags = u16_at(rec, body + 14)?;
                 let end = rec.len().checked_sub(TRAILER)?;
                 Some((
                     t.time,

@@ -391,19 +391,14 @@ impl Recorder {
                     let mut res = sys_open(&mut attr, tid, cpu as i32);
                     // Kernels before 5.12 reject the build_id bit, before
                     // 5.1 the ksymbol bit: drop them in that order.
-                    for drop in [0, 1] {
-                        let einval =
-                            matches!(&res, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
-                        if !(params.side_band && einval) {
-                            break;
-                        }
-                        match drop {
-                            0 if params.build_id => params.build_id = false,
-                            1 if params.ksymbol => params.ksymbol = false,
-                            _ => continue,
-                        }
-                        let mut attr = sample_attr(ev, &params);
-                        res = sys_open(&mut attr, tid, cpu as i32);
+                    let einval = |r: &io::Result<_>| matches!(r, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
+                    if params.side_band && params.build_id && einval(&res) {
+                        params.build_id = false;
+                        res = sys_open(&mut sample_attr(ev, &params), tid, cpu as i32);
+                    }
+                    if params.side_band && params.ksymbol && einval(&res) {
+                        params.ksymbol = false;
+                        res = sys_open(&mut sample_attr(ev, &params), tid, cpu as i32);
                     }
                     let fd = match res {
                         Ok(fd) => fd,
