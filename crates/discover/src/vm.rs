@@ -195,10 +195,7 @@ impl Vm {
 pub fn thread_map(vms: &[Vm]) -> ThreadMap {
     let mut map = ThreadMap::new();
     for vm in vms {
-        map.add_vm(&vm.name, vm.pid, vm.accel == Accel::Tcg);
-        for (tid, role) in vm.tids() {
-            map.add_thread(&vm.name, tid, role);
-        }
+        map.add_vm_threads(&vm.name, vm.pid, vm.accel == Accel::Tcg, vm.tids());
     }
     map
 }

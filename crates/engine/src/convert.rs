@@ -191,10 +191,7 @@ impl Converter {
         tcg: bool,
         threads: impl IntoIterator<Item = (u32, vmscope_model::ThreadRole)>,
     ) {
-        self.threads.add_vm(name, pid, tcg);
-        for (tid, role) in threads {
-            self.threads.add_thread(name, tid, role);
-        }
+        self.threads.add_vm_threads(name, pid, tcg, threads);
         // Cached attributions were made with the old map.
         self.attributions.clear();
     }

@@ -50,6 +50,20 @@ impl ThreadMap {
         self.tcg.insert(n, tcg);
     }
 
+    /// Register a VM's process and the threads of it whose roles are known.
+    pub fn add_vm_threads(
+        &mut self,
+        name: &str,
+        pid: u32,
+        tcg: bool,
+        threads: impl IntoIterator<Item = (u32, ThreadRole)>,
+    ) {
+        self.add_vm(name, pid, tcg);
+        for (tid, role) in threads {
+            self.add_thread(name, tid, role);
+        }
+    }
+
     /// Register one thread of a VM (vCPU, I/O thread, vhost worker).
     pub fn add_thread(&mut self, vm: &str, tid: u32, role: ThreadRole) {
         self.threads.insert(

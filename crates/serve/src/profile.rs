@@ -112,6 +112,23 @@ pub struct Rolling {
     stop: AtomicBool,
 }
 
+/// The `agent_<vm>` reason of each VM an `Armed` event says is not active
+/// (at the start, or found later), replacing any earlier one.
+fn note_armed(meta: &mut Vec<(String, String)>, events: Vec<LiveEvent>) {
+    for ev in events {
+        if let LiveEvent::Armed {
+            domain,
+            plan: Some(p),
+            ..
+        } = ev
+        {
+            let key = format!("agent_{}", domain.name);
+            meta.retain(|(k, _)| k != &key);
+            meta.push((key, p.describe()));
+        }
+    }
+}
+
 fn err(e: impl std::fmt::Display) -> ServeError {
     ServeError::Profile(e.to_string())
 }
@@ -154,17 +171,7 @@ impl Rolling {
             },
         )
         .map_err(err)?;
-        for ev in session.take_events() {
-            if let LiveEvent::Armed {
-                domain,
-                plan: Some(p),
-                ..
-            } = ev
-            {
-                meta.retain(|(k, _)| k != &format!("agent_{}", domain.name));
-                meta.push((format!("agent_{}", domain.name), p.describe()));
-            }
-        }
+        note_armed(&mut meta, session.take_events());
         let rolling = Arc::new(Rolling {
             window: Mutex::new(Window {
                 slices: VecDeque::new(),
@@ -246,25 +253,11 @@ impl Rolling {
             let build_ids = session.build_ids();
             let domains = session.domains();
             let costs = session.profiler_costs();
-            let armed: Vec<(String, String)> = session
-                .take_events()
-                .into_iter()
-                .filter_map(|ev| match ev {
-                    // A VM started since: passive, and why.
-                    LiveEvent::Armed {
-                        domain,
-                        plan: Some(p),
-                        ..
-                    } => Some((format!("agent_{}", domain.name), p.describe())),
-                    _ => None,
-                })
-                .collect();
+            // VMs started since: passive, and why.
+            let events = session.take_events();
             {
                 let mut w = self.lock();
-                for (k, v) in armed {
-                    w.meta.retain(|(m, _)| m != &k);
-                    w.meta.push((k, v));
-                }
+                note_armed(&mut w.meta, events);
                 w.slices.push_back(slice);
                 while w
                     .slices

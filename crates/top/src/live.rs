@@ -105,10 +105,7 @@ impl LiveTop {
         .map_err(err)?;
         for ev in session.take_events() {
             if let LiveEvent::Armed { domain, plan, .. } = ev {
-                roles.insert(domain.name.clone(), domain.role);
-                if let Some(p) = plan {
-                    reasons.insert(domain.name.clone(), p.describe());
-                }
+                note_armed(&mut roles, &mut reasons, &domain, plan.as_ref());
             }
         }
         let mut acc = Accountant::new(AccountOptions::default());
@@ -281,10 +278,7 @@ impl FrameSource for LiveTop {
                 }
                 // A VM started since: passive, and why.
                 LiveEvent::Armed { domain, plan, .. } => {
-                    self.roles.insert(domain.name.clone(), domain.role);
-                    if let Some(p) = plan {
-                        self.reasons.insert(domain.name.clone(), p.describe());
-                    }
+                    note_armed(&mut self.roles, &mut self.reasons, &domain, plan.as_ref());
                     self.notes.push(format!("VM {} started", domain.name));
                 }
             }
@@ -365,5 +359,19 @@ impl FrameSource for LiveTop {
             domains,
             notes,
         })
+    }
+}
+
+/// A VM's role after an `Armed` event (at the start, or a VM found later)
+/// and, when it is not active, why.
+fn note_armed(
+    roles: &mut HashMap<String, Role>,
+    reasons: &mut HashMap<String, String>,
+    domain: &vmscope_model::Domain,
+    plan: Option<&vmscope_engine::plan::VmPlan>,
+) {
+    roles.insert(domain.name.clone(), domain.role);
+    if let Some(p) = plan {
+        reasons.insert(domain.name.clone(), p.describe());
     }
 }
