@@ -59,11 +59,10 @@ fn demo_shares_agree_with_perf_and_import_is_exact() {
     let data = dir.path().join("perf.data");
     let demo = bin();
 
-    // One run of the workload with both profilers on it at once: on this
-    // shared machine the workload's split moves between runs by several
-    // points at times (a run alone gave 55/25/19 where the ones around it
-    // gave 50/30/20, under either profiler), so runs of their own compared
-    // that noise, not the profilers.
+    // One run of the workload with both profilers on it at once: what
+    // moves from run to run (on this shared machine a profiler's split of
+    // the demo moved by several points at times, under either profiler)
+    // then moves for both, and only their own sampling differs.
     let mut workload = Command::new(&demo)
         .args(["demo", "-d", "12"])
         .stdout(Stdio::null())

@@ -43,15 +43,6 @@ fn spin(iters: u64, seed: u64) -> u64 {
     std::hint::black_box(x)
 }
 
-/// A well-mixed 64-bit function of `x` (splitmix64's finalizer): the
-/// round lengths of the demo, the same sequence on every run.
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// 50 % of the demo's CPU.
 #[no_mangle]
 #[inline(never)]
@@ -158,6 +149,8 @@ fn worker(
 ) -> u64 {
     let mut rounds = 0u64;
     let mut acc = 0u64;
+    // Round lengths: the same sequence on every run.
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     let always = busy >= DUTY_PERIOD;
     loop {
         let now = Instant::now();
@@ -180,7 +173,7 @@ fn worker(
         // samples of a whole run fall on the same parts of the round. Two
         // profilers sampling one run at once measured 45.8 and 53.9 % for
         // alpha that way.
-        let units = UNIT * (4 + splitmix(rounds) % 9) / 8;
+        let units = UNIT * rng.u64(4..=12) / 8;
         acc = acc.wrapping_add(vmscope_demo_alpha(acc, units));
         acc = acc.wrapping_add(vmscope_demo_beta(acc, units));
         acc = acc.wrapping_add(vmscope_demo_gamma(acc, units));
