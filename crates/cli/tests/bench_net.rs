@@ -97,18 +97,28 @@ impl Lab {
                 },
             )
         };
+        // Packet counters on both sides say which way traffic stops: a tap
+        // whose TX grows while the guest's RX does not is a guest (or
+        // QEMU) that does not take packets.
         let mut s = format!(
-            "host addresses:\n{}host bridge ports:\n{}host neighbours:\n{}",
+            "host addresses:\n{}host bridge ports:\n{}host neighbours:\n{}host links with counters:\n{}",
             run(Command::new("ip").args(["-br", "addr"])),
             run(Command::new("bridge").arg("link")),
             run(Command::new("ip").arg("neigh")),
+            run(Command::new("ip").args(["-s", "link"])),
         );
         for vm in ["netbench-a", "netbench-b"] {
             // The guest's busybox `ip` has no `-br`.
-            s.push_str(&format!(
-                "{vm} addresses:\n{}",
-                run(&mut self.lab(&["exec", vm, "--", "ip", "addr"]))
-            ));
+            for (what, cmd) in [
+                ("addresses", &["ip", "addr"][..]),
+                ("links with counters", &["ip", "-s", "link"][..]),
+                ("interrupts", &["cat", "/proc/interrupts"][..]),
+                ("kernel log", &["dmesg"][..]),
+            ] {
+                let mut args = vec!["exec", vm, "--"];
+                args.extend_from_slice(cmd);
+                s.push_str(&format!("{vm} {what}:\n{}", run(&mut self.lab(&args))));
+            }
         }
         s
     }

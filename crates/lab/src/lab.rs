@@ -380,12 +380,16 @@ fn bring_up(
     let bridge = names::bridge(&spec.name);
     if spec.needs_bridge() {
         let addr = format!("{}/{}", spec.subnet.host(1), spec.subnet.prefix);
-        let i = st.intend(Resource::Bridge {
-            name: bridge.clone(),
-        })?;
-        ip(
-            &["link", "add", "name", &bridge, "type", "bridge"],
-            &format!("creating bridge {bridge}"),
+        let (i, ()) = st.make(
+            Resource::Bridge {
+                name: bridge.clone(),
+            },
+            || {
+                ip(
+                    &["link", "add", "name", &bridge, "type", "bridge"],
+                    &format!("creating bridge {bridge}"),
+                )
+            },
         )?;
         ip(
             &["addr", "add", &addr, "dev", &bridge],

@@ -143,12 +143,13 @@ impl Starter<'_> {
                 NicKind::Tap => {
                     let tap = names::tap(&spec.name, self.taps);
                     self.taps += 1;
-                    let ti = st.intend(Resource::Tap { name: tap.clone() })?;
+                    let (ti, ()) = st.make(Resource::Tap { name: tap.clone() }, || {
+                        ip(
+                            &["tuntap", "add", "dev", &tap, "mode", "tap"],
+                            &format!("VM {}: creating tap {tap}", vm.name),
+                        )
+                    })?;
                     let bridge = self.bridge;
-                    ip(
-                        &["tuntap", "add", "dev", &tap, "mode", "tap"],
-                        &format!("VM {}: creating tap {tap}", vm.name),
-                    )?;
                     ip(
                         &["link", "set", &tap, "master", bridge],
                         &format!("VM {}: adding tap {tap} to {bridge}", vm.name),
@@ -314,24 +315,28 @@ impl Starter<'_> {
                 }
                 let vg = d.vg.clone().unwrap_or_default();
                 let lv = names::lv(&self.spec.name, &vm.name, j);
-                let li = st.intend(Resource::LogicalVolume {
-                    vg: vg.clone(),
-                    lv: lv.clone(),
-                })?;
                 let lvcreate = util::require_tool("lvcreate", "lvm2")?;
-                let r = util::run(
-                    &format!("VM {}: creating LV {vg}/{lv}", vm.name),
-                    Command::new(lvcreate).args([
-                        "-y",
-                        "-L",
-                        &format!("{}M", d.size_mib),
-                        "-n",
-                        &lv,
-                        &vg,
-                    ]),
+                let r = st.make(
+                    Resource::LogicalVolume {
+                        vg: vg.clone(),
+                        lv: lv.clone(),
+                    },
+                    || {
+                        util::run(
+                            &format!("VM {}: creating LV {vg}/{lv}", vm.name),
+                            Command::new(lvcreate).args([
+                                "-y",
+                                "-L",
+                                &format!("{}M", d.size_mib),
+                                "-n",
+                                &lv,
+                                &vg,
+                            ]),
+                        )
+                    },
                 );
                 match r {
-                    Ok(_) => {
+                    Ok((li, _)) => {
                         st.created(li, None)?;
                         Ok(Ok(Path::new("/dev").join(&vg).join(&lv)))
                     }

@@ -272,6 +272,29 @@ impl LabState {
         Ok(self.resources.len() - 1)
     }
 
+    /// Record resource `r`, then run `make`, the one step that makes it
+    /// under a name others could hold too (a bridge, a tap, an LV): a call
+    /// that either makes it or fails having made nothing. Recorded first,
+    /// a lab killed right after `make` still leaves the resource to
+    /// teardown; when `make` fails the record is dropped again, because
+    /// the name may belong to someone else (another lab of the same name
+    /// in another run directory that won a race, an LV the user made) and
+    /// teardown must not remove what this lab did not make. Returns the
+    /// index for [`LabState::created`] once any further set-up is done.
+    pub fn make<T>(&mut self, r: Resource, make: impl FnOnce() -> Result<T>) -> Result<(usize, T)> {
+        let i = self.intend(r)?;
+        match make() {
+            Ok(v) => Ok((i, v)),
+            Err(e) => {
+                self.resources.truncate(i);
+                // The caller reports `e`; a failure to save the smaller
+                // state only leaves the intent behind, as before.
+                let _ = self.save();
+                Err(e)
+            }
+        }
+    }
+
     /// Mark resource `i` created (optionally replacing it with a more
     /// precise record, e.g. with a pid or device) and save.
     pub fn created(&mut self, i: usize, r: Option<Resource>) -> Result<()> {
@@ -621,6 +644,35 @@ mod tests {
     }
 
     #[test]
+    fn a_resource_whose_making_failed_is_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = state_in(dir.path());
+        let f = dir.path().join("f");
+        let (i, ()) = st
+            .make(Resource::File { path: f.clone() }, || Ok(()))
+            .unwrap();
+        let e = st
+            .make(
+                Resource::Tap {
+                    name: "someone-elses".into(),
+                },
+                || -> Result<()> {
+                    Err(LabError::Resource {
+                        resource: "tap someone-elses".into(),
+                        message: "File exists".into(),
+                    })
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("File exists"), "{e}");
+        st.created(i, None).unwrap();
+        let on_disk = LabState::load(&st.path()).unwrap();
+        assert_eq!(on_disk.resources.len(), 1, "{:?}", on_disk.resources);
+        assert_eq!(on_disk.resources[0].resource, Resource::File { path: f });
+        assert!(on_disk.resources[0].created);
+    }
+
+    #[test]
     fn removes_files_dirs_and_processes() {
         let dir = tempfile::tempdir().unwrap();
         let mut st = state_in(dir.path());
@@ -708,5 +760,40 @@ mod tests {
         assert!(!Path::new("/sys/class/net").join(br).exists());
         assert!(!Path::new("/sys/class/net").join(tap).exists());
         assert!(loop_devices_of(&img).is_empty());
+    }
+
+    #[test]
+    fn a_bridge_of_the_same_name_made_by_another_is_left_alone_as_root() {
+        if !crate::util::is_root() || crate::util::which("ip").is_none() {
+            vmscope_testkit::skip("needs root and ip (iproute2)");
+            return;
+        }
+        // Another lab of the same name (in another run directory) made the
+        // bridge between this lab's check and its own `ip link add`.
+        let br = "vmsbr-unito";
+        let theirs = Command::new("ip")
+            .args(["link", "add", br, "type", "bridge"])
+            .status()
+            .unwrap();
+        assert!(theirs.success());
+        let dir = tempfile::tempdir().unwrap();
+        let mut st = state_in(dir.path());
+        let e = st
+            .make(Resource::Bridge { name: br.into() }, || {
+                crate::start::ip(
+                    &["link", "add", "name", br, "type", "bridge"],
+                    "creating bridge",
+                )
+            })
+            .unwrap_err();
+        let rep = teardown(&mut st);
+        let still_there = Path::new("/sys/class/net").join(br).exists();
+        let _ = Command::new("ip").args(["link", "del", br]).status();
+        assert!(e.to_string().contains("File exists"), "{e}");
+        assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+        assert!(
+            still_there,
+            "teardown removed a bridge it did not make: {rep:?}"
+        );
     }
 }
