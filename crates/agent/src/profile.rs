@@ -381,36 +381,43 @@ impl Worker {
         // Under a budget, what one sample costs the vCPU it lands on: this
         // guest's kernel keeps no interrupt time, and under emulation the
         // sampling interrupts are most of profiling's cost. Measured before
-        // the session's own cost starts counting (a one-off, logged).
-        let per_sample = match cfg.budget {
-            Some(_) => match vmscope_linux::samplecost::calibrate(&specs, cfg.callchain) {
+        // sampling starts; its CPU is counted in the first step.
+        // The agent lives across sessions, so a recent calibration is
+        // reused and only the first session of a while spins for one.
+        let calibration = match cfg.budget {
+            Some(_) => match vmscope_linux::samplecost::calibrate_or_reuse(
+                &specs,
+                cfg.callchain,
+                Some(std::path::Path::new(vmscope_linux::samplecost::REUSE_FILE)),
+            ) {
                 Ok(Some(c)) => {
                     log!(
-                        "sampling interrupts: {:.1} µs per sample ({} samples at {} Hz, \
-                         calibration took {:.0} ms of CPU)",
+                        "sampling interrupts: {:.1} µs per sample ({})",
                         c.per_sample_s * 1e6,
-                        c.samples,
-                        c.hz,
-                        c.cpu_s * 1e3
+                        c.source()
                     );
-                    c.per_sample_s
+                    Some(c)
                 }
                 Ok(None) => {
                     log!("sampling interrupts: not calibrated (no frequency event, or no CPU)");
-                    0.0
+                    None
                 }
                 Err(e) => {
                     log!("sampling interrupts: not calibrated: {e}");
-                    0.0
+                    None
                 }
             },
-            None => 0.0,
+            None => None,
         };
         // From here the session's own work counts (this thread's CPU); the
         // interrupt level until sampling starts is the guest's own.
         let mut cost =
             SelfCost::start_thread(vmscope_linux::ProcRoot::system(), rec.cpus().len() as u32);
-        cost.set_sample_cost(per_sample);
+        if let Some(c) = &calibration {
+            cost.set_sample_cost(c.per_sample_s);
+            // The calibration spun a vCPU for profiling's sake.
+            cost.add_cost(c.cpu_s);
+        }
         // The guest's own kernel is the "host" kernel here: /proc/kallsyms.
         let mut conv = Converter::new(
             Symbolizer::new(SymbolizerOptions::default()),

@@ -84,14 +84,20 @@ impl CostBook {
         // A calibration that fails leaves the cost to the irq column, as
         // without a budget; the closing note says which it was.
         let per_sample = match ctl {
-            Some(_) => vmscope_linux::samplecost::calibrate(events, callchain)
-                .ok()
-                .flatten(),
+            Some(_) => vmscope_linux::samplecost::calibrate_or_reuse(
+                events,
+                callchain,
+                Some(std::path::Path::new(vmscope_linux::samplecost::REUSE_FILE)),
+            )
+            .ok()
+            .flatten(),
             None => None,
         };
         let mut meter = SelfCost::start(ProcRoot::system(), cpus);
         if let Some(c) = &per_sample {
             meter.set_sample_cost(c.per_sample_s);
+            // The calibration spun a CPU for profiling's sake.
+            meter.add_cost(c.cpu_s);
         }
         Ok(CostBook {
             meter,
@@ -205,11 +211,10 @@ impl CostBook {
         let mut notes = Vec::new();
         if let Some(c) = &self.per_sample {
             let line = format!(
-                "{:.1} µs per sample (calibrated on {} samples at {} Hz; counted with the \
-                 recorder's CPU, since this kernel's irq time does not show them)",
+                "{:.1} µs per sample ({}; counted with the recorder's CPU, since this \
+                 kernel's irq time does not show them)",
                 c.per_sample_s * 1e6,
-                c.samples,
-                c.hz
+                c.source()
             );
             writer.set_meta("profiler_host_interrupts", &line)?;
         }

@@ -26,7 +26,16 @@
 //! ([`PAIRS`] of each) and the median of the per-pair estimates is kept. The unit of work runs a
 //! shallow stack, so a deep call chain in real code costs somewhat more
 //! per sample than measured here.
+//!
+//! A calibration spins one CPU for about 0.2 s, which is itself 1 % of a
+//! 10 s recording on two CPUs and, on a host whose CPUs the guests keep
+//! busy, comes out of the guests' time. [`calibrate_or_reuse`] therefore
+//! keeps each result for [`REUSE_FOR`], in the process (the long-lived
+//! guest agent, `serve`) and in a small file under `/run` (one `record`
+//! after another), keyed by boot, events, rate and call chains; the
+//! profiler counts a fresh calibration's CPU as its own cost.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vmscope_model::{EventSpec, Record, SampleRate};
@@ -59,8 +68,155 @@ pub struct SampleCost {
     pub samples: u64,
     /// The rate the calibration sampled at, Hz.
     pub hz: u64,
-    /// CPU seconds the calibration itself took (the calling thread).
+    /// CPU seconds the calibration itself took (the calling thread); 0
+    /// when an earlier calibration was reused.
     pub cpu_s: f64,
+    /// Seconds since the calibration that was reused, `None` when it was
+    /// measured now.
+    pub reused_after_s: Option<f64>,
+}
+
+impl SampleCost {
+    /// Where the figure came from: measured now (and what that took), or
+    /// reused from a recent calibration.
+    pub fn source(&self) -> String {
+        match self.reused_after_s {
+            Some(age) => format!(
+                "calibrated {age:.0} s earlier on {} samples at {} Hz, reused",
+                self.samples, self.hz
+            ),
+            None => format!(
+                "calibrated on {} samples at {} Hz, which took {:.0} ms of CPU",
+                self.samples,
+                self.hz,
+                self.cpu_s * 1e3
+            ),
+        }
+    }
+}
+
+/// How long a calibration is reused: what a sample costs moves with the
+/// host's load and the emulator's state, so not longer than a few minutes.
+pub const REUSE_FOR: Duration = Duration::from_secs(600);
+
+/// Where calibrations are kept between processes: a tmpfs, emptied at
+/// boot (the boot id in each key guards the rest).
+pub const REUSE_FILE: &str = "/run/vmscope/sample-cost.json";
+
+/// One kept calibration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Kept {
+    key: String,
+    /// When it was measured, seconds since the epoch.
+    at_unix_s: f64,
+    per_sample_s: f64,
+    samples: u64,
+    hz: u64,
+}
+
+/// Calibrations made by this process.
+static KEPT: std::sync::Mutex<Vec<Kept>> = std::sync::Mutex::new(Vec::new());
+
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// What a calibration is kept under: this boot, the events at the
+/// calibration rate, and whether samples carry call chains.
+fn reuse_key(events: &[EventSpec], callchain: bool, hz: u64) -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let names: Vec<String> = calibration_events(events, hz)
+        .iter()
+        .map(|e| e.kind.name())
+        .collect();
+    format!("{} {}@{hz}Hz g={callchain}", boot.trim(), names.join(","))
+}
+
+/// The newest of `kept` under `key` measured less than `max_age` ago.
+fn fresh(kept: &[Kept], key: &str, now_s: f64, max_age: Duration) -> Option<Kept> {
+    kept.iter()
+        .filter(|k| k.key == key)
+        .filter(|k| now_s >= k.at_unix_s && now_s - k.at_unix_s < max_age.as_secs_f64())
+        .max_by(|a, b| a.at_unix_s.total_cmp(&b.at_unix_s))
+        .cloned()
+}
+
+/// The calibrations in `file` (none if it is missing or unreadable: it is
+/// only a cache).
+fn read_kept(file: &Path) -> Vec<Kept> {
+    std::fs::read(file)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Add `k` to `file`, dropping entries past [`REUSE_FOR`]; written to a
+/// temporary file and renamed, so a concurrent reader sees the old or the
+/// new list. Best effort: a cache that cannot be written is not an error.
+fn write_kept(file: &Path, k: &Kept) {
+    let now = unix_now_s();
+    let mut all: Vec<Kept> = read_kept(file)
+        .into_iter()
+        .filter(|o| o.key != k.key && now - o.at_unix_s < REUSE_FOR.as_secs_f64())
+        .collect();
+    all.push(k.clone());
+    let Some(dir) = file.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!(".sample-cost.{}", std::process::id()));
+    let Ok(text) = serde_json::to_vec(&all) else {
+        return;
+    };
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, file).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// [`calibrate`], unless a calibration of the same events on this boot
+/// was made less than [`REUSE_FOR`] ago by this process or (with `file`,
+/// normally [`REUSE_FILE`]) by another: that one is returned with
+/// `reused_after_s` set and `cpu_s` 0. A fresh result is kept for the
+/// next session.
+pub fn calibrate_or_reuse(
+    events: &[EventSpec],
+    callchain: bool,
+    file: Option<&Path>,
+) -> Result<Option<SampleCost>, LinuxError> {
+    let hz = calibration_hz(events);
+    let key = reuse_key(events, callchain, hz);
+    let now = unix_now_s();
+    let mine = KEPT.lock().map(|k| fresh(&k, &key, now, REUSE_FOR)).ok().flatten();
+    let kept = mine.or_else(|| file.and_then(|f| fresh(&read_kept(f), &key, now, REUSE_FOR)));
+    if let Some(k) = kept {
+        return Ok(Some(SampleCost {
+            per_sample_s: k.per_sample_s,
+            samples: k.samples,
+            hz: k.hz,
+            cpu_s: 0.0,
+            reused_after_s: Some(now - k.at_unix_s),
+        }));
+    }
+    let c = calibrate(events, callchain)?;
+    if let Some(c) = &c {
+        let k = Kept {
+            key,
+            at_unix_s: now,
+            per_sample_s: c.per_sample_s,
+            samples: c.samples,
+            hz: c.hz,
+        };
+        if let Ok(mut all) = KEPT.lock() {
+            all.retain(|o| o.key != k.key);
+            all.push(k.clone());
+        }
+        if let Some(f) = file {
+            write_kept(f, &k);
+        }
+    }
+    Ok(c)
 }
 
 /// One unit of work: a few thousand dependent multiply-adds (a few µs
@@ -153,11 +309,9 @@ fn calibration_events(events: &[EventSpec], hz: u64) -> Vec<EventSpec> {
         .collect()
 }
 
-/// Measures what one sample of `events` (with call chains when
-/// `callchain`) costs, on the calling thread. `Ok(None)` when no event
-/// samples at a frequency or the CPU was too busy to measure within
-/// [`MAX_WALL`].
-pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleCost>, LinuxError> {
+/// The rate a calibration of `events` samples at: the session's within
+/// [`MIN_CALIBRATION_HZ`]..[`MAX_CALIBRATION_HZ`] and the kernel's limit.
+fn calibration_hz(events: &[EventSpec]) -> u64 {
     let asked = events
         .iter()
         .find_map(|e| match e.rate {
@@ -166,7 +320,15 @@ pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleC
         })
         .unwrap_or(0);
     let hz = asked.clamp(MIN_CALIBRATION_HZ, MAX_CALIBRATION_HZ);
-    let hz = crate::sys::perf_event_max_sample_rate().map_or(hz, |m| hz.min(m.max(1)));
+    crate::sys::perf_event_max_sample_rate().map_or(hz, |m| hz.min(m.max(1)))
+}
+
+/// Measures what one sample of `events` (with call chains when
+/// `callchain`) costs, on the calling thread. `Ok(None)` when no event
+/// samples at a frequency or the CPU was too busy to measure within
+/// [`MAX_WALL`].
+pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleCost>, LinuxError> {
+    let hz = calibration_hz(events);
     let events = calibration_events(events, hz);
     if events.is_empty() {
         return Ok(None);
@@ -217,6 +379,7 @@ pub fn calibrate(events: &[EventSpec], callchain: bool) -> Result<Option<SampleC
         samples: samples_total,
         hz,
         cpu_s: thread_cpu_s() - cpu0,
+        reused_after_s: None,
     }))
 }
 
@@ -289,6 +452,87 @@ mod tests {
     /// A live calibration where perf events can be opened: samples were
     /// taken on this thread, and one costs something but far less than a
     /// window (a sample cannot cost more than the time between samples).
+    fn kept(key: &str, at: f64, per_sample_s: f64) -> Kept {
+        Kept {
+            key: key.into(),
+            at_unix_s: at,
+            per_sample_s,
+            samples: 30,
+            hz: 1000,
+        }
+    }
+
+    #[test]
+    fn a_kept_calibration_is_reused_for_its_key_and_while_fresh_only() {
+        let all = [
+            kept("boot1 cpu-clock@1000Hz g=true", 1000.0, 1e-5),
+            kept("boot1 cpu-clock@1000Hz g=true", 1300.0, 2e-5),
+            kept("boot1 cpu-clock@1000Hz g=false", 1400.0, 3e-5),
+            kept("boot0 cpu-clock@1000Hz g=true", 1400.0, 4e-5),
+        ];
+        let key = "boot1 cpu-clock@1000Hz g=true";
+        // The newest under the key.
+        let f = fresh(&all, key, 1400.0, REUSE_FOR).unwrap();
+        assert_eq!(f.per_sample_s, 2e-5);
+        // Both too old.
+        assert_eq!(fresh(&all, key, 1300.0 + 600.0, REUSE_FOR), None);
+        // One from the future (a clock set back) is not trusted.
+        assert_eq!(fresh(&all[1..2], key, 1200.0, REUSE_FOR), None);
+        assert_eq!(fresh(&all, "boot2 cpu-clock@1000Hz g=true", 1400.0, REUSE_FOR), None);
+    }
+
+    #[test]
+    fn kept_calibrations_survive_in_their_file_and_garbage_is_no_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("run/sample-cost.json");
+        assert!(read_kept(&file).is_empty());
+        let now = unix_now_s();
+        write_kept(&file, &kept("a", now - 1.0, 1e-5));
+        write_kept(&file, &kept("b", now - 2.0, 2e-5));
+        // A newer calibration under a key replaces the older one.
+        write_kept(&file, &kept("a", now, 3e-5));
+        let mut all = read_kept(&file);
+        all.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert_eq!(all[0].per_sample_s, 3e-5);
+        assert_eq!(all[1].per_sample_s, 2e-5);
+        std::fs::write(&file, b"{not json").unwrap();
+        assert!(read_kept(&file).is_empty());
+        write_kept(&file, &kept("c", now, 5e-5));
+        assert_eq!(read_kept(&file).len(), 1);
+    }
+
+    #[test]
+    fn a_second_session_reuses_the_first_ones_calibration() {
+        let ev = [EventSpec {
+            kind: EventKind::CpuClock,
+            rate: SampleRate::Frequency(1000),
+        }];
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sample-cost.json");
+        let first = match calibrate_or_reuse(&ev, false, Some(&file)) {
+            Ok(Some(c)) => c,
+            Ok(None) => panic!("the CPU was too busy to calibrate within {MAX_WALL:?}"),
+            Err(LinuxError::PermissionDenied { .. }) => {
+                eprintln!("SKIP: perf events are not allowed here (perf_event_paranoid)");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        // Another test in this process may have calibrated these events
+        // already; either way the second call measures nothing.
+        let second = calibrate_or_reuse(&ev, false, Some(&file)).unwrap().unwrap();
+        assert_eq!(second.per_sample_s, first.per_sample_s);
+        assert_eq!(second.cpu_s, 0.0);
+        assert!(second.reused_after_s.is_some(), "{second:?}");
+        assert!(second.source().contains("reused"), "{}", second.source());
+        // Another process finds it in the file.
+        KEPT.lock().unwrap().clear();
+        let third = calibrate_or_reuse(&ev, false, Some(&file)).unwrap().unwrap();
+        assert_eq!(third.per_sample_s, first.per_sample_s);
+        assert_eq!(third.cpu_s, 0.0);
+    }
+
     #[test]
     fn calibrating_a_cpu_clock_on_this_machine() {
         let ev = [EventSpec {

@@ -27,6 +27,9 @@ pub struct SelfCost {
     /// CPU seconds one sample costs beyond the irq column
     /// ([`SelfCost::set_sample_cost`]; 0: not measured).
     per_sample_s: f64,
+    /// Cost measured elsewhere that the next step adds
+    /// ([`SelfCost::add_cost`]).
+    pending_s: f64,
     /// Samples counted at the previous step.
     samples: u64,
 }
@@ -88,6 +91,7 @@ impl SelfCost {
             irq_s,
             baseline_irq: 0.0,
             per_sample_s: 0.0,
+            pending_s: 0.0,
             samples: 0,
         };
         c.cpu_s = c.cpu_now();
@@ -128,6 +132,13 @@ impl SelfCost {
         self.per_sample_s = per_sample_s.max(0.0);
     }
 
+    /// Count `cost_s` CPU seconds spent before sampling started (a
+    /// calibration) in the next step: profiling's work, though not the
+    /// session's steady state.
+    pub fn add_cost(&mut self, cost_s: f64) {
+        self.pending_s += cost_s.max(0.0);
+    }
+
     /// (cost, capacity) in seconds since the previous step; `samples` is
     /// the number of samples taken so far in the session.
     pub fn step(&mut self, samples: u64) -> (f64, f64) {
@@ -137,7 +148,8 @@ impl SelfCost {
         let irq = irq_s(&self.proc);
         let irq_extra = (irq - self.irq_s - self.baseline_irq * dt).max(0.0);
         let interrupts = samples.saturating_sub(self.samples) as f64 * self.per_sample_s;
-        let cost = (cpu - self.cpu_s).max(0.0) + irq_extra + interrupts;
+        let cost = (cpu - self.cpu_s).max(0.0) + irq_extra + interrupts + self.pending_s;
+        self.pending_s = 0.0;
         self.t = now;
         self.cpu_s = cpu;
         self.irq_s = irq;
@@ -189,6 +201,19 @@ mod tests {
         let (cost, _) = c.step(600);
         assert!((0.1..0.11).contains(&cost), "{cost}");
         let (cost, _) = c.step(600);
+        assert!(cost < 0.01, "{cost}");
+    }
+
+    #[test]
+    fn work_before_sampling_added_counts_once_in_the_next_step() {
+        let mut c = SelfCost::start_thread(ProcRoot::system(), 1);
+        c.add_cost(0.2);
+        // Kept across the start of sampling, which otherwise forgets the
+        // set-up's CPU.
+        c.sampling_starts();
+        let (cost, _) = c.step(0);
+        assert!((0.2..0.21).contains(&cost), "{cost}");
+        let (cost, _) = c.step(0);
         assert!(cost < 0.01, "{cost}");
     }
 }
