@@ -2,6 +2,11 @@
 //! `/proc/kallsyms` and the names in `/proc/modules`, taken when the host
 //! asks for offset 0 and sent in slices of [`KALLSYMS_CHUNK`] bytes that end
 //! at line ends. Needs no sampling, so passive guests can answer it.
+//!
+//! Also the parsed table a profiling session symbolizes the guest's kernel
+//! with ([`session_kernel`]), kept between sessions: reading
+//! `/proc/kallsyms` costs an emulated guest about 0.1 s of CPU, most of a
+//! short session's start-up.
 
 use std::path::Path;
 
@@ -48,6 +53,93 @@ pub fn read(proc_root: &Path) -> Result<Snapshot, Response> {
     Ok(Snapshot { text, modules })
 }
 
+/// The kernel table kept from an earlier session, with what it was read
+/// under: the module list and the loaded BPF programs.
+struct KeptKernel {
+    modules: String,
+    bpf: Vec<u32>,
+    kernel: vmscope_symbols::Kallsyms,
+}
+
+static KEPT: std::sync::Mutex<Option<KeptKernel>> = std::sync::Mutex::new(None);
+
+/// The ids of the loaded BPF programs (`BPF_PROG_GET_NEXT_ID`), `None`
+/// when the kernel will not say (no BPF syscall, no permission). Ids are
+/// never reused while the kernel runs, so an equal list means the same
+/// programs, and so the same `[bpf]` lines in kallsyms.
+fn bpf_prog_ids() -> Option<Vec<u32>> {
+    /// The part of `union bpf_attr` that `BPF_PROG_GET_NEXT_ID` uses.
+    #[repr(C)]
+    struct NextId {
+        start_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    let mut ids = Vec::new();
+    let mut start = 0u32;
+    loop {
+        let mut attr = NextId {
+            start_id: start,
+            next_id: 0,
+            open_flags: 0,
+        };
+        // SAFETY: the command reads start_id and writes next_id of the
+        // attribute block given, whose size is passed with it.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_NEXT_ID,
+                &raw mut attr,
+                std::mem::size_of::<NextId>(),
+            )
+        };
+        if r != 0 {
+            let end = std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
+            return end.then_some(ids);
+        }
+        if attr.next_id <= start || ids.len() >= 1 << 20 {
+            return None;
+        }
+        ids.push(attr.next_id);
+        start = attr.next_id;
+    }
+}
+
+/// The guest kernel's symbols under `proc_root` for a profiling session,
+/// and whether they were kept from an earlier one: reused while the module
+/// list and the loaded BPF programs are the same (code loaded during a
+/// session arrives as ksymbol records). Where the BPF programs cannot be
+/// listed, read every time.
+pub fn session_kernel(
+    proc_root: &Path,
+) -> (
+    Result<vmscope_symbols::Kallsyms, vmscope_symbols::SymbolError>,
+    bool,
+) {
+    let modules = std::fs::read_to_string(proc_root.join("modules")).unwrap_or_default();
+    let bpf = bpf_prog_ids();
+    if let (Some(ids), Ok(kept)) = (&bpf, KEPT.lock()) {
+        if let Some(k) = kept
+            .as_ref()
+            .filter(|k| k.modules == modules && &k.bpf == ids)
+        {
+            return (Ok(k.kernel.clone()), true);
+        }
+    }
+    let read = vmscope_symbols::Kallsyms::from_path(&proc_root.join("kallsyms"));
+    if let (Ok(k), Some(ids), Ok(mut kept)) = (&read, bpf, KEPT.lock()) {
+        if !k.is_restricted() && !k.is_empty() {
+            *kept = Some(KeptKernel {
+                modules,
+                bpf: ids,
+                kernel: k.clone(),
+            });
+        }
+    }
+    (read, false)
+}
+
 /// The slice of `snap` starting at `offset`, ending at a line end when the
 /// rest does not fit in one message; the module list rides with offset 0.
 pub fn slice(snap: &Snapshot, offset: u64) -> Response {
@@ -89,6 +181,54 @@ pub fn slice(snap: &Snapshot, offset: u64) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_reuses_the_kernel_table_while_modules_and_bpf_programs_stay() {
+        if bpf_prog_ids().is_none() {
+            vmscope_testkit::skip("the BPF syscall does not list programs here (not root?)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("kallsyms"),
+            "ffffffff81000000 T _stext\nffffffff81000100 T do_one\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("modules"), "virtio_net 1 0 - Live 0x0\n").unwrap();
+        let (k, kept) = session_kernel(d.path());
+        assert!(!kept);
+        assert_eq!(
+            k.unwrap().lookup(0xffffffff81000104).unwrap().name,
+            "do_one"
+        );
+        // The file changes, the modules and programs do not: the kept
+        // table answers (kallsyms is not read again).
+        std::fs::write(d.path().join("kallsyms"), "ffffffff81000000 T _stext\n").unwrap();
+        let (k, kept) = session_kernel(d.path());
+        assert!(kept);
+        assert_eq!(
+            k.unwrap().lookup(0xffffffff81000104).unwrap().name,
+            "do_one"
+        );
+        // A module loaded: read again.
+        std::fs::write(
+            d.path().join("modules"),
+            "virtio_net 1 0 - Live 0x0\nxfs 1 0 - Live 0x0\n",
+        )
+        .unwrap();
+        let (k, kept) = session_kernel(d.path());
+        assert!(!kept);
+        assert_eq!(
+            k.unwrap().lookup(0xffffffff81000104).unwrap().name,
+            "_stext"
+        );
+        // An unreadable kallsyms is said, never taken from the cache of
+        // another reading.
+        std::fs::write(d.path().join("modules"), "").unwrap();
+        std::fs::remove_file(d.path().join("kallsyms")).unwrap();
+        let (k, kept) = session_kernel(d.path());
+        assert!(!kept && k.is_err());
+    }
 
     #[test]
     fn slices_end_at_lines_and_cover_the_text() {

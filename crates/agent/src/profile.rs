@@ -419,8 +419,13 @@ impl Worker {
             cost.add_cost(c.cpu_s);
         }
         // The guest's own kernel is the "host" kernel here: /proc/kallsyms.
+        let proc = std::path::Path::new("/proc");
+        let (kernel, kept) = crate::kallsyms::session_kernel(proc);
+        if kept {
+            log!("guest kernel symbols kept from an earlier session (modules and BPF programs unchanged)");
+        }
         let mut conv = Converter::new(
-            Symbolizer::new(SymbolizerOptions::default()),
+            Symbolizer::with_kernel(SymbolizerOptions::default(), kernel, &proc.join("kallsyms")),
             ThreadMap::new(),
         );
         for r in vmscope_linux::synthesize_from_proc(&vmscope_linux::ProcRoot::system(), None) {
@@ -435,10 +440,13 @@ impl Worker {
         };
         // Under a budget the controller starts below the rate asked for
         // (slow start) and climbs while the cost allows.
-        let ctl = cfg
-            .budget
-            .filter(|_| rate_hz > 0)
-            .map(|b| RateController::new(b, rate_hz));
+        let ctl = cfg.budget.filter(|_| rate_hz > 0).map(|b| {
+            let mut c = RateController::new(b, rate_hz);
+            if let Some(k) = &calibration {
+                c.fit_start(k.per_sample_s);
+            }
+            c
+        });
         let rate_hz = match &ctl {
             Some(c) if c.rate() != rate_hz => {
                 rec.set_frequency(c.rate()).map_err(linux_error)?;

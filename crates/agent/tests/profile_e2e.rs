@@ -337,10 +337,11 @@ fn sampling_overhead_on_the_demo() {
 }
 
 /// Under a budget the agent cannot meet (1 ppm of the CPU), every delta
-/// says what profiling cost, and the rate falls from its slow start (an
-/// eighth of the rate asked for) to the controller's lowest (10 Hz) within
-/// a few polls; the samples per second fall with it. Without
-/// a budget the rate stays at the one asked for.
+/// says what profiling cost, and the rate starts no higher than the slow
+/// start (an eighth of the rate asked for; lower when the calibrated cost
+/// of a sample says so) and is at the controller's lowest (10 Hz) within a
+/// few polls; the samples per second fall with it. Without a budget the
+/// rate stays at the one asked for.
 #[test]
 fn an_overhead_budget_lowers_the_agents_rate_and_every_delta_says_its_cost() {
     if !can_sample_everything() {
@@ -373,10 +374,9 @@ fn an_overhead_budget_lowers_the_agents_rate_and_every_delta_says_its_cost() {
     let _ = demo.wait();
     assert!(end.cost.is_some());
     eprintln!("(rate Hz, samples, capacity ns) per poll: {steps:?}");
-    assert_eq!(
-        steps[0].0,
-        vmscope_model::budget::start_hz(1000),
-        "the first step runs at the slow-start rate"
+    assert!(
+        steps[0].0 <= vmscope_model::budget::start_hz(1000),
+        "the first step runs above the slow-start rate: {steps:?}"
     );
     let last = steps.last().unwrap();
     assert_eq!(last.0, vmscope_model::budget::MIN_RATE_HZ, "{steps:?}");

@@ -74,13 +74,9 @@ impl CostBook {
         } else {
             0
         };
-        let ctl = host_budget
+        let mut ctl = host_budget
             .filter(|_| asked > 0)
             .map(|b| RateController::new(b, asked));
-        let host_rate = ctl.as_ref().map_or(asked, RateController::rate);
-        if host_rate != asked {
-            rec.set_frequency(host_rate)?;
-        }
         // A calibration that fails leaves the cost to the irq column, as
         // without a budget; the closing note says which it was.
         let per_sample = match ctl {
@@ -93,6 +89,13 @@ impl CostBook {
             .flatten(),
             None => None,
         };
+        if let (Some(c), Some(k)) = (&mut ctl, &per_sample) {
+            c.fit_start(k.per_sample_s);
+        }
+        let host_rate = ctl.as_ref().map_or(asked, RateController::rate);
+        if host_rate != asked {
+            rec.set_frequency(host_rate)?;
+        }
         let mut meter = SelfCost::start(ProcRoot::system(), cpus);
         if let Some(c) = &per_sample {
             meter.set_sample_cost(c.per_sample_s);

@@ -188,7 +188,11 @@ pub fn calibrate_or_reuse(
     let hz = calibration_hz(events);
     let key = reuse_key(events, callchain, hz);
     let now = unix_now_s();
-    let mine = KEPT.lock().map(|k| fresh(&k, &key, now, REUSE_FOR)).ok().flatten();
+    let mine = KEPT
+        .lock()
+        .map(|k| fresh(&k, &key, now, REUSE_FOR))
+        .ok()
+        .flatten();
     let kept = mine.or_else(|| file.and_then(|f| fresh(&read_kept(f), &key, now, REUSE_FOR)));
     if let Some(k) = kept {
         return Ok(Some(SampleCost {
@@ -478,7 +482,10 @@ mod tests {
         assert_eq!(fresh(&all, key, 1300.0 + 600.0, REUSE_FOR), None);
         // One from the future (a clock set back) is not trusted.
         assert_eq!(fresh(&all[1..2], key, 1200.0, REUSE_FOR), None);
-        assert_eq!(fresh(&all, "boot2 cpu-clock@1000Hz g=true", 1400.0, REUSE_FOR), None);
+        assert_eq!(
+            fresh(&all, "boot2 cpu-clock@1000Hz g=true", 1400.0, REUSE_FOR),
+            None
+        );
     }
 
     #[test]
@@ -521,14 +528,18 @@ mod tests {
         };
         // Another test in this process may have calibrated these events
         // already; either way the second call measures nothing.
-        let second = calibrate_or_reuse(&ev, false, Some(&file)).unwrap().unwrap();
+        let second = calibrate_or_reuse(&ev, false, Some(&file))
+            .unwrap()
+            .unwrap();
         assert_eq!(second.per_sample_s, first.per_sample_s);
         assert_eq!(second.cpu_s, 0.0);
         assert!(second.reused_after_s.is_some(), "{second:?}");
         assert!(second.source().contains("reused"), "{}", second.source());
         // Another process finds it in the file.
         KEPT.lock().unwrap().clear();
-        let third = calibrate_or_reuse(&ev, false, Some(&file)).unwrap().unwrap();
+        let third = calibrate_or_reuse(&ev, false, Some(&file))
+            .unwrap()
+            .unwrap();
         assert_eq!(third.per_sample_s, first.per_sample_s);
         assert_eq!(third.cpu_s, 0.0);
     }

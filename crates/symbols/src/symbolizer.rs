@@ -257,6 +257,22 @@ impl Symbolizer {
     /// missing, unreadable, empty or restricted kallsyms becomes a warning
     /// and kernel addresses stay hex.
     pub fn new(opts: SymbolizerOptions) -> Symbolizer {
+        let path = opts
+            .kallsyms
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/proc/kallsyms"));
+        let kernel = Kallsyms::from_path(&path);
+        Symbolizer::with_kernel(opts, kernel, &path)
+    }
+
+    /// Like [`Symbolizer::new`] with the kernel's symbols already read from
+    /// `path` (a profiler that keeps them between sessions); a reading that
+    /// failed, or a restricted or empty one, is warned about as there.
+    pub fn with_kernel(
+        opts: SymbolizerOptions,
+        kernel: Result<Kallsyms, crate::SymbolError>,
+        path: &std::path::Path,
+    ) -> Symbolizer {
         let anon_name: Arc<str> = ANON_IMAGE.into();
         let guest_user: Arc<str> = GUEST_USER.into();
         let unknown: Arc<str> = UNKNOWN_IMAGE.into();
@@ -275,12 +291,7 @@ impl Symbolizer {
             unknown: Resolved::named(unknown.clone(), unknown),
             opts,
         };
-        let path = s
-            .opts
-            .kallsyms
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/proc/kallsyms"));
-        match Kallsyms::from_path(&path) {
+        match kernel {
             Ok(k) => {
                 if k.is_restricted() {
                     s.warn(format!(
