@@ -24,6 +24,10 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+/// How long a receiving stream waits for the next bytes before it gives
+/// the sender up.
+pub const RECV_IDLE: Duration = Duration::from_secs(30);
+
 /// Size of the file the sender sends in a loop (menon2005: "a cached 64 KB
 /// file").
 pub const SEND_FILE_SIZE: u64 = 64 << 10;
@@ -332,6 +336,11 @@ pub fn recv_on(listener: TcpListener, spec: &RecvSpec) -> Result<NetRun, NetErro
             });
         }
         let (sock, _) = listener.accept().map_err(io_err("accept on", addr))?;
+        // A sender whose VM stopped mid-stream (or whose NIC stopped
+        // taking packets) sends neither data nor FIN: without a limit the
+        // receiver, and the benchmark point, would wait forever.
+        sock.set_read_timeout(Some(RECV_IDLE))
+            .map_err(io_err("set a receive timeout on", addr))?;
         let buf = spec.buf as usize;
         handles.push(std::thread::spawn(
             move || -> Result<StreamTally, NetError> {
@@ -346,6 +355,19 @@ pub fn recv_on(listener: TcpListener, spec: &RecvSpec) -> Result<NetRun, NetErro
                         let e = io::Error::last_os_error();
                         if e.kind() == io::ErrorKind::Interrupted {
                             continue;
+                        }
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) {
+                            return Err(io_err("recv on", addr)(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!(
+                                    "no data for {} s after {bytes} bytes: the sender stopped \
+                                     (its VM, or the VM's network)",
+                                    RECV_IDLE.as_secs()
+                                ),
+                            )));
                         }
                         return Err(io_err("recv on", addr)(e));
                     }
@@ -444,6 +466,31 @@ mod tests {
     fn free_addr() -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
+    }
+
+    #[test]
+    fn a_sender_that_goes_silent_is_given_up_after_the_idle_limit() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let rspec = RecvSpec {
+            listen: addr,
+            streams: 1,
+            buf: 4096,
+            accept_timeout: Duration::from_secs(20),
+        };
+        let r = std::thread::spawn(move || recv_on(listener, &rspec));
+        // Ten bytes, then neither data nor FIN: a VM that stopped.
+        let mut c = TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut c, b"0123456789").unwrap();
+        let t = Instant::now();
+        let e = r.join().unwrap().unwrap_err().to_string();
+        drop(c);
+        assert!(e.contains("no data for 30 s after 10 bytes"), "{e}");
+        assert!(
+            t.elapsed() >= RECV_IDLE - Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
