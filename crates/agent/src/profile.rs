@@ -414,9 +414,7 @@ impl Worker {
         let mut cost =
             SelfCost::start_thread(vmscope_linux::ProcRoot::system(), rec.cpus().len() as u32);
         if let Some(c) = &calibration {
-            cost.set_sample_cost(c.per_sample_s);
-            // The calibration spun a vCPU for profiling's sake.
-            cost.add_cost(c.cpu_s);
+            cost.use_calibration(c);
         }
         // The guest's own kernel is the "host" kernel here: /proc/kallsyms.
         let proc = std::path::Path::new("/proc");

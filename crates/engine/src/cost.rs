@@ -98,9 +98,7 @@ impl CostBook {
         }
         let mut meter = SelfCost::start(ProcRoot::system(), cpus);
         if let Some(c) = &per_sample {
-            meter.set_sample_cost(c.per_sample_s);
-            // The calibration spun a CPU for profiling's sake.
-            meter.add_cost(c.cpu_s);
+            meter.use_calibration(c);
         }
         Ok(CostBook {
             meter,

@@ -132,6 +132,14 @@ impl SelfCost {
         self.per_sample_s = per_sample_s.max(0.0);
     }
 
+    /// Take what calibration `c` measured: each sample's cost from now
+    /// on, and, when it was measured now rather than reused, its own CPU
+    /// (it spun a CPU for profiling's sake) in the next step.
+    pub fn use_calibration(&mut self, c: &crate::samplecost::SampleCost) {
+        self.set_sample_cost(c.per_sample_s);
+        self.add_cost(c.cpu_s);
+    }
+
     /// Count `cost_s` CPU seconds spent before sampling started (a
     /// calibration) in the next step: profiling's work, though not the
     /// session's steady state.
