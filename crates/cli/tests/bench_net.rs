@@ -111,7 +111,7 @@ impl Lab {
             // The guest's busybox `ip` has no `-br`.
             for (what, cmd) in [
                 ("addresses", &["ip", "addr"][..]),
-                ("links with counters", &["ip", "-s", "link"][..]),
+                ("link counters", &["cat", "/proc/net/dev"][..]),
                 ("interrupts", &["cat", "/proc/interrupts"][..]),
                 ("kernel log", &["dmesg"][..]),
             ] {
@@ -119,8 +119,63 @@ impl Lab {
                 args.extend_from_slice(cmd);
                 s.push_str(&format!("{vm} {what}:\n{}", run(&mut self.lab(&args))));
             }
+            s.push_str(&format!("{vm} virtio-net queues:\n{}", self.nic_queues(vm)));
         }
         s
+    }
+
+    /// QEMU's side of a VM's virtio-net queues (QMP), and the guest's
+    /// avail index read from guest memory: an index QEMU stopped reading
+    /// while the guest's runs ahead is a notification lost between them.
+    fn nic_queues(&self, vm: &str) -> String {
+        use vmscope_discover::qmp::Qmp;
+        let sock = self.run.join(self.name).join(vm).join("qmp.sock");
+        let mut q = match Qmp::connect(&sock, std::time::Duration::from_secs(5)) {
+            Ok(q) => q,
+            Err(e) => return format!("({e})\n"),
+        };
+        let mut out = String::new();
+        let devs = q.execute("x-query-virtio", None).unwrap_or_default();
+        for d in devs.as_array().into_iter().flatten() {
+            if d["name"] != "virtio-net" {
+                continue;
+            }
+            let path = d["path"].clone();
+            let st = q
+                .execute(
+                    "x-query-virtio-status",
+                    Some(serde_json::json!({ "path": path })),
+                )
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  broken {} vm-running {} started {}\n",
+                st["broken"], st["vm-running"], st["started"]
+            ));
+            for (queue, name) in [(0, "rx"), (1, "tx")] {
+                let qs = q
+                    .execute(
+                        "x-query-virtio-queue-status",
+                        Some(serde_json::json!({ "path": path, "queue": queue })),
+                    )
+                    .unwrap_or_default();
+                let avail = qs["vring-avail"].as_u64().unwrap_or(0);
+                let guest_idx = q
+                    .execute(
+                        "human-monitor-command",
+                        Some(serde_json::json!({ "command-line": format!("xp /1hx {:#x}", avail + 2) })),
+                    )
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "  {name}: last-avail {} shadow-avail {} used {} inuse {}; guest avail index {}\n",
+                    qs["last-avail-idx"],
+                    qs["shadow-avail-idx"],
+                    qs["used-idx"],
+                    qs["inuse"],
+                    guest_idx.as_str().unwrap_or("?").trim()
+                ));
+            }
+        }
+        out
     }
 }
 

@@ -237,7 +237,14 @@ pub fn domain_xml(d: &DomainXml) -> String {
         "  <memory unit='MiB'>{}</memory>\n",
         vm.memory_mib
     ));
-    x.push_str(&format!("  <vcpu>{}</vcpu>\n", vm.vcpus));
+    // Under TCG one vCPU still gets a second, empty slot
+    // ([`Accelerator::max_vcpus`] says why).
+    let max = d.accel.max_vcpus(vm.vcpus);
+    if max > vm.vcpus {
+        x.push_str(&format!("  <vcpu current='{}'>{max}</vcpu>\n", vm.vcpus));
+    } else {
+        x.push_str(&format!("  <vcpu>{}</vcpu>\n", vm.vcpus));
+    }
     if d.iothreads > 0 {
         x.push_str(&format!("  <iothreads>{}</iothreads>\n", d.iothreads));
     }
@@ -669,6 +676,29 @@ mod tests {
             iothreads: 0,
         });
         assert!(xml.contains("<model>Skylake</model>"), "{xml}");
+        v.vcpus = 1;
+        let xml = domain_xml(&DomainXml {
+            name: "x",
+            accel: Accelerator::Kvm { cpu: "host" },
+            vm: &v,
+            macs: &[],
+            iothreads: 0,
+        });
+        assert!(xml.contains("  <vcpu>1</vcpu>\n"), "{xml}");
+    }
+
+    #[test]
+    fn a_one_vcpu_domain_under_tcg_has_a_second_empty_slot() {
+        let mut v = vm();
+        v.vcpus = 1;
+        let xml = domain_xml(&DomainXml {
+            name: "x",
+            accel: Accelerator::Tcg,
+            vm: &v,
+            macs: &[],
+            iothreads: 0,
+        });
+        assert!(xml.contains("  <vcpu current='1'>2</vcpu>\n"), "{xml}");
     }
 
     #[test]

@@ -23,6 +23,26 @@ impl Accelerator<'_> {
             Accelerator::Tcg => "tcg",
         }
     }
+
+    /// The most vCPUs the machine may have, for a VM with `vcpus`: under TCG
+    /// at least 2. QEMU's TCG emits the guest's memory barriers (and real
+    /// atomics) only on a machine that may have more than one vCPU
+    /// (`CF_PARALLEL`, from `-smp maxcpus`). Without them a one-vCPU guest's
+    /// "publish the avail index, barrier, read the event index" and QEMU's
+    /// I/O thread's "publish the event index, barrier, read the avail index"
+    /// can both read the old value: the guest skips the notification and
+    /// QEMU waits for it. Its virtio-net transmit queue then stops for good
+    /// (seen under load: QEMU's queue index frozen, the guest's running
+    /// ahead, one notification written to the device by hand moved it on).
+    /// The unfilled slot costs the guest one possible CPU, and TCG
+    /// translates barriers it would otherwise drop. KVM runs guest barriers
+    /// on the hardware: no change there.
+    pub fn max_vcpus(self, vcpus: u32) -> u32 {
+        match self {
+            Accelerator::Kvm { .. } => vcpus,
+            Accelerator::Tcg => vcpus.max(2),
+        }
+    }
 }
 
 /// A disk as QEMU's `-drive` and `-device virtio-blk-pci` see it.
@@ -81,7 +101,13 @@ impl QemuArgs {
             Accelerator::Kvm { cpu } => self.arg("-accel", "kvm").arg("-cpu", cpu),
             Accelerator::Tcg => self.arg("-accel", "tcg,thread=multi").arg("-cpu", "max"),
         };
-        self.arg("-smp", vcpus.to_string())
+        let max = accel.max_vcpus(vcpus);
+        let smp = if max > vcpus {
+            format!("{vcpus},maxcpus={max}")
+        } else {
+            vcpus.to_string()
+        };
+        self.arg("-smp", smp)
             .arg("-m", format!("{memory_mib}M"))
             .flags(&[
                 "-nodefaults",
@@ -235,6 +261,21 @@ mod tests {
             .iter()
             .any(|a| a.contains("throttling.bps-total=524288")));
         assert_eq!(argv.last().map(String::as_str), Some("console=ttyS0"));
+    }
+
+    #[test]
+    fn a_one_vcpu_tcg_machine_may_have_two_so_tcg_keeps_its_barriers() {
+        let smp = |accel, vcpus| {
+            let mut q = QemuArgs::new(Path::new("qemu"));
+            q.machine("p", accel, vcpus, 128);
+            let argv = q.argv();
+            let at = argv.iter().position(|a| a == "-smp").unwrap();
+            argv[at + 1].clone()
+        };
+        assert_eq!(smp(Accelerator::Tcg, 1), "1,maxcpus=2");
+        assert_eq!(smp(Accelerator::Tcg, 2), "2");
+        assert_eq!(smp(Accelerator::Tcg, 4), "4");
+        assert_eq!(smp(Accelerator::Kvm { cpu: "host" }, 1), "1");
     }
 
     #[test]
