@@ -65,6 +65,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
         symbolizer: SymbolizerOptions {
             kallsyms: args.kallsyms.clone(),
             symfs: args.symfs.clone(),
+            line_cache: vmscope_symbols::linecache::default_dir(),
             ..SymbolizerOptions::default()
         },
         guest_kallsyms: args.guest_kallsyms.clone(),

@@ -313,6 +313,7 @@ fn import_into(
     if let Some(c) = &info.cmdline {
         meta.push(("recorded_command", c.join(" ")));
     }
+    let _ = conv.symbolizer_mut().save_line_cache();
     let mut warnings = conv.symbolizer_mut().warnings();
     warnings.sort();
     warnings.dedup();

@@ -13,6 +13,8 @@
 use crate::dwarf::DwarfFile;
 use crate::elf::ElfSymbols;
 use crate::kallsyms::Kallsyms;
+use crate::linecache::FileLines;
+use crate::LineInfo;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
@@ -36,6 +38,9 @@ pub struct SymbolizerOptions {
     /// Directories searched for separate debug files (`.build-id/xx/….debug`
     /// and debuglink names).
     pub debug_dirs: Vec<PathBuf>,
+    /// Directory of the on-disk line cache ([`crate::linecache`]); `None`
+    /// loads DWARF in every run.
+    pub line_cache: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -44,6 +49,7 @@ impl Default for SymbolizerOptions {
             kallsyms: None,
             symfs: None,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
+            line_cache: None,
         }
     }
 }
@@ -232,7 +238,44 @@ type FileKey = (Arc<str>, Option<Arc<[u8]>>);
 struct LoadedFile {
     symbols: Arc<ElfSymbols>,
     /// addr2line's loader is Send but not Sync: one lookup at a time.
-    dwarf: Option<Arc<Mutex<DwarfFile>>>,
+    dwarf: Option<Arc<Mutex<FileDwarf>>>,
+}
+
+/// A file's DWARF: the line cache's answers, and the DWARF itself, opened
+/// at the first address the cache cannot answer.
+struct FileDwarf {
+    path: PathBuf,
+    file: Option<DwarfFile>,
+    failed: bool,
+    lines: Option<FileLines>,
+}
+
+impl FileDwarf {
+    /// What DWARF says at `vaddr`, and the warning when opening it failed
+    /// just now.
+    fn lookup(&mut self, vaddr: u64) -> (LineInfo, Option<String>) {
+        if let Some(i) = self.lines.as_ref().and_then(|l| l.get(vaddr)) {
+            return (i.clone(), None);
+        }
+        let mut warning = None;
+        if self.file.is_none() && !self.failed {
+            match DwarfFile::open(&self.path) {
+                Ok(f) => self.file = Some(f),
+                Err(e) => {
+                    self.failed = true;
+                    warning = Some(format!("{e}: no inline frames or source lines from it"));
+                }
+            }
+        }
+        let Some(f) = &self.file else {
+            return (LineInfo::default(), warning);
+        };
+        let info = f.lookup(vaddr);
+        if let Some(l) = &mut self.lines {
+            l.insert(vaddr, &info);
+        }
+        (info, warning)
+    }
 }
 
 /// Resolves frames to (image, symbol) with caches; see the module docs.
@@ -375,7 +418,11 @@ impl Symbolizer {
                     if let (Some(d), Some(vaddr)) =
                         (&f.dwarf, f.symbols.file_offset_to_vaddr(frame.addr))
                     {
-                        let info = d.lock().map(|d| d.lookup(vaddr)).unwrap_or_default();
+                        let (info, warning) =
+                            d.lock().map(|mut d| d.lookup(vaddr)).unwrap_or_default();
+                        if let Some(w) = warning {
+                            self.warn(w);
+                        }
                         if let Some(line) = info.srcline {
                             r.srcline = line;
                         }
@@ -425,6 +472,45 @@ impl Symbolizer {
         v
     }
 
+    /// Number of DWARF files opened so far (the line cache answers the
+    /// addresses it knows without opening one).
+    pub fn dwarf_files_opened(&self) -> usize {
+        self.files
+            .values()
+            .flatten()
+            .filter_map(|f| f.dwarf.as_ref())
+            .filter(|d| d.lock().is_ok_and(|d| d.file.is_some()))
+            .count()
+    }
+
+    /// Write the answers DWARF gave this run to the line cache (also done
+    /// when the symbolizer is dropped). A failure is also a warning.
+    pub fn save_line_cache(&mut self) -> std::io::Result<()> {
+        let mut first = Ok(());
+        for d in self
+            .files
+            .values()
+            .flatten()
+            .filter_map(|f| f.dwarf.as_ref())
+        {
+            if let Ok(mut d) = d.lock() {
+                if let Some(l) = &mut d.lines {
+                    if let Err(e) = l.save() {
+                        if first.is_ok() {
+                            first = Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        if let Err(e) = &first {
+            self.warn(format!(
+                "line cache: {e}: the next run loads the same DWARF again"
+            ));
+        }
+        first
+    }
+
     /// Number of cached resolutions (files and kernels).
     pub fn cached(&self) -> usize {
         self.cache.len()
@@ -454,12 +540,18 @@ impl Symbolizer {
         let loaded = self
             .load_file(path, build_id.as_deref(), &mut dwarf_path)
             .map(|symbols| {
-                let dwarf = dwarf_path.and_then(|p| match DwarfFile::open(&p) {
-                    Ok(d) => Some(Arc::new(Mutex::new(d))),
-                    Err(e) => {
-                        self.warn(format!("{e}: no inline frames or source lines from it"));
-                        None
-                    }
+                let id = build_id.as_deref().or_else(|| symbols.build_id());
+                let dwarf = dwarf_path.map(|p| {
+                    let lines = match (&self.opts.line_cache, id) {
+                        (Some(dir), Some(id)) => Some(FileLines::load(dir, id, &p)),
+                        _ => None,
+                    };
+                    Arc::new(Mutex::new(FileDwarf {
+                        path: p,
+                        file: None,
+                        failed: false,
+                        lines,
+                    }))
                 });
                 LoadedFile {
                     symbols: Arc::new(symbols),
@@ -651,6 +743,76 @@ fn hex_bytes(b: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    #[inline(never)]
+    fn line_cache_marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// The file offset of `addr` in this test binary, from /proc/self/maps.
+    fn own_file_offset(addr: u64) -> Option<u64> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        maps.lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, _, off) = (f.next()?, f.next()?, f.next()?);
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            );
+            let off = u64::from_str_radix(off, 16).ok()?;
+            (addr >= lo && addr < hi).then(|| addr - lo + off)
+        })
+    }
+
+    #[test]
+    fn the_line_cache_answers_a_later_symbolizer_without_opening_dwarf() {
+        assert_eq!(line_cache_marker(), 7);
+        let exe = std::env::current_exe().unwrap();
+        let elf = ElfSymbols::open(&exe).unwrap();
+        if !elf.has_dwarf() || elf.build_id().is_none() {
+            eprintln!("SKIP: this test binary has no DWARF or no build-id");
+            return;
+        }
+        let offset =
+            own_file_offset(line_cache_marker as *const () as usize as u64).expect("mapped");
+        let frame = NormalizedFrame {
+            image: ImageRef::File {
+                path: exe.to_str().unwrap().into(),
+                build_id: None,
+            },
+            addr: offset,
+        };
+        let kdir = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let opts = |line_cache: Option<PathBuf>| SymbolizerOptions {
+            line_cache,
+            ..opts_with_kallsyms("", kdir.path())
+        };
+        let mut a = Symbolizer::new(opts(Some(cache.path().into())));
+        let ra = a.resolve("host", &frame);
+        assert!(ra.symbol.ends_with("line_cache_marker"), "{ra:?}");
+        assert!(ra.srcline.contains("symbolizer.rs:"), "{ra:?}");
+        assert_eq!(a.dwarf_files_opened(), 1);
+        a.save_line_cache().unwrap();
+        drop(a);
+        // A later run: the same answer, and no DWARF loaded for it.
+        let mut b = Symbolizer::new(opts(Some(cache.path().into())));
+        assert_eq!(b.resolve("host", &frame), ra);
+        assert_eq!(b.dwarf_files_opened(), 0);
+        // An address the cache does not know opens the DWARF after all.
+        let other = NormalizedFrame {
+            addr: own_file_offset(own_file_offset as *const () as usize as u64).unwrap(),
+            ..frame.clone()
+        };
+        let ro = b.resolve("host", &other);
+        assert!(ro.srcline.contains("symbolizer.rs:"), "{ro:?}");
+        assert_eq!(b.dwarf_files_opened(), 1);
+        // Without the cache every run loads the DWARF, with the same answer.
+        let mut c = Symbolizer::new(opts(None));
+        assert_eq!(c.resolve("host", &frame), ra);
+        assert_eq!(c.dwarf_files_opened(), 1);
+    }
+
     fn opts_with_kallsyms(text: &str, dir: &Path) -> SymbolizerOptions {
         let p = dir.join("kallsyms");
         std::fs::write(&p, text).unwrap();
@@ -658,6 +820,7 @@ mod tests {
             kallsyms: Some(p),
             symfs: None,
             debug_dirs: vec![],
+            line_cache: None,
         }
     }
 

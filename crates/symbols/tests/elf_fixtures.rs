@@ -258,6 +258,7 @@ fn no_kernel(debug_dirs: Vec<PathBuf>) -> SymbolizerOptions {
         kallsyms: Some("/dev/null".into()),
         symfs: None,
         debug_dirs,
+        line_cache: None,
     }
 }
 
