@@ -172,7 +172,6 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         symbolizer: SymbolizerOptions {
             kallsyms: args.kallsyms.clone(),
             symfs: args.symfs.clone(),
-            line_cache: vmscope_symbols::linecache::default_dir(),
             ..SymbolizerOptions::default()
         },
         plan,

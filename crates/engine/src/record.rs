@@ -754,8 +754,6 @@ impl Run<'_, '_> {
         }
         agents.flush(writer, conv.stats(), true)?;
         notes.extend(cost.finish(writer)?);
-        // Before the converter is forgotten below: its drop would save too.
-        let _ = conv.symbolizer_mut().save_line_cache();
         let mut all_warnings = conv.symbolizer_mut().warnings();
         all_warnings.sort();
         all_warnings.dedup();

@@ -668,36 +668,29 @@ mod tests {
         );
         assert!(!xml.contains("<channel"), "{xml}");
         assert!(!xml.contains("<iothreads>"), "{xml}");
-        let xml = domain_xml(&DomainXml {
-            name: "x",
-            accel: Accelerator::Kvm { cpu: "Skylake" },
-            vm: &v,
-            macs: &[],
-            iothreads: 0,
-        });
+        let xml = bare_xml(Accelerator::Kvm { cpu: "Skylake" }, &v);
         assert!(xml.contains("<model>Skylake</model>"), "{xml}");
         v.vcpus = 1;
-        let xml = domain_xml(&DomainXml {
+        let xml = bare_xml(Accelerator::Kvm { cpu: "host" }, &v);
+        assert!(xml.contains("  <vcpu>1</vcpu>\n"), "{xml}");
+    }
+
+    /// The domain XML of `v` named `x`, without NICs or I/O threads.
+    fn bare_xml(accel: Accelerator<'_>, v: &VmState) -> String {
+        domain_xml(&DomainXml {
             name: "x",
-            accel: Accelerator::Kvm { cpu: "host" },
-            vm: &v,
+            accel,
+            vm: v,
             macs: &[],
             iothreads: 0,
-        });
-        assert!(xml.contains("  <vcpu>1</vcpu>\n"), "{xml}");
+        })
     }
 
     #[test]
     fn a_one_vcpu_domain_under_tcg_has_a_second_empty_slot() {
         let mut v = vm();
         v.vcpus = 1;
-        let xml = domain_xml(&DomainXml {
-            name: "x",
-            accel: Accelerator::Tcg,
-            vm: &v,
-            macs: &[],
-            iothreads: 0,
-        });
+        let xml = bare_xml(Accelerator::Tcg, &v);
         assert!(xml.contains("  <vcpu current='1'>2</vcpu>\n"), "{xml}");
     }
 

@@ -11,8 +11,8 @@
 //! - [`demangle`]: Rust and C++ name demangling as perf shows names.
 //! - [`dwarf`]: inline frames and source lines from DWARF (addr2line; the
 //!   module says why that library).
-//! - [`linecache`]: DWARF's answers kept on disk by build-id, so a later
-//!   run does not load the same DWARF again.
+//! - [`linecache`]: DWARF's answers kept on disk by build-id, so a
+//!   re-import does not load the same DWARF again.
 //! - [`symbolizer`]: the caching front end: finds files (symfs, build-id and
 //!   debuglink debug files), memoizes resolutions, collects warnings.
 //! - [`error`]: the crate's one error type, [`SymbolError`].

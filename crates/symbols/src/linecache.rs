@@ -1,8 +1,8 @@
 //! What DWARF said about a file's addresses (inline frames, source line),
-//! kept on disk by the file's build-id, so a later recording of the same
-//! binaries does not load and walk their DWARF again.
+//! kept on disk by the file's build-id, so a later import of the same
+//! addresses does not load and walk their DWARF again.
 //!
-//! Loading DWARF is most of what a recorder spends on symbols: a profile of
+//! Loading DWARF is most of what symbolizing costs: a profile of
 //! `record -a -g` over the demo workload put 56 % of the recorder's CPU in
 //! `Symbolizer::resolve`, 34 % in opening the DWARF (libc's debug file
 //! inflates its compressed sections) and 11 % in walking unit headers and
@@ -21,12 +21,13 @@
 //! leaves one per build) the least recently used go, loading a file marks
 //! it used.
 //!
-//! What it saves depends on whether addresses recur. Importing the same
-//! perf.data again opens no DWARF at all (a 48 k-sample file of the demo
-//! workload: 0.15 s and 117 MB the first time, 0.07 s and 35 MB after). A
-//! sampled recording meets addresses it has not seen in every run (the
-//! demo's cache grew from 1280 to 1454 entries in the second run), so each
-//! run still opens the DWARF of the binaries it samples.
+//! What it saves depends on whether addresses recur, so only `import`
+//! uses it. Importing the same perf.data again opens no DWARF at all (a
+//! 48 k-sample file of the demo workload: 0.15 s and 117 MB the first
+//! time, 0.07 s and 35 MB after). A sampled recording meets addresses it
+//! has not seen in every run (the demo's cache grew from 1280 to 1454
+//! entries in the second run), so each run still opened the DWARF of the
+//! binaries it sampled and cost the same: `record` does not use it.
 
 use crate::dwarf::LineInfo;
 use std::collections::HashMap;
