@@ -170,3 +170,52 @@ mod tests {
             .contains("too large"));
     }
 }
+
+/// When a recording's host kernel and binary addresses get their names
+/// (`--symbolize`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymbolizeWhen {
+    /// At the session's first read (`report`, `compare`), once, on this
+    /// host: the recording reads no symbol tables.
+    Later,
+    /// While recording: the session is complete when written (to be read
+    /// on another host, or after the binaries are gone).
+    Now,
+}
+
+impl SymbolizeWhen {
+    pub fn defer(self) -> bool {
+        self == SymbolizeWhen::Later
+    }
+}
+
+/// Open the session at `path` for reading, first resolving the symbols its
+/// recording left for the first read (`record --symbolize later`), with a
+/// spinner and a line saying what that took.
+pub fn open_session(path: &Path) -> anyhow::Result<vmscope_store::Session> {
+    let session = vmscope_store::Session::open(path)?;
+    if !session.symbols_pending()? {
+        return Ok(session);
+    }
+    drop(session);
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    let r = vmscope_engine::symbolize::resolve_pending(path, &mut |m| {
+        pb.set_message(m.to_string());
+    });
+    pb.finish_and_clear();
+    if let Some(r) = r? {
+        eprintln!(
+            "vmscope: resolved the symbols the recording left for the first read: {} frames, \
+             {} stacks, {} rows, {} files with build-ids, {:.2} s (stored in {})",
+            r.frames,
+            r.stacks,
+            r.rows,
+            r.files,
+            r.seconds,
+            path.display()
+        );
+    }
+    Ok(vmscope_store::Session::open(path)?)
+}

@@ -80,8 +80,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let sessions: Vec<Session> = args
         .files
         .iter()
-        .map(|f| Session::open(f))
-        .collect::<Result<_, _>>()?;
+        .map(|f| crate::args::open_session(f))
+        .collect::<anyhow::Result<_>>()?;
     let opts = CompareOptions {
         by,
         throughput,

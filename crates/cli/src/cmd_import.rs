@@ -32,6 +32,11 @@ pub struct ImportArgs {
     /// Host kernel symbols from this file instead of /proc/kallsyms.
     #[arg(long)]
     pub kallsyms: Option<PathBuf>,
+    /// When kernel and binary addresses get their names: `now` (while
+    /// importing) or `later` (at the session's first read, on this host,
+    /// before it reboots), as for record.
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "now")]
+    pub symbolize: crate::args::SymbolizeWhen,
 }
 
 pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
@@ -68,6 +73,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<ExitCode> {
             line_cache: vmscope_symbols::linecache::default_dir(),
             ..SymbolizerOptions::default()
         },
+        defer_symbols: args.symbolize.defer(),
         guest_kallsyms: args.guest_kallsyms.clone(),
         threads,
         command_line,

@@ -61,6 +61,13 @@ pub struct RecordArgs {
     /// Kernel symbols from this file instead of /proc/kallsyms.
     #[arg(long)]
     pub kallsyms: Option<PathBuf>,
+    /// When kernel and binary addresses get their names: `later` leaves
+    /// them to the session's first read (report or compare resolves them
+    /// once, on this host, before it reboots), so recording reads no symbol
+    /// table; `now` resolves while recording (a session to be read on
+    /// another host, or binaries about to be deleted).
+    #[arg(long, value_enum, value_name = "WHEN", default_value = "later")]
+    pub symbolize: crate::args::SymbolizeWhen,
     /// Ring buffer size per CPU in pages (power of two); 0: chosen from the rate and -g,
     /// enough for 0.25 s of samples (1 MiB up to 32 MiB per CPU).
     #[arg(short = 'm', long = "mmap-pages", default_value_t = 0,
@@ -174,6 +181,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
             symfs: args.symfs.clone(),
             ..SymbolizerOptions::default()
         },
+        defer_symbols: args.symbolize.defer(),
         plan,
         command_line,
         ring_pages: args.mmap_pages,
@@ -225,11 +233,16 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--strict: not every VM took part as asked (see above)");
     }
     eprintln!(
-        "[ vmscope record: {} samples ({} lost) in {:.2} s written to {} ]",
+        "[ vmscope record: {} samples ({} lost) in {:.2} s written to {}{} ]",
         summary.samples,
         summary.lost,
         summary.duration.as_secs_f64(),
-        summary.output.display()
+        summary.output.display(),
+        if args.symbolize.defer() {
+            "; its first report resolves the symbols"
+        } else {
+            ""
+        }
     );
     Ok(match summary.command_status {
         Some(c) if c != 0 => ExitCode::from(c.clamp(1, 255) as u8),

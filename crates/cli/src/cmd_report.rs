@@ -8,7 +8,7 @@ use vmscope_report::{
     build, parse_fields, render, Classes, ReportError, ReportFormat, ReportOptions,
 };
 use vmscope_store::output::OutputOptions;
-use vmscope_store::{Field, Session};
+use vmscope_store::Field;
 
 #[derive(Args, Debug)]
 #[command(
@@ -139,7 +139,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         }
         filter.push((Field::Context, c.clone()));
     }
-    let session = Session::open(&args.file)?;
+    let session = crate::args::open_session(&args.file)?;
     if let Some(note) = vmscope_store::output::partial_note(&args.file) {
         eprintln!("vmscope: note: {note}");
     }

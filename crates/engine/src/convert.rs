@@ -4,11 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
     attribute, AggKey, Attribution, CpuMode, FastMap, ImageRef, NormalizedFrame, ProcessTable,
-    Profile, Record, SampleRecord, ThreadMap,
+    Profile, RawDelta, RawRowKey, Record, SampleRecord, ThreadMap, NO_STACK,
 };
 use vmscope_symbols::{Resolved, Symbolizer};
 
-use crate::sample_cache::{KeyedStacks, RowAggregator, RowId, StackCache};
+use crate::raw::RawRows;
+use crate::sample_cache::{CachedStack, KeyedStacks, RowAggregator, RowId, StackCache};
 
 /// Counters of what the converter saw.
 #[derive(Debug, Clone, Default)]
@@ -98,12 +99,12 @@ pub struct Converter {
     /// Guest kallsyms text for guest domains nobody registered symbols for.
     default_guest_kallsyms: Option<String>,
     guest_domains: std::collections::HashSet<Arc<str>>,
-    /// Kernel module ranges from kernel mmap records (pid -1): the image of
-    /// kernel IPs that kallsyms cannot name (files from other machines).
-    modules: Vec<(u64, u64, Arc<str>)>,
     unmonitored: std::collections::HashSet<Arc<str>>,
     /// Leaf and stack of recent samples (crate::sample_cache).
-    stacks: StackCache,
+    stacks: StackCache<CachedStack>,
+    /// Rows of integers when the symbolizer defers (crate::raw): samples
+    /// go there instead of `rows`.
+    raw: Option<RawRows>,
     /// Leaf and stack by the numbers import's reader gave samples.
     keyed: KeyedStacks,
     /// Rows of `delta` not yet added to it, by string identity.
@@ -143,8 +144,11 @@ fn module_image(path: &str) -> Option<Arc<str>> {
 }
 
 impl Converter {
+    /// A converter; a deferring symbolizer ([`Symbolizer::deferred`])
+    /// makes it keep rows of numbers ([`Converter::take_raw`]).
     pub fn new(symbolizer: Symbolizer, threads: ThreadMap) -> Converter {
         Converter {
+            raw: symbolizer.is_deferred().then(RawRows::default),
             procs: ProcessTable::new(),
             threads,
             symbolizer,
@@ -155,7 +159,6 @@ impl Converter {
             stack_text: String::with_capacity(1024),
             default_guest_kallsyms: None,
             guest_domains: Default::default(),
-            modules: Vec::new(),
             unmonitored: Default::default(),
             stacks: StackCache::default(),
             keyed: KeyedStacks::default(),
@@ -211,6 +214,9 @@ impl Converter {
     /// change, so cached stacks are dropped.
     pub fn symbolizer_mut(&mut self) -> &mut Symbolizer {
         self.stacks.invalidate_all();
+        if let Some(r) = &mut self.raw {
+            r.cache.invalidate_all();
+        }
         self.keyed.clear();
         &mut self.symbolizer
     }
@@ -264,12 +270,16 @@ impl Converter {
                 path,
                 ..
             } => {
+                // The image of kernel IPs that kallsyms cannot name (files
+                // from other machines).
                 if let Some(name) = module_image(path) {
-                    self.modules
-                        .push((*start, start.saturating_add(*len), name));
-                    self.modules.sort_by_key(|m| m.0);
+                    self.symbolizer
+                        .add_kernel_module(*start, start.saturating_add(*len), name);
                 }
                 self.stacks.observe(rec);
+                if let Some(r) = &mut self.raw {
+                    r.cache.observe(rec);
+                }
             }
             Record::Ksymbol {
                 addr,
@@ -288,6 +298,9 @@ impl Converter {
                 // Records that change an address space (what
                 // ProcessTable::apply acts on) retire its cached stacks.
                 self.stacks.observe(other);
+                if let Some(r) = &mut self.raw {
+                    r.cache.observe(other);
+                }
                 if matches!(other, Record::Comm { .. } | Record::Fork { .. }) {
                     self.process_names.clear();
                 }
@@ -297,17 +310,88 @@ impl Converter {
     }
 
     fn resolve(&mut self, domain: &str, frame: &NormalizedFrame) -> Resolved {
-        let mut r = self.symbolizer.resolve(domain, frame);
-        if matches!(frame.image, ImageRef::Kernel)
-            && r.symbol.starts_with("0x")
-            && !self.modules.is_empty()
-        {
-            let i = self.modules.partition_point(|m| m.0 <= frame.addr);
-            if i > 0 && frame.addr < self.modules[i - 1].1 {
-                r.image = self.modules[i - 1].2.clone();
-            }
+        self.symbolizer.resolve(domain, frame)
+    }
+
+    /// What accumulated since the last call when symbolization is deferred
+    /// (empty otherwise): the rows of numbers, with the strings, frames and
+    /// stacks first numbered since. The session must store it with the
+    /// [`Converter::take_delta`] of the same moment.
+    pub fn take_raw(&mut self) -> RawDelta {
+        match &mut self.raw {
+            Some(r) => r.take(self.symbolizer.take_new_deferred()),
+            None => RawDelta::default(),
         }
-        r
+    }
+
+    /// A sample's row when symbolization is deferred (crate::raw): its
+    /// leaf and call chain as frame numbers, cached like `stacks`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_raw_row(
+        &mut self,
+        s: &SampleRecord,
+        n: u64,
+        period: u64,
+        raw: Option<&[u64]>,
+        attr: &Attribution,
+        process: &Arc<str>,
+        second: u32,
+        leaf: Option<NormalizedFrame>,
+    ) {
+        let rr = self.raw.as_mut().expect("a deferring converter");
+        let split;
+        let chain = match raw {
+            Some(words) => {
+                split = vmscope_model::split_callchain(words, s.mode);
+                &split
+            }
+            None => &s.callchain,
+        };
+        let (leaf_id, stack_id) = match rr.cache.get(&attr.domain, s.pid, s.mode, s.ip, chain) {
+            Ok(v) => v,
+            Err(miss) => {
+                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
+                let leaf_id = self.symbolizer.defer_frame(&attr.domain, &leaf);
+                rr.chain.clear();
+                for (i, &(mode, ip)) in chain.iter().enumerate() {
+                    // As in resolve_stack: return addresses point after
+                    // the call.
+                    let addr = if i > 0 && !mode.is_kernel() {
+                        ip.saturating_sub(1)
+                    } else {
+                        ip
+                    };
+                    let f = self.procs.normalize(s.pid, addr, mode);
+                    rr.chain.push(self.symbolizer.defer_frame(&attr.domain, &f));
+                }
+                let stack_id = if chain.is_empty() {
+                    NO_STACK
+                } else {
+                    rr.stack()
+                };
+                rr.cache.insert(
+                    miss,
+                    &attr.domain,
+                    s.pid,
+                    s.mode,
+                    s.ip,
+                    chain,
+                    (leaf_id, stack_id),
+                );
+                (leaf_id, stack_id)
+            }
+        };
+        let key = RawRowKey {
+            second,
+            cpu: s.cpu,
+            event: s.event,
+            context: attr.context,
+            domain: rr.string(&attr.domain),
+            process: rr.string(process),
+            leaf: leaf_id,
+            stack: stack_id,
+        };
+        rr.add(key, n, period);
     }
 
     /// Push a batch of records (one ring read). Samples that share event,
@@ -437,6 +521,10 @@ impl Converter {
         self.delta
             .add_bin(second, s.event, attr.domain.clone(), attr.context, n);
         let process = self.process_name(s.pid, s.tid);
+        if self.raw.is_some() {
+            self.add_raw_row(s, n, period, raw, &attr, &process, second, leaf);
+            return;
+        }
         // A numbered sample seen before adds to its row without building a
         // key (each Arc clone is an atomic operation).
         if let Some(e) = key.and_then(|k| self.keyed.get_ref(k, &attr.domain)) {
@@ -496,8 +584,10 @@ impl Converter {
                     s.mode,
                     s.ip,
                     &s.callchain,
-                    &resolved,
-                    &stack,
+                    CachedStack {
+                        leaf: resolved.clone(),
+                        stack: stack.clone(),
+                    },
                 );
                 (resolved, stack)
             }

@@ -17,6 +17,9 @@ use vmscope_symbols::{Kallsyms, Symbolizer, SymbolizerOptions};
 
 pub struct ImportOptions {
     pub symbolizer: SymbolizerOptions,
+    /// Leave host kernel and file frames for the session's first read
+    /// (crate::symbolize), as `record` does by default.
+    pub defer_symbols: bool,
     /// Guest kernel symbols for guest-mode samples of every VM.
     pub guest_kallsyms: Option<PathBuf>,
     pub threads: ThreadMap,
@@ -119,6 +122,16 @@ fn read_input(
     }
 }
 
+/// A delta for the store thread: the converter's profile and rows, and
+/// its rows of numbers when symbolization is deferred.
+fn take_parts(
+    conv: &mut Converter,
+) -> (vmscope_model::Profile, PendingRows, vmscope_model::RawDelta) {
+    let raw = conv.take_raw();
+    let (delta, rows) = conv.take_delta_parts();
+    (delta, rows, raw)
+}
+
 /// What the reading thread hands the converter: a sample with its key's
 /// number and its chain's words (shared with the reader's key table: no
 /// allocation per sample), or another record.
@@ -147,7 +160,8 @@ fn convert_pipelined(
     let (back_tx, back_rx) = sync_channel::<Vec<Item>>(BATCHES_IN_FLIGHT + 2);
     // Rows go to the store as the converter aggregated them (by string
     // identity): the upsert sums equal keys, so no stack text is hashed.
-    let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows)>(1);
+    let (delta_tx, delta_rx) =
+        sync_channel::<(Profile, PendingRows, vmscope_model::RawDelta)>(1);
     let (conv, read, stored) = std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
             .name("import-read".into())
@@ -190,7 +204,8 @@ fn convert_pipelined(
         let store = std::thread::Builder::new()
             .name("import-store".into())
             .spawn_scoped(scope, move || {
-                for (delta, rows) in delta_rx {
+                for (delta, rows, raw) in delta_rx {
+                    writer.add_raw(&raw)?;
                     writer.flush_with_rows(&delta, &rows.into_rows())?;
                 }
                 Ok::<(), vmscope_store::StoreError>(())
@@ -222,7 +237,7 @@ fn convert_pipelined(
                             let flush = n >= 4 * FLUSH_EVERY
                                 || matches!((due, second), (Some(d), Some(sec)) if sec > d);
                             if flush {
-                                if delta_tx.send(conv.take_delta_parts()).is_err() {
+                                if delta_tx.send(take_parts(&mut conv)).is_err() {
                                     break 'read;
                                 }
                                 n = 0;
@@ -240,7 +255,7 @@ fn convert_pipelined(
             // Full (the reader is behind): dropped here instead.
             let _ = back_tx.try_send(batch);
         }
-        let _ = delta_tx.send(conv.take_delta_parts());
+        let _ = delta_tx.send(take_parts(&mut conv));
         drop(delta_tx);
         let stored = store
             .join()
@@ -274,8 +289,13 @@ fn import_into(
         None => None,
     };
     // The host's kallsyms load while the reader starts on the file.
+    crate::symbolize::store_options(writer, &opts.symbolizer)?;
     let make_conv = || {
-        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        let symbolizer = if opts.defer_symbols {
+            Symbolizer::deferred(opts.symbolizer.clone())
+        } else {
+            Symbolizer::new(opts.symbolizer.clone())
+        };
         let mut conv = Converter::new(symbolizer, opts.threads.clone());
         if let Some(text) = guest_kallsyms {
             conv.set_default_guest_kallsyms(text);

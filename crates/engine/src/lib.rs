@@ -21,7 +21,10 @@ pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "host")]
 pub mod record;
+mod raw;
 mod sample_cache;
+#[cfg(feature = "host")]
+pub mod symbolize;
 
 pub use convert::{Converter, ConverterStats};
 

@@ -46,6 +46,9 @@ enum Msg {
 /// What the converter accumulated since the previous take.
 pub struct Taken {
     pub delta: Profile,
+    /// Rows of numbers since the previous take when symbolization is
+    /// deferred ([`Converter::take_raw`]): stored with `delta`.
+    pub raw: vmscope_model::RawDelta,
     /// Counters, cumulative, as of this delta.
     pub stats: ConverterStats,
 }
@@ -98,6 +101,7 @@ impl ConvertThread {
                         Msg::Take => {
                             let t = Taken {
                                 delta: conv.take_delta(),
+                                raw: conv.take_raw(),
                                 stats: conv.stats().clone(),
                             };
                             // The reader gone: nothing to answer.

@@ -43,6 +43,10 @@ pub struct RecordOptions {
     /// as `TARGET.partial` and renamed over the target when complete.
     pub output: SessionOutput,
     pub symbolizer: SymbolizerOptions,
+    /// Leave host kernel and file frames for the session's first read to
+    /// resolve (`--symbolize later`, crate::symbolize): the recording reads
+    /// no kallsyms, ELF or DWARF. `false` resolves while recording.
+    pub defer_symbols: bool,
     /// The VMs, their roles and agents ([`crate::plan::plan_session`]).
     pub plan: SessionPlan,
     /// `vmscope record ...` as typed, for the session metadata.
@@ -407,6 +411,7 @@ pub fn record(
             meta: &opts.meta,
             plan: opts.plan,
             symbolizer: opts.symbolizer,
+            defer_symbols: opts.defer_symbols,
             barrier_timeout: opts.barrier_timeout,
             overhead_budget: opts.overhead_budget,
             flush_interval: opts.flush_interval,
@@ -448,6 +453,7 @@ struct RunOptions<'a> {
     meta: &'a [(String, String)],
     plan: SessionPlan,
     symbolizer: SymbolizerOptions,
+    defer_symbols: bool,
     barrier_timeout: Duration,
     overhead_budget: Option<f64>,
     flush_interval: Duration,
@@ -517,7 +523,12 @@ impl Run<'_, '_> {
             })?;
         }
 
-        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
+        crate::symbolize::store_options(writer, &opts.symbolizer)?;
+        let symbolizer = if opts.defer_symbols {
+            Symbolizer::deferred(opts.symbolizer.clone())
+        } else {
+            Symbolizer::new(opts.symbolizer.clone())
+        };
         let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
         for vm in &opts.plan.unmonitored {
             conv.set_unmonitored(vm);
@@ -663,7 +674,7 @@ impl Run<'_, '_> {
                 conv.push_batch(std::mem::replace(&mut buf, Vec::with_capacity(4096)));
             }
             for t in conv.try_taken() {
-                writer.flush(&t.delta)?;
+                write_delta(writer, &t.raw, &t.delta)?;
                 asked = false;
             }
             if let Some(p) = &pollers {
@@ -742,9 +753,10 @@ impl Run<'_, '_> {
         // Every batch converted: the answers not yet written, then the rest.
         let (rest, mut conv) = conv.finish()?;
         for t in rest {
-            writer.flush(&t.delta)?;
+            write_delta(writer, &t.raw, &t.delta)?;
         }
-        writer.flush(&conv.take_delta())?;
+        let (raw, delta) = (conv.take_raw(), conv.take_delta());
+        write_delta(writer, &raw, &delta)?;
         cost.host_step(rec, duration.as_secs_f64(), conv.stats().samples)?;
         if let Some(p) = pollers.take() {
             for ev in p.stop().try_iter() {
@@ -775,6 +787,24 @@ impl Run<'_, '_> {
             notes,
         })
     }
+}
+
+/// Store a converted delta with its rows of numbers (when symbolization is
+/// deferred) in one transaction: a killed recorder leaves a session whose
+/// every row has its strings, frames and stacks.
+fn write_delta(
+    writer: &mut SessionWriter,
+    raw: &vmscope_model::RawDelta,
+    delta: &Profile,
+) -> Result<(), EngineError> {
+    if raw.is_empty() {
+        return Ok(writer.flush(delta)?);
+    }
+    writer.batch(|w| {
+        w.add_raw(raw)?;
+        w.flush(delta)?;
+        Ok(())
+    })
 }
 
 /// How long the recording loop's next read may wait on the rings, `now`

@@ -90,6 +90,7 @@ fn guest_modes_attribute_to_the_vm_owning_the_vcpu_thread() {
                 symfs: Some(empty.path().to_path_buf()),
                 ..SymbolizerOptions::default()
             },
+            defer_symbols: false,
             guest_kallsyms: Some(kallsyms),
             threads,
             command_line: "test".into(),
@@ -138,6 +139,7 @@ fn guest_modes_without_a_vm_map_get_a_pid_domain() {
                 symfs: Some(empty.path().to_path_buf()),
                 ..SymbolizerOptions::default()
             },
+            defer_symbols: false,
             guest_kallsyms: None,
             threads: ThreadMap::new(),
             command_line: "test".into(),

@@ -10,6 +10,7 @@
 
 pub mod attribution;
 pub mod budget;
+pub mod deferred;
 pub mod event;
 pub mod numa;
 pub mod process;
@@ -17,6 +18,7 @@ pub mod profile;
 pub mod record;
 
 pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
+pub use deferred::{DeferredFrame, RawDelta, RawFrame, RawRowKey, NO_STACK};
 pub use event::{EventError, EventKind, EventSpec, SampleRate, SessionEvent, DEFAULT_FREQUENCY};
 pub use process::{ImageRef, Mapping, NormalizedFrame, ProcessTable};
 pub use profile::{

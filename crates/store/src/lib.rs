@@ -9,11 +9,13 @@
 //! or printing. The `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
+mod deferred;
 mod intervals;
 pub mod output;
 mod schema;
 mod validate;
 
+pub use deferred::{PendingSymbols, SYMBOLS_DEFERRED};
 pub use intervals::IntervalRow;
 
 pub use schema::SCHEMA_VERSION;
@@ -70,6 +72,10 @@ pub enum StoreError {
         fs: String,
         written: u64,
     },
+    /// A session whose frames were left for the first read and cannot be
+    /// resolved now.
+    #[error("{path}: its symbols were left for the first read, and {why}")]
+    SymbolsPending { path: PathBuf, why: String },
     /// A session whose tables were damaged after it was written.
     #[error("{path}: damaged session: table '{table}' {what}")]
     Damaged {
@@ -360,6 +366,8 @@ pub struct SessionWriter {
     bulk_tx: std::cell::Cell<bool>,
     /// A [`SessionWriter::batch`] is open: writes join its transaction.
     in_batch: bool,
+    /// Deferred frames were stored (`meta.symbols` is set).
+    deferred: bool,
 }
 
 impl SessionWriter {
@@ -407,6 +415,7 @@ impl SessionWriter {
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
             in_batch: false,
+            deferred: false,
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -417,6 +426,34 @@ impl SessionWriter {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A writer of the existing session on `conn`, whose writes join the
+    /// transaction the caller opened on it and ends (crate::deferred): the
+    /// stacks the session has are interned as they are.
+    pub(crate) fn resume(conn: Connection, path: &Path) -> Result<SessionWriter> {
+        let mut stack_ids: vmscope_model::FastMap<Arc<str>, i64> = Default::default();
+        {
+            let mut st = conn
+                .prepare("SELECT id, frames FROM stacks")
+                .map_err(sql_err(path))?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+                .map_err(sql_err(path))?;
+            for row in rows {
+                let (id, text) = row.map_err(sql_err(path))?;
+                stack_ids.entry(text.into()).or_insert(id);
+            }
+        }
+        Ok(SessionWriter {
+            conn,
+            path: path.to_path_buf(),
+            stack_ids,
+            bulk: false,
+            bulk_tx: std::cell::Cell::new(false),
+            in_batch: true,
+            deferred: false,
+        })
     }
 
     /// Let the write-ahead log grow to `pages` pages before SQLite folds it
@@ -1030,6 +1067,20 @@ impl Session {
     }
 
     /// Every `bench_samples` row, in insertion order.
+    /// Whether the session's recording left frames for the first read to
+    /// resolve ([`PendingSymbols`]): until they are, its image, symbol and
+    /// stack texts carry tokens instead of names.
+    pub fn symbols_pending(&self) -> Result<bool> {
+        let v: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'symbols'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql_err(&self.path))?;
+        Ok(v.as_deref() == Some(SYMBOLS_DEFERRED))
+    }
+
     pub fn bench_samples(&self) -> Result<Vec<BenchSampleRow>> {
         let mut st = self
             .conn

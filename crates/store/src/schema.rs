@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 
 /// Version written by this build.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(
@@ -63,9 +63,23 @@ pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
             value REAL NOT NULL, unit TEXT NOT NULL, raw_output TEXT, flagged TEXT);
         ",
     )?;
+    conn.execute_batch(DEFERRED_FRAMES)?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(())
 }
+
+/// Host rows a recording stored as numbers, its symbols left for the first
+/// read (crate::deferred): the texts they refer to by number (domain and
+/// process names, paths, hex build-ids, module and symbol names), then
+/// blocks of varints, one of each per flush: frames (what each frame
+/// number stands for: a kernel address, a file offset or two names),
+/// stacks (their frame numbers, the sampled end first) and rows. Emptied
+/// when the first read has written the names into `samples`.
+const DEFERRED_FRAMES: &str = "
+        CREATE TABLE IF NOT EXISTS deferred_strings(id INTEGER PRIMARY KEY, text TEXT NOT NULL);
+        CREATE TABLE IF NOT EXISTS deferred_frames(block INTEGER PRIMARY KEY, data BLOB NOT NULL);
+        CREATE TABLE IF NOT EXISTS deferred_stacks(block INTEGER PRIMARY KEY, data BLOB NOT NULL);
+        CREATE TABLE IF NOT EXISTS deferred_rows(block INTEGER PRIMARY KEY, data BLOB NOT NULL);";
 
 /// Bring an older session up to [`SCHEMA_VERSION`].
 /// 1 → 2: agent rows and per-VM scale factors (coordinated profiling).
@@ -73,6 +87,7 @@ pub(crate) fn create(conn: &Connection) -> rusqlite::Result<()> {
 /// those sessions cannot be sliced by time or CPU); guest kernels named
 /// `[guest.kernel.kallsyms]` and guest modules `[guest.NAME]`, apart from
 /// the host's `[kernel.kallsyms]` and modules.
+/// 3 → 4: host rows whose symbolization a recording deferred (`deferred_*`).
 pub(crate) fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
     if from < 2 {
         conn.execute_batch(
@@ -120,6 +135,14 @@ pub(crate) fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
         )?;
         tx.pragma_update(None, "user_version", 3)?;
         tx.commit()?;
+    }
+    if from < 4 {
+        // Only the writer that resolves deferred frames reads this table,
+        // and a version 3 session has none: a reader that cannot write
+        // (a read-only file) reads it as it is.
+        if conn.execute_batch(DEFERRED_FRAMES).is_ok() {
+            conn.pragma_update(None, "user_version", 4)?;
+        }
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vmscope_model::{
-    ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, INLINED_SUFFIX, KERNEL_IMAGE,
+    DeferredFrame, ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, INLINED_SUFFIX, KERNEL_IMAGE,
     UNKNOWN_IMAGE,
 };
 
@@ -192,20 +192,27 @@ impl KernelTable {
         self.cache.clear();
     }
 
+    /// The code registered at `addr` since the table was read, if any
+    /// (`module_image: false` names its image `image`).
+    fn dynamic_at(&self, addr: u64, image: &Arc<str>, module_image: bool) -> Option<Resolved> {
+        let (_, (end, img, name)) = self.dynamic.range(..=addr).next_back()?;
+        (addr < *end).then(|| {
+            let image = if module_image {
+                img.clone()
+            } else {
+                image.clone()
+            };
+            Resolved::named(image, name.clone())
+        })
+    }
+
     /// `module_image: false` names every symbol's image `image` (guests).
     fn resolve(&mut self, addr: u64, image: &Arc<str>, module_image: bool) -> Resolved {
         if let Some(r) = self.cache.get(&addr) {
             return r.clone();
         }
-        if let Some((_, (end, img, name))) = self.dynamic.range(..=addr).next_back() {
-            if addr < *end {
-                let image = if module_image {
-                    img.clone()
-                } else {
-                    image.clone()
-                };
-                return Resolved::named(image, name.clone());
-            }
+        if let Some(r) = self.dynamic_at(addr, image, module_image) {
+            return r;
         }
         let r = match self.syms.lookup_indexed(addr) {
             Some((idx, module, sym)) => {
@@ -278,10 +285,39 @@ impl FileDwarf {
     }
 }
 
+/// The frames a deferring symbolizer numbered ([`Symbolizer::deferred`]).
+/// A frame is looked up by integers only (its image's number, its address,
+/// its module's number; a named frame by the pointers of its names), so
+/// the path of a file is hashed once per mapping, not once per address.
+#[derive(Default)]
+struct DeferredTable {
+    frames: Vec<DeferredFrame>,
+    /// Frames before this index were handed out by
+    /// [`Symbolizer::take_new_deferred`].
+    taken: usize,
+    /// (image number, address, module number) → frame number; image 0 is
+    /// the host kernel, module 0 none.
+    later: FxMap<(u32, u64, u32), u32>,
+    /// (image name pointer, symbol pointer) → frame number; the names are
+    /// held by `frames`, so a pointer is never reused while it is here.
+    named: FxMap<(usize, usize), u32>,
+    /// File images by the pointers of their path and build-id (each value
+    /// holds both, so the pointers stay unique), then by their text.
+    images_by_ptr: FxMap<(usize, usize), (u32, FileKey)>,
+    images: FxMap<FileKey, u32>,
+    modules: FxMap<Arc<str>, u32>,
+}
+
 /// Resolves frames to (image, symbol) with caches; see the module docs.
 pub struct Symbolizer {
     opts: SymbolizerOptions,
     kernel: KernelTable,
+    /// Kernel module ranges from kernel mmap records (start, end, `[name]`):
+    /// the image of kernel addresses the kernel's symbols cannot name (a
+    /// recording from another machine).
+    modules: Vec<(u64, u64, Arc<str>)>,
+    /// Set when symbolization is deferred ([`Symbolizer::defer_frame`]).
+    deferred: Option<DeferredTable>,
     guests: HashMap<String, KernelTable>,
     files: FxMap<FileKey, Option<LoadedFile>>,
     cache: FxMap<NormalizedFrame, Resolved>,
@@ -316,24 +352,7 @@ impl Symbolizer {
         kernel: Result<Kallsyms, crate::SymbolError>,
         path: &std::path::Path,
     ) -> Symbolizer {
-        let anon_name: Arc<str> = ANON_IMAGE.into();
-        let guest_user: Arc<str> = GUEST_USER.into();
-        let unknown: Arc<str> = UNKNOWN_IMAGE.into();
-        let mut s = Symbolizer {
-            kernel: KernelTable::new(Kallsyms::default()),
-            guests: HashMap::new(),
-            files: FxMap::default(),
-            cache: FxMap::default(),
-            warnings: Vec::new(),
-            warned: HashSet::new(),
-            suppressed: 0,
-            kernel_image: KERNEL_IMAGE.into(),
-            guest_kernel_image: GUEST_KERNEL_IMAGE.into(),
-            anon: Resolved::named(anon_name.clone(), anon_name),
-            guest_user: Resolved::named(guest_user.clone(), guest_user),
-            unknown: Resolved::named(unknown.clone(), unknown),
-            opts,
-        };
+        let mut s = Symbolizer::bare(opts);
         match kernel {
             Ok(k) => {
                 if k.is_restricted() {
@@ -355,6 +374,52 @@ impl Symbolizer {
         s
     }
 
+    /// A symbolizer that defers: [`Symbolizer::defer_frame`] numbers
+    /// frames instead of naming them, reading nothing (no kallsyms, ELF or
+    /// DWARF); the numbered frames come from
+    /// [`Symbolizer::take_new_deferred`] and are named later by
+    /// [`Symbolizer::resolve_deferred`] of an ordinary symbolizer.
+    pub fn deferred(opts: SymbolizerOptions) -> Symbolizer {
+        let mut s = Symbolizer::bare(opts);
+        s.deferred = Some(DeferredTable::default());
+        s
+    }
+
+    /// A symbolizer with no kernel symbols (kernel addresses stay hex), for
+    /// frames recorded under another kernel; the caller says why.
+    pub fn without_kernel(opts: SymbolizerOptions) -> Symbolizer {
+        Symbolizer::bare(opts)
+    }
+
+    /// True for a symbolizer made by [`Symbolizer::deferred`].
+    pub fn is_deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// A symbolizer with no kernel symbols and no warnings.
+    fn bare(opts: SymbolizerOptions) -> Symbolizer {
+        let anon_name: Arc<str> = ANON_IMAGE.into();
+        let guest_user: Arc<str> = GUEST_USER.into();
+        let unknown: Arc<str> = UNKNOWN_IMAGE.into();
+        Symbolizer {
+            kernel: KernelTable::new(Kallsyms::default()),
+            modules: Vec::new(),
+            deferred: None,
+            guests: HashMap::new(),
+            files: FxMap::default(),
+            cache: FxMap::default(),
+            warnings: Vec::new(),
+            warned: HashSet::new(),
+            suppressed: 0,
+            kernel_image: KERNEL_IMAGE.into(),
+            guest_kernel_image: GUEST_KERNEL_IMAGE.into(),
+            anon: Resolved::named(anon_name.clone(), anon_name),
+            guest_user: Resolved::named(guest_user.clone(), guest_user),
+            unknown: Resolved::named(unknown.clone(), unknown),
+            opts,
+        }
+    }
+
     /// Kernel code registered (or, with `unregister`, removed) while
     /// recording: a BPF program (`bpf`: image `[bpf]`, as kallsyms names
     /// them) or other code such as a trampoline (`[kernel.kallsyms]`).
@@ -365,6 +430,20 @@ impl Symbolizer {
             self.kernel_image.clone()
         };
         self.kernel.set_dynamic(addr, len, image, name, unregister);
+    }
+
+    /// A kernel module's range from a kernel mmap record (`name` as
+    /// reports show it, `[ath9k]`): the image of the addresses in it that
+    /// the kernel's symbols cannot name.
+    pub fn add_kernel_module(&mut self, start: u64, end: u64, name: Arc<str>) {
+        self.modules.push((start, end, name));
+        self.modules.sort_by_key(|m| m.0);
+    }
+
+    /// The module [`Symbolizer::add_kernel_module`] put at `addr`.
+    fn module_at(&self, addr: u64) -> Option<&Arc<str>> {
+        let i = self.modules.partition_point(|m| m.0 <= addr);
+        (i > 0 && addr < self.modules[i - 1].1).then(|| &self.modules[i - 1].2)
     }
 
     /// Use `k` for [`ImageRef::GuestKernel`] frames of `domain`.
@@ -387,10 +466,136 @@ impl Symbolizer {
     /// kernel frames).
     pub fn resolve(&mut self, domain: &str, frame: &NormalizedFrame) -> Resolved {
         match &frame.image {
+            ImageRef::Kernel => {
+                let module = self.module_at(frame.addr).cloned();
+                self.resolve_kernel(frame.addr, module.as_ref())
+            }
+            _ => self.resolve_named(domain, frame),
+        }
+    }
+
+    /// The number of `frame` of `domain` in a deferring symbolizer
+    /// ([`Symbolizer::deferred`]): a host kernel address (other than code
+    /// registered while recording, [`Symbolizer::kernel_symbol`]) or a file
+    /// offset is left for later; any other frame is named now, which reads
+    /// nothing. Panics on a symbolizer that does not defer.
+    pub fn defer_frame(&mut self, domain: &str, frame: &NormalizedFrame) -> u32 {
+        match &frame.image {
+            ImageRef::Kernel => {
+                if let Some(r) = self.kernel.dynamic_at(frame.addr, &self.kernel_image, true) {
+                    return self.named_frame(r);
+                }
+                let module = self.module_at(frame.addr).cloned();
+                let t = self.deferred.as_mut().expect("a deferring symbolizer");
+                let m = match &module {
+                    None => 0,
+                    Some(m) => {
+                        let n = t.modules.len() as u32 + 1;
+                        *t.modules.entry(m.clone()).or_insert(n)
+                    }
+                };
+                let (later, frames) = (&mut t.later, &mut t.frames);
+                *later.entry((0, frame.addr, m)).or_insert_with(|| {
+                    frames.push(DeferredFrame::Later {
+                        frame: frame.clone(),
+                        module,
+                    });
+                    frames.len() as u32 - 1
+                })
+            }
+            ImageRef::File { path, build_id } => {
+                let t = self.deferred.as_mut().expect("a deferring symbolizer");
+                let ptrs = (
+                    Arc::as_ptr(path).cast::<u8>() as usize,
+                    build_id.as_ref().map_or(0, |b| Arc::as_ptr(b).cast::<u8>() as usize),
+                );
+                let image = match t.images_by_ptr.get(&ptrs) {
+                    Some((n, _)) => *n,
+                    None => {
+                        let key: FileKey = (path.clone(), build_id.clone());
+                        let next = t.images.len() as u32 + 1;
+                        let n = *t.images.entry(key.clone()).or_insert(next);
+                        t.images_by_ptr.insert(ptrs, (n, key));
+                        n
+                    }
+                };
+                let (later, frames) = (&mut t.later, &mut t.frames);
+                *later.entry((image, frame.addr, 0)).or_insert_with(|| {
+                    frames.push(DeferredFrame::Later {
+                        frame: frame.clone(),
+                        module: None,
+                    });
+                    frames.len() as u32 - 1
+                })
+            }
+            _ => {
+                let r = self.resolve_named(domain, frame);
+                self.named_frame(r)
+            }
+        }
+    }
+
+    /// The number of a frame named now.
+    fn named_frame(&mut self, r: Resolved) -> u32 {
+        let t = self.deferred.as_mut().expect("a deferring symbolizer");
+        let ptrs = (
+            Arc::as_ptr(&r.image).cast::<u8>() as usize,
+            Arc::as_ptr(&r.symbol).cast::<u8>() as usize,
+        );
+        let (named, frames) = (&mut t.named, &mut t.frames);
+        *named.entry(ptrs).or_insert_with(|| {
+            frames.push(DeferredFrame::Named {
+                image: r.image,
+                symbol: r.symbol,
+            });
+            frames.len() as u32 - 1
+        })
+    }
+
+    /// A host kernel address; `module`: the image when the kernel's symbols
+    /// do not name it ([`Symbolizer::add_kernel_module`]).
+    fn resolve_kernel(&mut self, addr: u64, module: Option<&Arc<str>>) -> Resolved {
+        let mut r = self.kernel.resolve(addr, &self.kernel_image, true);
+        if let Some(m) = module {
+            if r.symbol.starts_with("0x") {
+                r.image = m.clone();
+            }
+        }
+        r
+    }
+
+    /// The frames numbered since the last call, with their numbers.
+    pub fn take_new_deferred(&mut self) -> Vec<(u32, DeferredFrame)> {
+        let Some(t) = self.deferred.as_mut() else {
+            return Vec::new();
+        };
+        let from = t.taken;
+        t.taken = t.frames.len();
+        (from..t.frames.len())
+            .map(|i| (i as u32, t.frames[i].clone()))
+            .collect()
+    }
+
+    /// What a deferred frame stands for, as [`Symbolizer::resolve`] of a
+    /// symbolizer that did not defer would have answered when the frame
+    /// was recorded (the module it was in then included).
+    pub fn resolve_deferred(&mut self, f: &DeferredFrame) -> Resolved {
+        match f {
+            DeferredFrame::Named { image, symbol } => Resolved::named(image.clone(), symbol.clone()),
+            DeferredFrame::Later { frame, module } => match &frame.image {
+                ImageRef::Kernel => self.resolve_kernel(frame.addr, module.as_ref()),
+                _ => self.resolve_named("", frame),
+            },
+        }
+    }
+
+    /// [`Symbolizer::resolve`] of every frame but host kernel ones.
+    fn resolve_named(&mut self, domain: &str, frame: &NormalizedFrame) -> Resolved {
+        match &frame.image {
             ImageRef::Anon => self.anon.clone(),
             ImageRef::GuestUser => self.guest_user.clone(),
             ImageRef::Unknown => self.unknown.clone(),
-            ImageRef::Kernel => self.kernel.resolve(frame.addr, &self.kernel_image, true),
+            ImageRef::Kernel => self.resolve_kernel(frame.addr, None),
             ImageRef::GuestKernel => {
                 if let Some(t) = self.guests.get_mut(domain) {
                     return t.resolve(frame.addr, &self.guest_kernel_image, false);

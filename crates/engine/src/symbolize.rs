@@ -1,0 +1,262 @@
+//! Resolving what a recording left for the first read (docs/architecture.md
+//! §7.3): `record` (by default) gives host kernel and file frames tokens
+//! instead of names ([`vmscope_model::deferred`]), so recording reads no
+//! kallsyms, ELF or DWARF; [`resolve_pending`] names them once, when a
+//! session is first read, with the symbolizer options the recording used
+//! (stored in its metadata by [`store_options`]).
+//!
+//! Kernel addresses are resolved with this kernel's symbols only when the
+//! session was recorded on this boot (`meta.boot_id`; module and BPF
+//! addresses move with every boot): otherwise they stay hex, said in a
+//! warning. Files are looked up by path and build-id as when recording; a
+//! file replaced since is found by its build-id in the debug directories or
+//! stays hex, said in a warning (as `perf report` does).
+
+use crate::EngineError;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use std::sync::Arc;
+use vmscope_model::{AggKey, DeferredFrame, ImageRef, NO_STACK};
+use vmscope_store::{PendingSymbols, SessionWriter};
+use vmscope_symbols::{Resolved, Symbolizer, SymbolizerOptions};
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Store what [`resolve_pending`] needs to resolve a session's deferred
+/// frames as the recording would have: this boot's id and the symbolizer
+/// options.
+pub fn store_options(w: &SessionWriter, opts: &SymbolizerOptions) -> Result<(), EngineError> {
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    w.set_meta("boot_id", &boot_id())?;
+    w.set_meta("symbols_kallsyms", &path(&opts.kallsyms).unwrap_or_default())?;
+    w.set_meta("symbols_symfs", &path(&opts.symfs).unwrap_or_default())?;
+    let dirs: Vec<String> = opts
+        .debug_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    w.set_meta("symbols_debug_dirs", &dirs.join("\n"))?;
+    Ok(())
+}
+
+/// The symbolizer options [`store_options`] stored (defaults for keys a
+/// session does not have), with the on-disk line cache of this host.
+fn stored_options(p: &PendingSymbols) -> Result<SymbolizerOptions, EngineError> {
+    let some_path = |v: Option<String>| v.filter(|s| !s.is_empty()).map(PathBuf::from);
+    let mut opts = SymbolizerOptions {
+        kallsyms: some_path(p.meta("symbols_kallsyms")?),
+        symfs: some_path(p.meta("symbols_symfs")?),
+        line_cache: vmscope_symbols::linecache::default_dir(),
+        ..SymbolizerOptions::default()
+    };
+    if let Some(d) = p.meta("symbols_debug_dirs")? {
+        opts.debug_dirs = d.lines().filter(|l| !l.is_empty()).map(PathBuf::from).collect();
+    }
+    Ok(opts)
+}
+
+/// What [`resolve_pending`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Resolution {
+    /// Distinct frames named.
+    pub frames: usize,
+    /// Distinct stacks.
+    pub stacks: usize,
+    /// Rows written into `samples`.
+    pub rows: usize,
+    /// Files whose symbols were read.
+    pub files: usize,
+    pub seconds: f64,
+    /// What resolving met (also added to the session's warnings).
+    pub warnings: Vec<String>,
+}
+
+/// The collapsed text of a stack (root first) from its frames (the sampled
+/// end first), each frame followed by the functions inlined at it: the
+/// text `Converter::resolve_stack` makes of the same frames.
+fn stack_text(ids: &[u32], resolved: &HashMap<u32, Resolved>) -> Result<String, u32> {
+    let mut parts: Vec<&str> = Vec::with_capacity(ids.len() * 2);
+    for id in ids {
+        let r = resolved.get(id).ok_or(*id)?;
+        if let Some(inl) = &r.inlined {
+            parts.extend(inl.iter().rev().map(|f| &**f));
+        }
+        parts.push(&r.symbol);
+    }
+    parts.reverse();
+    Ok(parts.join(";"))
+}
+
+/// Resolve the frames the recording of the session at `path` left for the
+/// first read, if it left any (else `Ok(None)`, writing nothing), and
+/// write its rows with their names. `progress` hears what is being done.
+/// The session's one-writer lock is held meanwhile: a recording still
+/// writing it is an error naming it, and a second reader waits for the
+/// first and then finds nothing to do.
+pub fn resolve_pending(
+    path: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<Resolution>, EngineError> {
+    let Some(mut p) = PendingSymbols::open(path)? else {
+        return Ok(None);
+    };
+    let t0 = Instant::now();
+    let opts = stored_options(&p)?;
+    let frames = p.frames()?;
+    progress(&format!(
+        "resolving the symbols of {} addresses (left for the first read by the recording)",
+        frames.len()
+    ));
+    let mut warnings = Vec::new();
+    let kernel_frames = frames.iter().any(|(_, f)| {
+        matches!(f, DeferredFrame::Later { frame, .. } if matches!(frame.image, ImageRef::Kernel))
+    });
+    let recorded_boot = p.meta("boot_id")?.unwrap_or_default();
+    let this_boot = boot_id();
+    let mut sym = if kernel_frames && opts.kallsyms.is_none() && recorded_boot != this_boot {
+        warnings.push(format!(
+            "recorded on another boot of the kernel (boot id {}, this one {}): kernel \
+             addresses stay hex; resolve the session on the host that recorded it before \
+             it reboots, or record with --symbolize now",
+            if recorded_boot.is_empty() {
+                "unknown"
+            } else {
+                &recorded_boot
+            },
+            this_boot
+        ));
+        Symbolizer::without_kernel(opts)
+    } else if kernel_frames {
+        Symbolizer::new(opts)
+    } else {
+        // No kernel frame: no kallsyms to read.
+        Symbolizer::without_kernel(opts)
+    };
+    let mut resolved: HashMap<u32, Resolved> = HashMap::with_capacity(frames.len());
+    for (id, f) in &frames {
+        resolved.insert(*id, sym.resolve_deferred(f));
+    }
+    let strings: HashMap<u32, Arc<str>> = p.strings()?.into_iter().collect();
+    let damaged = |table: &'static str, what: String| vmscope_store::StoreError::Damaged {
+        path: path.to_path_buf(),
+        table,
+        what,
+    };
+    let stacks = p.stacks()?;
+    let mut texts: HashMap<u32, Arc<str>> = HashMap::with_capacity(stacks.len() + 1);
+    texts.insert(NO_STACK, Arc::from(""));
+    for (id, ids) in &stacks {
+        let text = stack_text(ids, &resolved).map_err(|f| {
+            damaged(
+                "deferred_stacks",
+                format!("has stack {id} with frame {f}, which deferred_frames does not have"),
+            )
+        })?;
+        texts.insert(*id, text.into());
+    }
+    progress(&format!(
+        "writing the named rows of {} flushes",
+        p.row_blocks()?
+    ));
+    let mut written = 0usize;
+    p.for_each_row_block(|p, rows| {
+        let mut named = Vec::with_capacity(rows.len());
+        for (k, n, period) in rows {
+            let leaf = resolved.get(&k.leaf).ok_or_else(|| {
+                damaged(
+                    "deferred_rows",
+                    format!("has a row with frame {}, which deferred_frames does not have", k.leaf),
+                )
+            })?;
+            let string = |id: u32| {
+                strings.get(&id).cloned().ok_or_else(|| {
+                    damaged(
+                        "deferred_rows",
+                        format!("has a row with string {id}, which deferred_strings does not have"),
+                    )
+                })
+            };
+            let stack = texts.get(&k.stack).cloned().ok_or_else(|| {
+                damaged(
+                    "deferred_rows",
+                    format!("has a row with stack {}, which deferred_stacks does not have", k.stack),
+                )
+            })?;
+            named.push((
+                AggKey {
+                    event: k.event,
+                    domain: string(k.domain)?,
+                    context: k.context,
+                    process: string(k.process)?,
+                    image: leaf.image.clone(),
+                    symbol: leaf.symbol.clone(),
+                    stack,
+                    srcline: leaf.srcline.clone(),
+                    second: k.second,
+                    cpu: k.cpu,
+                },
+                n,
+                period,
+            ));
+        }
+        written += named.len();
+        p.add_rows(&named)
+    })?;
+    let _ = sym.save_line_cache();
+    // Sorted as a recording's own warnings are.
+    let mut found = sym.warnings();
+    found.sort();
+    found.dedup();
+    warnings.extend(found);
+    let build_ids = sym.build_ids();
+    let r = Resolution {
+        frames: frames.len(),
+        stacks: stacks.len(),
+        rows: written,
+        files: build_ids.len(),
+        seconds: 0.0,
+        warnings: warnings.clone(),
+    };
+    p.finish(&build_ids, &warnings)?;
+    Ok(Some(Resolution {
+        seconds: t0.elapsed().as_secs_f64(),
+        ..r
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stack_reads_root_first_with_what_is_inlined_after_its_frame() {
+        let mut m = HashMap::new();
+        m.insert(
+            3,
+            Resolved {
+                image: "/bin/x".into(),
+                symbol: "outer".into(),
+                srcline: "x.c:1".into(),
+                inlined: Some(Arc::from(vec![
+                    Arc::<str>::from("a (inlined)"),
+                    Arc::<str>::from("b (inlined)"),
+                ])),
+            },
+        );
+        m.insert(4, Resolved::named("[kernel.kallsyms]".into(), "k".into()));
+        m.insert(5, Resolved::named("/bin/x".into(), "main".into()));
+        // Sampled end first: k, then outer (with a and b inlined), then main.
+        assert_eq!(
+            stack_text(&[4, 3, 5], &m).unwrap(),
+            "main;outer;a (inlined);b (inlined);k"
+        );
+        assert_eq!(stack_text(&[5], &m).unwrap(), "main");
+        assert_eq!(stack_text(&[9], &m), Err(9));
+    }
+}

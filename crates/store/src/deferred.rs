@@ -1,0 +1,760 @@
+//! Symbols left for the first read (docs/architecture.md §7.3).
+//!
+//! A recording that defers symbolization ([`vmscope_model::deferred`])
+//! stores its host rows as numbers: `deferred_strings` (the texts: domain
+//! and process names, paths, hex build-ids, module and symbol names), and
+//! per flush one block each of frames (what each frame number stands for),
+//! stacks (their frame numbers) and rows, varint-encoded; and it marks the
+//! session (`meta.symbols = 'deferred'`). A few blobs per flush instead of
+//! one SQLite row per key, frame and stack is what makes such a recording
+//! cheap: under exec churn a 10 s recording has about as many keys as
+//! samples.
+//!
+//! - [`SessionWriter::add_raw`] stores a [`RawDelta`] (in the flush's
+//!   transaction when called inside [`SessionWriter::batch`]), so a killed
+//!   recorder's partial file can still be resolved.
+//! - [`PendingSymbols`] is the one writer that resolves them: it takes the
+//!   session's one-writer lock (a recording into the session is an error
+//!   naming it; a second reader resolving the same session waits for the
+//!   first and then finds nothing to do) and an SQLite write transaction,
+//!   hands out the strings, frames, stacks and rows, takes the named rows
+//!   back into `samples` (summed with equal keys, stacks interned with the
+//!   session's own), and in one commit empties the deferred tables and
+//!   removes the mark. A failure leaves the session as it was.
+//!
+//! It knows nothing of symbol tables: the caller (the engine) resolves.
+
+use crate::output::{lock_path, partial_path, WriterLock};
+use crate::{sql_err, Result, SessionWriter, StoreError};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use std::collections::HashMap;
+use vmscope_model::{
+    AggKey, Context, DeferredFrame, ImageRef, NormalizedFrame, Profile, RawDelta, RawFrame,
+    RawRowKey,
+};
+
+/// `meta.symbols` of a session whose frames are not all resolved yet.
+pub const SYMBOLS_DEFERRED: &str = "deferred";
+
+/// How long [`PendingSymbols::open`] waits for another process that is
+/// resolving the same session.
+const BUSY_WAIT: Duration = Duration::from_secs(300);
+
+/// What a resolving reader writes in the session's lock file.
+const RESOLVER: &str = "vmscope: resolving deferred symbols";
+
+fn unhex(text: &str) -> Option<Arc<[u8]>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()
+        .map(Into::into)
+}
+
+/// LEB128: 7 bits a byte, low first.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The next varint of `bytes` from `*at`, or `None` at a truncated or
+/// over-long one.
+fn get_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *bytes.get(*at)?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn context_index(c: Context) -> u64 {
+    Context::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64
+}
+
+/// A blob of rows as [`SessionWriter::add_raw`] writes it.
+fn encode_rows(rows: &[(RawRowKey, u64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.len() * 16);
+    for (k, n, p) in rows {
+        for v in [
+            u64::from(k.second),
+            u64::from(k.cpu),
+            u64::from(k.event),
+            context_index(k.context),
+            u64::from(k.domain),
+            u64::from(k.process),
+            u64::from(k.leaf),
+            u64::from(k.stack),
+            *n,
+            *p,
+        ] {
+            put_varint(&mut out, v);
+        }
+    }
+    out
+}
+
+/// The rows of a blob, or `None` if it is damaged.
+fn decode_rows(bytes: &[u8]) -> Option<Vec<(RawRowKey, u64, u64)>> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    let u32_at = |at: &mut usize| u32::try_from(get_varint(bytes, at)?).ok();
+    while at < bytes.len() {
+        let second = u32_at(&mut at)?;
+        let cpu = u32_at(&mut at)?;
+        let event = u32_at(&mut at)?;
+        let context = *Context::ALL.get(usize::try_from(get_varint(bytes, &mut at)?).ok()?)?;
+        let domain = u32_at(&mut at)?;
+        let process = u32_at(&mut at)?;
+        let leaf = u32_at(&mut at)?;
+        let stack = u32_at(&mut at)?;
+        let n = get_varint(bytes, &mut at)?;
+        let p = get_varint(bytes, &mut at)?;
+        out.push((
+            RawRowKey {
+                second,
+                cpu,
+                event,
+                context,
+                domain,
+                process,
+                leaf,
+                stack,
+            },
+            n,
+            p,
+        ));
+    }
+    Some(out)
+}
+
+/// A block of stacks: per stack its number, its length and its frames.
+fn encode_stacks(stacks: &[(u32, Box<[u32]>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(stacks.len() * 24);
+    for (id, frames) in stacks {
+        put_varint(&mut out, u64::from(*id));
+        put_varint(&mut out, frames.len() as u64);
+        for &f in frames.iter() {
+            put_varint(&mut out, u64::from(f));
+        }
+    }
+    out
+}
+
+fn decode_stacks(bytes: &[u8]) -> Option<Vec<(u32, Vec<u32>)>> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    let u32_at = |at: &mut usize| u32::try_from(get_varint(bytes, at)?).ok();
+    while at < bytes.len() {
+        let id = u32_at(&mut at)?;
+        let len = usize::try_from(get_varint(bytes, &mut at)?).ok()?;
+        // Each frame takes a byte at least: a length past the end is damage.
+        if len > bytes.len() - at {
+            return None;
+        }
+        let mut frames = Vec::with_capacity(len);
+        for _ in 0..len {
+            frames.push(u32_at(&mut at)?);
+        }
+        out.push((id, frames));
+    }
+    Some(out)
+}
+
+/// A block of frames: per frame its number, its kind (0 kernel, 1 file,
+/// 2 named) and its fields; an optional string number is stored plus one
+/// (0: none).
+fn encode_frames(frames: &[(u32, RawFrame)]) -> Vec<u8> {
+    let opt = |v: Option<u32>| v.map_or(0, |v| u64::from(v) + 1);
+    let mut out = Vec::with_capacity(frames.len() * 12);
+    for (id, f) in frames {
+        put_varint(&mut out, u64::from(*id));
+        match *f {
+            RawFrame::Kernel { addr, module } => {
+                put_varint(&mut out, 0);
+                put_varint(&mut out, addr);
+                put_varint(&mut out, opt(module));
+            }
+            RawFrame::File {
+                path,
+                build_id,
+                offset,
+            } => {
+                put_varint(&mut out, 1);
+                put_varint(&mut out, u64::from(path));
+                put_varint(&mut out, opt(build_id));
+                put_varint(&mut out, offset);
+            }
+            RawFrame::Named { image, symbol } => {
+                put_varint(&mut out, 2);
+                put_varint(&mut out, u64::from(image));
+                put_varint(&mut out, u64::from(symbol));
+            }
+        }
+    }
+    out
+}
+
+fn decode_frames(bytes: &[u8]) -> Option<Vec<(u32, RawFrame)>> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    let u32_at = |at: &mut usize| u32::try_from(get_varint(bytes, at)?).ok();
+    let opt_at = |at: &mut usize| -> Option<Option<u32>> {
+        match get_varint(bytes, at)? {
+            0 => Some(None),
+            v => Some(Some(u32::try_from(v - 1).ok()?)),
+        }
+    };
+    while at < bytes.len() {
+        let id = u32_at(&mut at)?;
+        let f = match get_varint(bytes, &mut at)? {
+            0 => RawFrame::Kernel {
+                addr: get_varint(bytes, &mut at)?,
+                module: opt_at(&mut at)?,
+            },
+            1 => RawFrame::File {
+                path: u32_at(&mut at)?,
+                build_id: opt_at(&mut at)?,
+                offset: get_varint(bytes, &mut at)?,
+            },
+            2 => RawFrame::Named {
+                image: u32_at(&mut at)?,
+                symbol: u32_at(&mut at)?,
+            },
+            _ => return None,
+        };
+        out.push((id, f));
+    }
+    Some(out)
+}
+
+impl SessionWriter {
+    /// Store what a deferring converter added ([`RawDelta`]); inside
+    /// [`SessionWriter::batch`] it joins the flush's transaction. The first
+    /// call that stores anything marks the session's symbols as pending
+    /// (`meta.symbols`).
+    pub fn add_raw(&mut self, d: &RawDelta) -> Result<()> {
+        if d.is_empty() {
+            return Ok(());
+        }
+        let first = !self.deferred;
+        let write = |tx: &Connection| -> rusqlite::Result<()> {
+            if first {
+                tx.execute(
+                    "INSERT INTO meta(key, value) VALUES ('symbols', ?1)
+                     ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    params![SYMBOLS_DEFERRED],
+                )?;
+            }
+            let mut st = tx.prepare_cached("INSERT INTO deferred_strings(id, text) VALUES (?1, ?2)")?;
+            for (id, text) in &d.strings {
+                st.execute(params![i64::from(*id), &**text])?;
+            }
+            for (table, data) in [
+                ("deferred_frames", (!d.frames.is_empty()).then(|| encode_frames(&d.frames))),
+                ("deferred_stacks", (!d.stacks.is_empty()).then(|| encode_stacks(&d.stacks))),
+                ("deferred_rows", (!d.rows.is_empty()).then(|| encode_rows(&d.rows))),
+            ] {
+                if let Some(data) = data {
+                    tx.prepare_cached(&format!("INSERT INTO {table}(data) VALUES (?1)"))?
+                        .execute([data])?;
+                }
+            }
+            Ok(())
+        };
+        if self.bulk_tx.get() || self.in_batch {
+            // Inside the bulk load's or a batch's transaction.
+            write(&self.conn).map_err(sql_err(&self.path))?;
+        } else {
+            self.write_tx(write)?;
+        }
+        self.deferred = true;
+        Ok(())
+    }
+}
+
+/// A session whose deferred frames are being resolved; see the module docs.
+pub struct PendingSymbols {
+    /// Joins the transaction `open` began; `finish` commits it.
+    writer: SessionWriter,
+    _lock: WriterLock,
+}
+
+/// The session file whose one-writer lock guards `path`: a recording's
+/// partial file is guarded by its target's lock.
+fn guarded_target(path: &Path) -> PathBuf {
+    let s = path.to_string_lossy();
+    match s.strip_suffix(".partial") {
+        Some(t) if partial_path(Path::new(t)) == path => PathBuf::from(t),
+        _ => path.to_path_buf(),
+    }
+}
+
+fn cannot_write(path: &Path, what: String) -> StoreError {
+    StoreError::SymbolsPending {
+        path: path.to_path_buf(),
+        why: format!(
+            "{what}: run the report once where the session can be written, or record with \
+             --symbolize now"
+        ),
+    }
+}
+
+impl PendingSymbols {
+    /// Open the session at `path` to resolve its deferred frames: `None`
+    /// when it has none (left, or resolved by another reader meanwhile).
+    /// Fails naming the process when a recording is writing it, and when
+    /// the file cannot be written (its names cannot be stored).
+    pub fn open(path: &Path) -> Result<Option<PendingSymbols>> {
+        // A quick look first: most sessions have nothing pending, and a
+        // reader of those must not need to write anything (not even a lock).
+        if !Self::pending_at(path)? {
+            return Ok(None);
+        }
+        let target = guarded_target(path);
+        let lock = Self::lock(&target, path).map_err(|e| match e {
+            StoreError::Locked { pid, command, .. } => StoreError::SymbolsPending {
+                path: path.to_path_buf(),
+                why: format!(
+                    "it is being written by {}: its symbols are resolved by the first read \
+                     after that ends",
+                    crate::writer_text(pid, &command)
+                ),
+            },
+            StoreError::NotWritable { source, .. } => cannot_write(
+                path,
+                format!(
+                    "the lock file {} cannot be made ({source})",
+                    lock_path(&target).display()
+                ),
+            ),
+            other => other,
+        })?;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| {
+            cannot_write(
+                path,
+                format!("it cannot be opened for writing ({})", crate::sqlite_text(&e)),
+            )
+        })?;
+        conn.busy_timeout(BUSY_WAIT).map_err(sql_err(path))?;
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| {
+            cannot_write(
+                path,
+                format!("it cannot be written ({})", crate::sqlite_text(&e)),
+            )
+        })?;
+        let writer = SessionWriter::resume(conn, path)?;
+        let p = PendingSymbols {
+            writer,
+            _lock: lock,
+        };
+        // Resolved by another reader while we waited: nothing to do.
+        if p.meta("symbols")?.as_deref() != Some(SYMBOLS_DEFERRED) {
+            return Ok(None);
+        }
+        Ok(Some(p))
+    }
+
+    /// The session's one-writer lock, waiting (up to [`BUSY_WAIT`]) while
+    /// another reader holds it to resolve the same session; a recording
+    /// that holds it is an error at once.
+    fn lock(target: &Path, path: &Path) -> Result<WriterLock> {
+        let deadline = std::time::Instant::now() + BUSY_WAIT;
+        loop {
+            match WriterLock::acquire(target, path, RESOLVER) {
+                Err(StoreError::Locked { command, .. })
+                    // An empty command: the holder has not written it yet.
+                    if (command == RESOLVER || command.is_empty())
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Whether the session at `path` has frames left to resolve, read
+    /// without writing anything.
+    pub fn pending_at(path: &Path) -> Result<bool> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql_err(path))?;
+        let has_meta: Option<String> = conn
+            .query_row(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql_err(path))?;
+        if has_meta.is_none() {
+            return Ok(false);
+        }
+        let v: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'symbols'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql_err(path))?;
+        Ok(v.as_deref() == Some(SYMBOLS_DEFERRED))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.writer.path
+    }
+
+    fn conn(&self) -> &Connection {
+        &self.writer.conn
+    }
+
+    fn damaged(&self, table: &'static str, what: String) -> StoreError {
+        StoreError::Damaged {
+            path: self.path().to_path_buf(),
+            table,
+            what,
+        }
+    }
+
+    /// A metadata value of the session.
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        self.conn()
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(sql_err(self.path()))
+    }
+
+    /// The domain and process names by number.
+    pub fn strings(&self) -> Result<Vec<(u32, Arc<str>)>> {
+        let mut st = self
+            .conn()
+            .prepare("SELECT id, text FROM deferred_strings ORDER BY id")
+            .map_err(sql_err(self.path()))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql_err(self.path()))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, text) = row.map_err(sql_err(self.path()))?;
+            let id = u32::try_from(id)
+                .map_err(|_| self.damaged("deferred_strings", format!("has string id {id}")))?;
+            out.push((id, text.into()));
+        }
+        Ok(out)
+    }
+
+    /// The blocks of `table` (`deferred_frames`, `_stacks`, `_rows`), in
+    /// the order stored, each decoded by `decode`.
+    fn blocks<T>(
+        &self,
+        table: &'static str,
+        what: &str,
+        decode: impl Fn(&[u8]) -> Option<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let mut st = self
+            .conn()
+            .prepare(&format!("SELECT block, data FROM {table} ORDER BY block"))
+            .map_err(sql_err(self.path()))?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .map_err(sql_err(self.path()))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (block, data) = row.map_err(sql_err(self.path()))?;
+            out.extend(decode(&data).ok_or_else(|| {
+                self.damaged(table, format!("has block {block} whose {what} cannot be read"))
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// Every deferred frame with its number, its texts looked up. A frame
+    /// the model cannot read (a damaged file) is an error naming the table.
+    pub fn frames(&self) -> Result<Vec<(u32, DeferredFrame)>> {
+        let strings: HashMap<u32, Arc<str>> = self.strings()?.into_iter().collect();
+        let raw = self.blocks("deferred_frames", "frames", decode_frames)?;
+        let text = |id: u32, frame: u32| {
+            strings.get(&id).cloned().ok_or_else(|| {
+                self.damaged(
+                    "deferred_frames",
+                    format!("has frame {frame} with string {id}, which deferred_strings does not have"),
+                )
+            })
+        };
+        let mut out = Vec::with_capacity(raw.len());
+        for (id, f) in raw {
+            let f = match f {
+                RawFrame::Kernel { addr, module } => DeferredFrame::Later {
+                    frame: NormalizedFrame {
+                        image: ImageRef::Kernel,
+                        addr,
+                    },
+                    module: module.map(|m| text(m, id)).transpose()?,
+                },
+                RawFrame::File {
+                    path,
+                    build_id,
+                    offset,
+                } => {
+                    let build_id = match build_id {
+                        None => None,
+                        Some(b) => {
+                            let hex = text(b, id)?;
+                            Some(unhex(&hex).ok_or_else(|| {
+                                self.damaged(
+                                    "deferred_frames",
+                                    format!("has frame {id} with build-id '{hex}', not hex"),
+                                )
+                            })?)
+                        }
+                    };
+                    DeferredFrame::Later {
+                        frame: NormalizedFrame {
+                            image: ImageRef::File {
+                                path: text(path, id)?,
+                                build_id,
+                            },
+                            addr: offset,
+                        },
+                        module: None,
+                    }
+                }
+                RawFrame::Named { image, symbol } => DeferredFrame::Named {
+                    image: text(image, id)?,
+                    symbol: text(symbol, id)?,
+                },
+            };
+            out.push((id, f));
+        }
+        Ok(out)
+    }
+
+    /// Every stack: its number and its frame numbers, the sampled end first.
+    pub fn stacks(&self) -> Result<Vec<(u32, Vec<u32>)>> {
+        self.blocks("deferred_stacks", "stacks", decode_stacks)
+    }
+
+    /// The number of blocks of rows (one per flush of the recording).
+    pub fn row_blocks(&self) -> Result<usize> {
+        self.conn()
+            .query_row("SELECT count(*) FROM deferred_rows", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as usize)
+            .map_err(sql_err(self.path()))
+    }
+
+    /// Call `f` with the rows of each block in turn, in the order stored
+    /// (one block in memory at a time).
+    pub fn for_each_row_block(
+        &mut self,
+        mut f: impl FnMut(&mut Self, Vec<(RawRowKey, u64, u64)>) -> Result<()>,
+    ) -> Result<()> {
+        let ids: Vec<i64> = {
+            let mut st = self
+                .conn()
+                .prepare("SELECT block FROM deferred_rows ORDER BY block")
+                .map_err(sql_err(self.path()))?;
+            let rows = st
+                .query_map([], |r| r.get(0))
+                .map_err(sql_err(self.path()))?;
+            rows.collect::<rusqlite::Result<_>>()
+                .map_err(sql_err(self.path()))?
+        };
+        for id in ids {
+            let blob: Vec<u8> = self
+                .conn()
+                .query_row("SELECT data FROM deferred_rows WHERE block = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .map_err(sql_err(self.path()))?;
+            let rows = decode_rows(&blob).ok_or_else(|| {
+                self.damaged(
+                    "deferred_rows",
+                    format!("has block {id} whose rows cannot be read"),
+                )
+            })?;
+            f(self, rows)?;
+        }
+        Ok(())
+    }
+
+    /// Add named rows to the session's `samples` (summed with equal keys,
+    /// their stacks interned with the session's own).
+    pub fn add_rows(&mut self, rows: &[(AggKey, u64, u64)]) -> Result<()> {
+        self.writer.flush_with_rows(&Profile::new(), rows)
+    }
+
+    /// Record the build-ids (path, hex) of the files the names came from
+    /// and what resolving met (added to the session's warnings), empty the
+    /// deferred tables and remove the mark, in the one commit of everything
+    /// since [`PendingSymbols::open`].
+    pub fn finish(self, build_ids: &[(String, String)], warnings: &[String]) -> Result<()> {
+        let r = self.write_end(build_ids, warnings);
+        let c = &self.writer.conn;
+        match r {
+            Ok(()) => c.execute_batch("COMMIT").map_err(sql_err(self.path())),
+            Err(e) => {
+                let _ = c.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    fn write_end(&self, build_ids: &[(String, String)], warnings: &[String]) -> Result<()> {
+        let c = self.conn();
+        let e = sql_err(self.path());
+        {
+            let mut st = c
+                .prepare(
+                    "INSERT INTO images(path, build_id) VALUES (?1, ?2)
+                     ON CONFLICT(path) DO UPDATE SET build_id = excluded.build_id",
+                )
+                .map_err(&e)?;
+            for (path, id) in build_ids {
+                st.execute(params![path, id]).map_err(&e)?;
+            }
+        }
+        if !warnings.is_empty() {
+            let old = self.meta("warnings")?.unwrap_or_default();
+            let mut all: Vec<&str> = old.lines().filter(|l| !l.is_empty()).collect();
+            for w in warnings {
+                if !all.contains(&w.as_str()) {
+                    all.push(w);
+                }
+            }
+            c.execute(
+                "INSERT INTO meta(key, value) VALUES ('warnings', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [all.join("\n")],
+            )
+            .map_err(&e)?;
+        }
+        c.execute_batch(
+            "DELETE FROM deferred_rows; DELETE FROM deferred_stacks;
+             DELETE FROM deferred_frames; DELETE FROM deferred_strings;
+             DELETE FROM meta WHERE key = 'symbols';",
+        )
+        .map_err(&e)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_and_stacks_round_trip_and_damage_is_seen() {
+        let rows = vec![
+            (
+                RawRowKey {
+                    second: 0,
+                    cpu: u32::MAX,
+                    event: 1,
+                    context: Context::ALL[7],
+                    domain: 0,
+                    process: 300,
+                    leaf: 70_000,
+                    stack: 0,
+                },
+                1,
+                u64::MAX,
+            ),
+            (
+                RawRowKey {
+                    second: 3600,
+                    cpu: 1,
+                    event: 0,
+                    context: Context::ALL[0],
+                    domain: 2,
+                    process: 0,
+                    leaf: 0,
+                    stack: u32::MAX,
+                },
+                12345,
+                1_000_000,
+            ),
+        ];
+        let blob = encode_rows(&rows);
+        assert_eq!(decode_rows(&blob), Some(rows));
+        assert_eq!(decode_rows(&blob[..blob.len() - 1]), None);
+        assert_eq!(decode_rows(&[0xff; 11]), None);
+        assert_eq!(decode_rows(&[]), Some(Vec::new()));
+        // A context index past the known ones.
+        let mut bad = Vec::new();
+        for v in [0, 0, 0, 99, 0, 0, 0, 0, 1, 1] {
+            put_varint(&mut bad, v);
+        }
+        assert_eq!(decode_rows(&bad), None);
+        let stacks: Vec<(u32, Box<[u32]>)> = vec![
+            (1, vec![0, 127, 128, 16_384, u32::MAX].into()),
+            (u32::MAX, vec![7].into()),
+        ];
+        let blob = encode_stacks(&stacks);
+        let back: Vec<(u32, Box<[u32]>)> = decode_stacks(&blob)
+            .unwrap()
+            .into_iter()
+            .map(|(i, f)| (i, f.into()))
+            .collect();
+        assert_eq!(back, stacks);
+        assert_eq!(decode_stacks(&blob[..blob.len() - 1]), None);
+        // A stack id past u32, and a length past the end of the block.
+        let mut big = Vec::new();
+        put_varint(&mut big, u64::from(u32::MAX) + 1);
+        assert_eq!(decode_stacks(&big), None);
+        assert_eq!(decode_stacks(&[1, 0x80, 0x80, 0x80, 0x08]), None);
+        let frames = vec![
+            (
+                0,
+                RawFrame::Kernel {
+                    addr: u64::MAX,
+                    module: None,
+                },
+            ),
+            (
+                1,
+                RawFrame::Kernel {
+                    addr: 0xffff_ffff_8100_0000,
+                    module: Some(0),
+                },
+            ),
+            (
+                2,
+                RawFrame::File {
+                    path: 3,
+                    build_id: Some(u32::MAX - 1),
+                    offset: 0x1234,
+                },
+            ),
+            (
+                u32::MAX,
+                RawFrame::Named {
+                    image: 5,
+                    symbol: 6,
+                },
+            ),
+        ];
+        let blob = encode_frames(&frames);
+        assert_eq!(decode_frames(&blob), Some(frames));
+        assert_eq!(decode_frames(&blob[..blob.len() - 1]), None);
+        assert_eq!(decode_frames(&[0, 9]), None);
+    }
+}
