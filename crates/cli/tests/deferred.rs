@@ -93,7 +93,10 @@ fn import_both_ways(data: &Path, extra: &[&str]) -> (tempfile::TempDir, Vec<Stri
         );
     }
     assert_eq!(meta(&later, "symbols").as_deref(), Some("deferred"));
-    assert!(count(&later, "SELECT count(*) FROM deferred_rows") > 0, "nothing was deferred");
+    assert!(
+        count(&later, "SELECT count(*) FROM deferred_rows") > 0,
+        "nothing was deferred"
+    );
     assert!(count(&later, "SELECT count(*) FROM deferred_frames") > 0);
     assert_eq!(count(&later, "SELECT count(*) FROM samples"), 0);
     assert_eq!(meta(&now, "symbols"), None);
@@ -118,7 +121,10 @@ fn import_both_ways(data: &Path, extra: &[&str]) -> (tempfile::TempDir, Vec<Stri
         differ.join("\n")
     );
     // Reports alike too, and the second report has nothing left to do.
-    for args in [&["--by", "image,symbol"][..], &["--format", "collapsed"][..]] {
+    for args in [
+        &["--by", "image,symbol"][..],
+        &["--format", "collapsed"][..],
+    ] {
         let r = |db: &Path| {
             let out = run_ok(vmscope().arg("report").arg(db).args(args));
             (
@@ -174,7 +180,16 @@ fn a_perf_data_of_this_host_resolves_later_as_it_does_at_once() {
     let data = dir.path().join("perf.data");
     run_ok(
         Command::new("perf")
-            .args(["record", "--buildid-mmap", "-F", "2000", "-g", "-q", "-a", "-o"])
+            .args([
+                "record",
+                "--buildid-mmap",
+                "-F",
+                "2000",
+                "-g",
+                "-q",
+                "-a",
+                "-o",
+            ])
             .arg(&data)
             .arg("--")
             .arg(bin())

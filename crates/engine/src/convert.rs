@@ -9,7 +9,7 @@ use vmscope_model::{
 use vmscope_symbols::{Resolved, Symbolizer};
 
 use crate::raw::RawRows;
-use crate::sample_cache::{CachedStack, KeyedStacks, RowAggregator, RowId, StackCache};
+use crate::sample_cache::{KeyedStacks, RowAggregator, RowId, StackCache};
 
 /// Counters of what the converter saw.
 #[derive(Debug, Clone, Default)]
@@ -101,10 +101,13 @@ pub struct Converter {
     guest_domains: std::collections::HashSet<Arc<str>>,
     unmonitored: std::collections::HashSet<Arc<str>>,
     /// Leaf and stack of recent samples (crate::sample_cache).
-    stacks: StackCache<CachedStack>,
+    stacks: StackCache,
     /// Rows of integers when the symbolizer defers (crate::raw): samples
     /// go there instead of `rows`.
     raw: Option<RawRows>,
+    /// Call chain vectors of converted batch samples, kept for the ring
+    /// reader to reuse ([`Converter::take_spent_chains`]) when asked.
+    spent: Option<Vec<Vec<(CpuMode, u64)>>>,
     /// Leaf and stack by the numbers import's reader gave samples.
     keyed: KeyedStacks,
     /// Rows of `delta` not yet added to it, by string identity.
@@ -149,6 +152,7 @@ impl Converter {
     pub fn new(symbolizer: Symbolizer, threads: ThreadMap) -> Converter {
         Converter {
             raw: symbolizer.is_deferred().then(RawRows::default),
+            spent: None,
             procs: ProcessTable::new(),
             threads,
             symbolizer,
@@ -347,39 +351,32 @@ impl Converter {
             }
             None => &s.callchain,
         };
-        let (leaf_id, stack_id) = match rr.cache.get(&attr.domain, s.pid, s.mode, s.ip, chain) {
-            Ok(v) => v,
-            Err(miss) => {
-                let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
-                let leaf_id = self.symbolizer.defer_frame(&attr.domain, &leaf);
-                rr.chain.clear();
-                for (i, &(mode, ip)) in chain.iter().enumerate() {
-                    // As in resolve_stack: return addresses point after
-                    // the call.
-                    let addr = if i > 0 && !mode.is_kernel() {
-                        ip.saturating_sub(1)
-                    } else {
-                        ip
-                    };
-                    let f = self.procs.normalize(s.pid, addr, mode);
-                    rr.chain.push(self.symbolizer.defer_frame(&attr.domain, &f));
-                }
-                let stack_id = if chain.is_empty() {
-                    NO_STACK
+        let cache_key = rr.cache.key(&attr.domain, s.pid, s.mode, s.ip, chain);
+        let cached = rr.cache.get(cache_key);
+        let (leaf_id, stack_id) = if let Some(v) = cached {
+            v
+        } else {
+            let leaf = leaf.unwrap_or_else(|| self.procs.normalize(s.pid, s.ip, s.mode));
+            let leaf_id = self.symbolizer.defer_frame(&attr.domain, &leaf);
+            rr.chain.clear();
+            for (i, &(mode, ip)) in chain.iter().enumerate() {
+                // As in resolve_stack: return addresses point after
+                // the call.
+                let addr = if i > 0 && !mode.is_kernel() {
+                    ip.saturating_sub(1)
                 } else {
-                    rr.stack()
+                    ip
                 };
-                rr.cache.insert(
-                    miss,
-                    &attr.domain,
-                    s.pid,
-                    s.mode,
-                    s.ip,
-                    chain,
-                    (leaf_id, stack_id),
-                );
-                (leaf_id, stack_id)
+                let f = self.procs.normalize(s.pid, addr, mode);
+                rr.chain.push(self.symbolizer.defer_frame(&attr.domain, &f));
             }
+            let stack_id = if chain.is_empty() {
+                NO_STACK
+            } else {
+                rr.stack()
+            };
+            rr.cache.insert(cache_key, (leaf_id, stack_id));
+            (leaf_id, stack_id)
         };
         let key = RawRowKey {
             second,
@@ -401,6 +398,25 @@ impl Converter {
     /// samples are converted before any other record is applied, so mmaps,
     /// execs and exits keep their order relative to samples.
     pub fn push_batch(&mut self, records: impl IntoIterator<Item = Record>) {
+        if self.raw.is_some() {
+            // Deferring, a sample seen before is a hash of its chain and
+            // two lookups (crate::raw): grouping the batch first would
+            // hash it as often and rarely groups anything under exec churn.
+            for r in records {
+                match r {
+                    Record::Sample(s) => {
+                        self.sample_weighted(&s, 1, s.period.max(1), None, None);
+                        if let Some(spent) = &mut self.spent {
+                            if s.callchain.capacity() > 0 {
+                                spent.push(s.callchain);
+                            }
+                        }
+                    }
+                    other => self.push(other),
+                }
+            }
+            return;
+        }
         let records = records.into_iter();
         let mut pending: FastMap<BatchKey, (SampleRecord, u64, u64)> =
             FastMap::with_capacity_and_hasher(records.size_hint().0, Default::default());
@@ -445,7 +461,29 @@ impl Converter {
         for (key, (mut s, n, period)) in pending.drain() {
             s.callchain = key.chain;
             self.sample_weighted(&s, n, period, None, None);
+            if let Some(spent) = &mut self.spent {
+                if s.callchain.capacity() > 0 {
+                    spent.push(s.callchain);
+                }
+            }
         }
+    }
+
+    /// True when its symbolizer defers: it keeps rows of numbers.
+    pub fn is_deferring(&self) -> bool {
+        self.raw.is_some()
+    }
+
+    /// Keep the call chain vectors of batch samples once converted, for
+    /// [`Converter::take_spent_chains`] (the recorder hands them back to
+    /// its ring reader, which allocated them).
+    pub fn keep_spent_chains(&mut self) {
+        self.spent.get_or_insert_with(Vec::new);
+    }
+
+    /// The chain vectors kept since the last call.
+    pub fn take_spent_chains(&mut self) -> Vec<Vec<(CpuMode, u64)>> {
+        self.spent.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// `raw`: the call chain as perf wrote it, instead of `s.callchain`.
@@ -584,10 +622,8 @@ impl Converter {
                     s.mode,
                     s.ip,
                     &s.callchain,
-                    CachedStack {
-                        leaf: resolved.clone(),
-                        stack: stack.clone(),
-                    },
+                    &resolved,
+                    &stack,
                 );
                 (resolved, stack)
             }

@@ -160,8 +160,7 @@ fn convert_pipelined(
     let (back_tx, back_rx) = sync_channel::<Vec<Item>>(BATCHES_IN_FLIGHT + 2);
     // Rows go to the store as the converter aggregated them (by string
     // identity): the upsert sums equal keys, so no stack text is hashed.
-    let (delta_tx, delta_rx) =
-        sync_channel::<(Profile, PendingRows, vmscope_model::RawDelta)>(1);
+    let (delta_tx, delta_rx) = sync_channel::<(Profile, PendingRows, vmscope_model::RawDelta)>(1);
     let (conv, read, stored) = std::thread::scope(|scope| {
         let reader = std::thread::Builder::new()
             .name("import-read".into())

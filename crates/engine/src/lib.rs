@@ -19,9 +19,9 @@ pub mod live;
 pub mod pipeline;
 #[cfg(feature = "host")]
 pub mod plan;
+mod raw;
 #[cfg(feature = "host")]
 pub mod record;
-mod raw;
 mod sample_cache;
 #[cfg(feature = "host")]
 pub mod symbolize;

@@ -31,11 +31,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use vmscope_model::{Profile, Record};
+use vmscope_model::{CpuMode, Profile, Record};
 
 /// Records handed over and not yet converted, at most: about 16 s of
 /// `-a -g -F 4000` samples on two CPUs, some tens of MiB.
 pub const MAX_IN_FLIGHT: usize = 1 << 17;
+
+/// Chain vectors on their way back at most; past it the converter frees
+/// them itself.
+const SPENT_MAX: usize = 1 << 16;
 
 enum Msg {
     Batch(Vec<Record>),
@@ -57,6 +61,10 @@ pub struct Taken {
 pub struct ConvertThread {
     tx: Option<Sender<Msg>>,
     done: Receiver<Taken>,
+    /// Call chain vectors of converted samples, back for reuse.
+    spent: Receiver<Vec<Vec<(CpuMode, u64)>>>,
+    /// Chain vectors sent back and not yet taken (bounded by [`SPENT_MAX`]).
+    spent_out: Arc<AtomicUsize>,
     /// Taken answers asked for and not yet received.
     outstanding: usize,
     /// Counters as of the last answer received.
@@ -84,6 +92,9 @@ impl ConvertThread {
     pub fn spawn_bounded(conv: Converter, limit: usize) -> Result<ConvertThread, EngineError> {
         let (tx, rx) = channel::<Msg>();
         let (done_tx, done) = channel::<Taken>();
+        let (spent_tx, spent) = channel::<Vec<Vec<(CpuMode, u64)>>>();
+        let spent_out = Arc::new(AtomicUsize::new(0));
+        let spent_count = spent_out.clone();
         let stats = conv.stats().clone();
         let in_flight = Arc::new(AtomicUsize::new(0));
         let counter = in_flight.clone();
@@ -91,12 +102,21 @@ impl ConvertThread {
             .name("vmscope-convert".into())
             .spawn(move || {
                 let mut conv = conv;
+                conv.keep_spent_chains();
                 for msg in rx {
                     match msg {
                         Msg::Batch(b) => {
                             let n = b.len();
                             conv.push_batch(b);
                             counter.fetch_sub(n, Ordering::AcqRel);
+                            // Back to the reader that allocated them (a
+                            // free on this thread is a cross-thread free).
+                            let chains = conv.take_spent_chains();
+                            if !chains.is_empty() && spent_count.load(Ordering::Acquire) < SPENT_MAX
+                            {
+                                spent_count.fetch_add(chains.len(), Ordering::AcqRel);
+                                let _ = spent_tx.send(chains);
+                            }
                         }
                         Msg::Take => {
                             let t = Taken {
@@ -115,6 +135,8 @@ impl ConvertThread {
         Ok(ConvertThread {
             tx: Some(tx),
             done,
+            spent,
+            spent_out,
             outstanding: 0,
             stats,
             handle: Some(handle),
@@ -214,6 +236,21 @@ impl ConvertThread {
         v
     }
 
+    /// Call chain vectors of converted samples, for the ring reader to
+    /// reuse (`Recorder::recycle_chains`); never blocks.
+    pub fn spent_chains(&mut self) -> Vec<Vec<(CpuMode, u64)>> {
+        let mut all = Vec::new();
+        for mut v in self.spent.try_iter() {
+            if all.is_empty() {
+                all = v;
+            } else {
+                all.append(&mut v);
+            }
+        }
+        self.spent_out.fetch_sub(all.len(), Ordering::AcqRel);
+        all
+    }
+
     /// Counters as of the last answer received.
     pub fn stats(&self) -> &ConverterStats {
         &self.stats
@@ -235,6 +272,88 @@ impl ConvertThread {
             .map_err(|_| EngineError::Invalid("the converter thread panicked".into()))?;
         let taken: Vec<Taken> = self.done.try_iter().collect();
         Ok((taken, conv))
+    }
+}
+
+/// Where a recording converts: on a helper thread ([`ConvertThread`]),
+/// because symbolizing reads symbol tables, or on the ring reader's own
+/// thread when symbolization is deferred (nothing is read then, and a
+/// sample's conversion is a few hash lookups: a second thread only added
+/// hand-overs, wake-ups and frees of the other thread's memory).
+pub enum Conversion {
+    Thread(Box<ConvertThread>),
+    Inline {
+        conv: Box<Converter>,
+        /// Answers to `ask`, taken by `try_taken`.
+        taken: Vec<Taken>,
+    },
+}
+
+impl Conversion {
+    /// A helper thread for a converter that symbolizes; the converter
+    /// itself for one that defers ([`vmscope_symbols::Symbolizer::deferred`]).
+    pub fn start(mut conv: Converter) -> Result<Conversion, EngineError> {
+        if conv.is_deferring() {
+            conv.keep_spent_chains();
+            Ok(Conversion::Inline {
+                conv: Box::new(conv),
+                taken: Vec::new(),
+            })
+        } else {
+            ConvertThread::spawn(conv).map(|t| Conversion::Thread(Box::new(t)))
+        }
+    }
+
+    /// [`ConvertThread::push_batch`].
+    pub fn push_batch(&mut self, batch: Vec<Record>) {
+        match self {
+            Conversion::Thread(t) => t.push_batch(batch),
+            Conversion::Inline { conv, .. } => conv.push_batch(batch),
+        }
+    }
+
+    /// [`ConvertThread::ask`]; inline, the answer is ready at once.
+    pub fn ask(&mut self) {
+        match self {
+            Conversion::Thread(t) => t.ask(),
+            Conversion::Inline { conv, taken } => taken.push(Taken {
+                delta: conv.take_delta(),
+                raw: conv.take_raw(),
+                stats: conv.stats().clone(),
+            }),
+        }
+    }
+
+    /// [`ConvertThread::try_taken`].
+    pub fn try_taken(&mut self) -> Vec<Taken> {
+        match self {
+            Conversion::Thread(t) => t.try_taken(),
+            Conversion::Inline { taken, .. } => std::mem::take(taken),
+        }
+    }
+
+    /// Chain vectors of converted samples for the ring reader to reuse.
+    pub fn spent_chains(&mut self) -> Vec<Vec<(CpuMode, u64)>> {
+        match self {
+            Conversion::Thread(t) => t.spent_chains(),
+            Conversion::Inline { conv, .. } => conv.take_spent_chains(),
+        }
+    }
+
+    /// Counters as of the last answer (inline: now).
+    pub fn stats(&self) -> &ConverterStats {
+        match self {
+            Conversion::Thread(t) => t.stats(),
+            Conversion::Inline { conv, .. } => conv.stats(),
+        }
+    }
+
+    /// [`ConvertThread::finish`].
+    pub fn finish(self) -> Result<(Vec<Taken>, Converter), EngineError> {
+        match self {
+            Conversion::Thread(t) => (*t).finish(),
+            Conversion::Inline { conv, taken } => Ok((taken, *conv)),
+        }
     }
 }
 

@@ -7,10 +7,11 @@
 //! numbered in it. Frames are numbered by the symbolizer
 //! ([`vmscope_symbols::Symbolizer::defer_frame`]).
 
-use crate::sample_cache::StackCache;
+use crate::sample_cache::Generations;
 use foldhash::fast::FixedState;
 use std::collections::HashMap;
 use std::sync::Arc;
+use vmscope_model::{CpuMode, Record};
 use vmscope_model::{DeferredFrame, ImageRef, RawDelta, RawFrame, RawRowKey};
 
 type FastMap<K, V> = HashMap<K, V, FixedState>;
@@ -28,10 +29,11 @@ pub(crate) struct RawRows {
     strings: FastMap<Arc<str>, u32>,
     new_strings: Vec<(u32, Arc<str>)>,
     stacks: FastMap<Box<[u32]>, u32>,
-    new_stacks: Vec<(u32, Box<[u32]>)>,
+    new_stacks: Vec<(u32, u32)>,
+    new_stack_frames: Vec<u32>,
     rows: FastMap<RawRowKey, (u64, u64)>,
     /// (leaf, stack) numbers of recently seen samples.
-    pub cache: StackCache<(u32, u32)>,
+    pub cache: SampleCache,
     /// The frame numbers of the chain being converted.
     pub chain: Vec<u32>,
 }
@@ -43,14 +45,13 @@ impl RawRows {
         if let Some((n, _)) = self.strings_by_ptr.get(&ptr) {
             return *n;
         }
-        let n = match self.strings.get(s) {
-            Some(n) => *n,
-            None => {
-                let n = self.strings.len() as u32;
-                self.strings.insert(s.clone(), n);
-                self.new_strings.push((n, s.clone()));
-                n
-            }
+        let n = if let Some(n) = self.strings.get(s) {
+            *n
+        } else {
+            let n = self.strings.len() as u32;
+            self.strings.insert(s.clone(), n);
+            self.new_strings.push((n, s.clone()));
+            n
         };
         if self.strings_by_ptr.len() >= PTR_LIMIT {
             self.strings_by_ptr.clear();
@@ -66,9 +67,9 @@ impl RawRows {
             return *n;
         }
         let n = self.stacks.len() as u32 + 1;
-        let frames: Box<[u32]> = self.chain.as_slice().into();
-        self.stacks.insert(frames.clone(), n);
-        self.new_stacks.push((n, frames));
+        self.stacks.insert(self.chain.as_slice().into(), n);
+        self.new_stacks.push((n, self.chain.len() as u32));
+        self.new_stack_frames.extend_from_slice(&self.chain);
         n
     }
 
@@ -106,16 +107,93 @@ impl RawRows {
     /// What was added since the last take, with `frames` (the symbolizer's
     /// frames numbered since then).
     pub fn take(&mut self, frames: Vec<(u32, DeferredFrame)>) -> RawDelta {
-        let frames = frames
-            .iter()
-            .map(|(id, f)| (*id, self.frame(f)))
-            .collect();
+        let frames = frames.iter().map(|(id, f)| (*id, self.frame(f))).collect();
         RawDelta {
             strings: std::mem::take(&mut self.new_strings),
             frames,
             stacks: std::mem::take(&mut self.new_stacks),
+            stack_frames: std::mem::take(&mut self.new_stack_frames),
             rows: self.rows.drain().map(|(k, (n, p))| (k, n, p)).collect(),
         }
+    }
+}
+
+/// Entries kept before the sample cache is emptied (24 bytes each).
+const SAMPLE_CACHE_LIMIT: usize = 1 << 18;
+
+/// One lane of [`SampleCache::key`]: foldhash's folded multiply.
+#[inline]
+fn fold(h: u64, w: u64, k: u64) -> u64 {
+    let p = u128::from(h ^ w) * u128::from(k);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// A sample's (leaf, stack) numbers by a 128-bit hash of (domain, pid,
+/// address-space generation, mode, IP, call chain). Unlike
+/// `sample_cache::StackCache` it keeps no copy of the chain to compare:
+/// under exec churn nearly every sample is new (a new process, new
+/// addresses), and copying each chain to compare it later was an
+/// allocation per sample that never paid back. Two keys that hash alike
+/// would share an entry; at 2^18 entries the chance of that is about
+/// 2^-93 per cache.
+#[derive(Default)]
+pub(crate) struct SampleCache {
+    entries: FastMap<u128, (u32, u32)>,
+    generations: Generations,
+}
+
+impl SampleCache {
+    /// Move generations for a non-sample record (`Generations::observe`).
+    pub fn observe(&mut self, rec: &Record) {
+        if self.generations.observe(rec) {
+            self.entries.clear();
+        }
+    }
+
+    /// Forget everything.
+    pub fn invalidate_all(&mut self) {
+        self.generations.bump_all();
+        self.entries.clear();
+    }
+
+    pub fn key(
+        &self,
+        domain: &Arc<str>,
+        pid: u32,
+        mode: CpuMode,
+        ip: u64,
+        chain: &[(CpuMode, u64)],
+    ) -> u128 {
+        const K1: u64 = 0x243f_6a88_85a3_08d3;
+        const K2: u64 = 0x1319_8a2e_0370_7344;
+        // The domain is interned: its pointer names it.
+        let head = [
+            Arc::as_ptr(domain).cast::<u8>() as u64,
+            u64::from(pid) | (mode as u64) << 32,
+            self.generations.of(pid),
+            ip,
+            chain.len() as u64,
+        ];
+        let (mut a, mut b) = (0xa409_3822_299f_31d0, 0x082e_fa98_ec4e_6c89);
+        for w in head
+            .into_iter()
+            .chain(chain.iter().map(|&(m, x)| x ^ (m as u64) << 59))
+        {
+            a = fold(a, w, K1);
+            b = fold(b, w.rotate_left(32), K2);
+        }
+        u128::from(a) << 64 | u128::from(b)
+    }
+
+    pub fn get(&self, key: u128) -> Option<(u32, u32)> {
+        self.entries.get(&key).copied()
+    }
+
+    pub fn insert(&mut self, key: u128, value: (u32, u32)) {
+        if self.entries.len() >= SAMPLE_CACHE_LIMIT {
+            self.entries.clear();
+        }
+        self.entries.insert(key, value);
     }
 }
 
@@ -144,5 +222,37 @@ mod tests {
         assert_eq!(d.stacks.len(), 2);
         let d = r.take(Vec::new());
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn sample_keys_differ_by_every_part_and_by_generation() {
+        let mut c = SampleCache::default();
+        let host: Arc<str> = "host".into();
+        let vm: Arc<str> = "vm0".into();
+        let chain = [
+            (CpuMode::Kernel, 0xffff_ffff_8100_0010),
+            (CpuMode::User, 0x401000),
+        ];
+        let k = c.key(&host, 7, CpuMode::Kernel, 0x10, &chain);
+        let others = [
+            c.key(&vm, 7, CpuMode::Kernel, 0x10, &chain),
+            c.key(&host, 8, CpuMode::Kernel, 0x10, &chain),
+            c.key(&host, 7, CpuMode::User, 0x10, &chain),
+            c.key(&host, 7, CpuMode::Kernel, 0x11, &chain),
+            c.key(&host, 7, CpuMode::Kernel, 0x10, &chain[..1]),
+            c.key(&host, 7, CpuMode::Kernel, 0x10, &[chain[1], chain[0]]),
+        ];
+        assert!(others.iter().all(|o| *o != k));
+        c.insert(k, (1, 2));
+        assert_eq!(c.get(k), Some((1, 2)));
+        // An exec in pid 7 moves its generation: the old key is not asked again.
+        c.observe(&Record::Comm {
+            pid: 7,
+            tid: 7,
+            comm: "x".into(),
+            exec: true,
+            time: 0,
+        });
+        assert_ne!(c.key(&host, 7, CpuMode::Kernel, 0x10, &chain), k);
     }
 }

@@ -39,18 +39,18 @@ type FastMap<K, V> = HashMap<K, V, FixedState>;
 /// Entries kept before the cache is emptied (bounds memory).
 const STACK_CACHE_LIMIT: usize = 1 << 18;
 
-struct StackEntry<V> {
+struct StackEntry {
     domain: Arc<str>,
     pid: u32,
     generation: u64,
     mode: CpuMode,
     ip: u64,
     chain: Box<[(CpuMode, u64)]>,
-    value: V,
+    leaf: Resolved,
+    stack: Arc<str>,
 }
 
 /// What a cached sample resolves to.
-#[derive(Clone)]
 pub(crate) struct CachedStack {
     pub leaf: Resolved,
     pub stack: Arc<str>,
@@ -120,25 +120,16 @@ impl Generations {
     }
 }
 
-/// What recently seen samples resolved to (`V`: their leaf and stack, or
-/// their numbers when symbolization is deferred); see the module docs.
-pub(crate) struct StackCache<V> {
+/// The leaf and stack of recently seen samples; see the module docs.
+#[derive(Default)]
+pub(crate) struct StackCache {
     /// By the hash of the key; a different key under the same hash is a
     /// miss and is replaced.
-    entries: FastMap<u64, StackEntry<V>>,
+    entries: FastMap<u64, StackEntry>,
     generations: Generations,
 }
 
-impl<V> Default for StackCache<V> {
-    fn default() -> Self {
-        StackCache {
-            entries: FastMap::default(),
-            generations: Generations::default(),
-        }
-    }
-}
-
-impl<V: Clone> StackCache<V> {
+impl StackCache {
     /// Move generations for a non-sample record ([`Generations::observe`]).
     pub fn observe(&mut self, rec: &Record) {
         if self.generations.observe(rec) {
@@ -190,7 +181,7 @@ impl<V: Clone> StackCache<V> {
         mode: CpuMode,
         ip: u64,
         chain: &[(CpuMode, u64)],
-    ) -> Result<V, (u64, u64)> {
+    ) -> Result<CachedStack, (u64, u64)> {
         let generation = self.generation(pid);
         let h = Self::hash(domain, pid, generation, mode, ip, chain);
         match self.entries.get(&h) {
@@ -202,13 +193,16 @@ impl<V: Clone> StackCache<V> {
                     && *e.chain == *chain
                     && *e.domain == *domain =>
             {
-                Ok(e.value.clone())
+                Ok(CachedStack {
+                    leaf: e.leaf.clone(),
+                    stack: e.stack.clone(),
+                })
             }
             _ => Err((h, generation)),
         }
     }
 
-    /// Remember what a sample resolved to under the `(hash, generation)`
+    /// Remember a sample's leaf and stack under the `(hash, generation)`
     /// that [`StackCache::get`] returned.
     #[allow(clippy::too_many_arguments)]
     pub fn insert(
@@ -219,7 +213,8 @@ impl<V: Clone> StackCache<V> {
         mode: CpuMode,
         ip: u64,
         chain: &[(CpuMode, u64)],
-        value: V,
+        leaf: &Resolved,
+        stack: &Arc<str>,
     ) {
         if self.entries.len() >= STACK_CACHE_LIMIT {
             self.entries.clear();
@@ -233,7 +228,8 @@ impl<V: Clone> StackCache<V> {
                 mode,
                 ip,
                 chain: chain.into(),
-                value,
+                leaf: leaf.clone(),
+                stack: stack.clone(),
             },
         );
     }
@@ -673,17 +669,13 @@ mod tests {
 
     #[test]
     fn stack_entries_follow_generations() {
-        let mut c: StackCache<CachedStack> = StackCache::default();
+        let mut c = StackCache::default();
         let d: Arc<str> = "host".into();
         let chain = [(CpuMode::User, 0x10), (CpuMode::User, 0x20)];
         let leaf = Resolved::named("/bin/p".into(), "f".into());
         let stack: Arc<str> = "g;f".into();
         let miss = c.get(&d, 1, CpuMode::User, 0x10, &chain).err().unwrap();
-        let value = CachedStack {
-            leaf: leaf.clone(),
-            stack: stack.clone(),
-        };
-        c.insert(miss, &d, 1, CpuMode::User, 0x10, &chain, value.clone());
+        c.insert(miss, &d, 1, CpuMode::User, 0x10, &chain, &leaf, &stack);
         let hit = c.get(&d, 1, CpuMode::User, 0x10, &chain).ok().unwrap();
         assert_eq!(&*hit.stack, "g;f");
         // Another chain, pid or domain misses.
@@ -696,7 +688,7 @@ mod tests {
         c.observe(&exec_mmap(1));
         assert!(c.get(&d, 1, CpuMode::User, 0x10, &chain).is_err());
         let miss = c.get(&d, 1, CpuMode::User, 0x10, &chain).err().unwrap();
-        c.insert(miss, &d, 1, CpuMode::User, 0x10, &chain, value);
+        c.insert(miss, &d, 1, CpuMode::User, 0x10, &chain, &leaf, &stack);
         assert!(c.get(&d, 1, CpuMode::User, 0x10, &chain).is_ok());
         c.invalidate_all();
         assert!(c.get(&d, 1, CpuMode::User, 0x10, &chain).is_err());

@@ -15,8 +15,8 @@
 use crate::EngineError;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 use std::sync::Arc;
+use std::time::Instant;
 use vmscope_model::{AggKey, DeferredFrame, ImageRef, NO_STACK};
 use vmscope_store::{PendingSymbols, SessionWriter};
 use vmscope_symbols::{Resolved, Symbolizer, SymbolizerOptions};
@@ -34,7 +34,10 @@ pub fn boot_id() -> String {
 pub fn store_options(w: &SessionWriter, opts: &SymbolizerOptions) -> Result<(), EngineError> {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     w.set_meta("boot_id", &boot_id())?;
-    w.set_meta("symbols_kallsyms", &path(&opts.kallsyms).unwrap_or_default())?;
+    w.set_meta(
+        "symbols_kallsyms",
+        &path(&opts.kallsyms).unwrap_or_default(),
+    )?;
     w.set_meta("symbols_symfs", &path(&opts.symfs).unwrap_or_default())?;
     let dirs: Vec<String> = opts
         .debug_dirs
@@ -56,7 +59,11 @@ fn stored_options(p: &PendingSymbols) -> Result<SymbolizerOptions, EngineError> 
         ..SymbolizerOptions::default()
     };
     if let Some(d) = p.meta("symbols_debug_dirs")? {
-        opts.debug_dirs = d.lines().filter(|l| !l.is_empty()).map(PathBuf::from).collect();
+        opts.debug_dirs = d
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(PathBuf::from)
+            .collect();
     }
     Ok(opts)
 }
@@ -171,7 +178,10 @@ pub fn resolve_pending(
             let leaf = resolved.get(&k.leaf).ok_or_else(|| {
                 damaged(
                     "deferred_rows",
-                    format!("has a row with frame {}, which deferred_frames does not have", k.leaf),
+                    format!(
+                        "has a row with frame {}, which deferred_frames does not have",
+                        k.leaf
+                    ),
                 )
             })?;
             let string = |id: u32| {
@@ -185,7 +195,10 @@ pub fn resolve_pending(
             let stack = texts.get(&k.stack).cloned().ok_or_else(|| {
                 damaged(
                     "deferred_rows",
-                    format!("has a row with stack {}, which deferred_stacks does not have", k.stack),
+                    format!(
+                        "has a row with stack {}, which deferred_stacks does not have",
+                        k.stack
+                    ),
                 )
             })?;
             named.push((

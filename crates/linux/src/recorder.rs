@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use perf_event_open_sys::bindings::{self as sys, perf_event_attr};
 use perf_event_open_sys::ioctls;
-use vmscope_model::{EventKind, EventSpec, Record, SampleRate};
+use vmscope_model::{CpuMode, EventKind, EventSpec, Record, SampleRate};
 
 use crate::decode::{Decoder, SAMPLE_TYPE};
 use crate::ring::Ring;
@@ -610,6 +610,12 @@ impl Recorder {
                 }
             }
         }
+    }
+
+    /// Give back the chain vectors of samples already converted, emptied
+    /// or not, for the next samples to reuse (see `Decoder::recycle`).
+    pub fn recycle_chains(&mut self, chains: impl IntoIterator<Item = Vec<(CpuMode, u64)>>) {
+        self.decoder.recycle(chains);
     }
 
     /// Online CPUs that have a ring, in ring order.

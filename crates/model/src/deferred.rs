@@ -39,13 +39,19 @@ pub enum DeferredFrame {
 /// [`RawDelta::strings`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RawFrame {
-    Kernel { addr: u64, module: Option<u32> },
+    Kernel {
+        addr: u64,
+        module: Option<u32>,
+    },
     File {
         path: u32,
         build_id: Option<u32>,
         offset: u64,
     },
-    Named { image: u32, symbol: u32 },
+    Named {
+        image: u32,
+        symbol: u32,
+    },
 }
 
 /// The stack number of a sample without a call chain.
@@ -76,13 +82,26 @@ pub struct RawDelta {
     /// Domain and process names and the texts of frames.
     pub strings: Vec<(u32, Arc<str>)>,
     pub frames: Vec<(u32, RawFrame)>,
-    /// Frame numbers of a call chain, the sampled end first (as the chain
-    /// is recorded); numbered from 1.
-    pub stacks: Vec<(u32, Box<[u32]>)>,
+    /// New stacks as (number, length), numbered from 1; their frame
+    /// numbers follow one another in `stack_frames`, each stack's the
+    /// sampled end first (as the chain is recorded). Flat, so a delta
+    /// handed to another thread is a few allocations, not one per stack.
+    pub stacks: Vec<(u32, u32)>,
+    pub stack_frames: Vec<u32>,
     pub rows: Vec<(RawRowKey, u64, u64)>,
 }
 
 impl RawDelta {
+    /// Each new stack's number and frames.
+    pub fn stacks(&self) -> impl Iterator<Item = (u32, &[u32])> {
+        let mut at = 0usize;
+        self.stacks.iter().map(move |&(id, len)| {
+            let frames = &self.stack_frames[at..at + len as usize];
+            at += len as usize;
+            (id, frames)
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.strings.is_empty()
             && self.frames.is_empty()

@@ -25,7 +25,7 @@ pub use profile::{
     AggKey, BinKey, Counts, FastMap, FastSet, Profile, ProfileHasher, ProfileRow, INLINED_SUFFIX,
     UNKNOWN_SLICE,
 };
-pub use record::{split_callchain, CpuMode, RawChain, Record, SampleRecord};
+pub use record::{split_callchain, split_callchain_into, CpuMode, RawChain, Record, SampleRecord};
 
 use serde::{Deserialize, Serialize};
 

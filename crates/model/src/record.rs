@@ -60,8 +60,16 @@ const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 /// tagged with their mode. Markers are dropped; frames before any marker take
 /// `sample_mode`.
 pub fn split_callchain(raw: &[u64], sample_mode: CpuMode) -> Vec<(CpuMode, u64)> {
-    let mut mode = sample_mode;
     let mut out = Vec::with_capacity(raw.len());
+    split_callchain_into(raw, sample_mode, &mut out);
+    out
+}
+
+/// [`split_callchain`] appending to `out` (a reused vector: the recorder
+/// recycles its samples' chains).
+pub fn split_callchain_into(raw: &[u64], sample_mode: CpuMode, out: &mut Vec<(CpuMode, u64)>) {
+    let mut mode = sample_mode;
+    out.reserve(raw.len());
     for &ip in raw {
         if ip >= PERF_CONTEXT_MAX {
             mode = match ip {
@@ -76,7 +84,6 @@ pub fn split_callchain(raw: &[u64], sample_mode: CpuMode) -> Vec<(CpuMode, u64)>
         }
         out.push((mode, ip));
     }
-    out
 }
 
 /// A call chain as perf writes it: 8-byte words in the file's byte order,

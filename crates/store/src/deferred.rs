@@ -27,10 +27,10 @@
 use crate::output::{lock_path, partial_path, WriterLock};
 use crate::{sql_err, Result, SessionWriter, StoreError};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use std::collections::HashMap;
 use vmscope_model::{
     AggKey, Context, DeferredFrame, ImageRef, NormalizedFrame, Profile, RawDelta, RawFrame,
     RawRowKey,
@@ -47,7 +47,7 @@ const BUSY_WAIT: Duration = Duration::from_secs(300);
 const RESOLVER: &str = "vmscope: resolving deferred symbols";
 
 fn unhex(text: &str) -> Option<Arc<[u8]>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
@@ -142,12 +142,12 @@ fn decode_rows(bytes: &[u8]) -> Option<Vec<(RawRowKey, u64, u64)>> {
 }
 
 /// A block of stacks: per stack its number, its length and its frames.
-fn encode_stacks(stacks: &[(u32, Box<[u32]>)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(stacks.len() * 24);
+fn encode_stacks<'a>(stacks: impl Iterator<Item = (u32, &'a [u32])>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4096);
     for (id, frames) in stacks {
-        put_varint(&mut out, u64::from(*id));
+        put_varint(&mut out, u64::from(id));
         put_varint(&mut out, frames.len() as u64);
-        for &f in frames.iter() {
+        for &f in frames {
             put_varint(&mut out, u64::from(f));
         }
     }
@@ -259,14 +259,24 @@ impl SessionWriter {
                     params![SYMBOLS_DEFERRED],
                 )?;
             }
-            let mut st = tx.prepare_cached("INSERT INTO deferred_strings(id, text) VALUES (?1, ?2)")?;
+            let mut st =
+                tx.prepare_cached("INSERT INTO deferred_strings(id, text) VALUES (?1, ?2)")?;
             for (id, text) in &d.strings {
                 st.execute(params![i64::from(*id), &**text])?;
             }
             for (table, data) in [
-                ("deferred_frames", (!d.frames.is_empty()).then(|| encode_frames(&d.frames))),
-                ("deferred_stacks", (!d.stacks.is_empty()).then(|| encode_stacks(&d.stacks))),
-                ("deferred_rows", (!d.rows.is_empty()).then(|| encode_rows(&d.rows))),
+                (
+                    "deferred_frames",
+                    (!d.frames.is_empty()).then(|| encode_frames(&d.frames)),
+                ),
+                (
+                    "deferred_stacks",
+                    (!d.stacks.is_empty()).then(|| encode_stacks(d.stacks())),
+                ),
+                (
+                    "deferred_rows",
+                    (!d.rows.is_empty()).then(|| encode_rows(&d.rows)),
+                ),
             ] {
                 if let Some(data) = data {
                     tx.prepare_cached(&format!("INSERT INTO {table}(data) VALUES (?1)"))?
@@ -350,7 +360,10 @@ impl PendingSymbols {
         .map_err(|e| {
             cannot_write(
                 path,
-                format!("it cannot be opened for writing ({})", crate::sqlite_text(&e)),
+                format!(
+                    "it cannot be opened for writing ({})",
+                    crate::sqlite_text(&e)
+                ),
             )
         })?;
         conn.busy_timeout(BUSY_WAIT).map_err(sql_err(path))?;
@@ -481,7 +494,10 @@ impl PendingSymbols {
         for row in rows {
             let (block, data) = row.map_err(sql_err(self.path()))?;
             out.extend(decode(&data).ok_or_else(|| {
-                self.damaged(table, format!("has block {block} whose {what} cannot be read"))
+                self.damaged(
+                    table,
+                    format!("has block {block} whose {what} cannot be read"),
+                )
             })?);
         }
         Ok(out)
@@ -496,7 +512,9 @@ impl PendingSymbols {
             strings.get(&id).cloned().ok_or_else(|| {
                 self.damaged(
                     "deferred_frames",
-                    format!("has frame {frame} with string {id}, which deferred_strings does not have"),
+                    format!(
+                        "has frame {frame} with string {id}, which deferred_strings does not have"
+                    ),
                 )
             })
         };
@@ -556,7 +574,9 @@ impl PendingSymbols {
     /// The number of blocks of rows (one per flush of the recording).
     pub fn row_blocks(&self) -> Result<usize> {
         self.conn()
-            .query_row("SELECT count(*) FROM deferred_rows", [], |r| r.get::<_, i64>(0))
+            .query_row("SELECT count(*) FROM deferred_rows", [], |r| {
+                r.get::<_, i64>(0)
+            })
             .map(|n| n as usize)
             .map_err(sql_err(self.path()))
     }
@@ -581,9 +601,11 @@ impl PendingSymbols {
         for id in ids {
             let blob: Vec<u8> = self
                 .conn()
-                .query_row("SELECT data FROM deferred_rows WHERE block = ?1", [id], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT data FROM deferred_rows WHERE block = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
                 .map_err(sql_err(self.path()))?;
             let rows = decode_rows(&blob).ok_or_else(|| {
                 self.damaged(
@@ -708,7 +730,7 @@ mod tests {
             (1, vec![0, 127, 128, 16_384, u32::MAX].into()),
             (u32::MAX, vec![7].into()),
         ];
-        let blob = encode_stacks(&stacks);
+        let blob = encode_stacks(stacks.iter().map(|(i, f)| (*i, &**f)));
         let back: Vec<(u32, Box<[u32]>)> = decode_stacks(&blob)
             .unwrap()
             .into_iter()

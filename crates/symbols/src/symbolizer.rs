@@ -20,8 +20,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vmscope_model::{
-    DeferredFrame, ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE, INLINED_SUFFIX, KERNEL_IMAGE,
-    UNKNOWN_IMAGE,
+    DeferredFrame, FastMap, ImageRef, NormalizedFrame, ANON_IMAGE, GUEST_KERNEL_IMAGE,
+    INLINED_SUFFIX, KERNEL_IMAGE, UNKNOWN_IMAGE,
 };
 
 /// Image and symbol name printed for guest user code seen from the host.
@@ -297,15 +297,17 @@ struct DeferredTable {
     taken: usize,
     /// (image number, address, module number) → frame number; image 0 is
     /// the host kernel, module 0 none.
-    later: FxMap<(u32, u64, u32), u32>,
+    /// (FxHash, good for the interned keys of the other caches, probed
+    /// long chains here: addresses that differ in a few middle bits.)
+    later: FastMap<(u32, u64, u32), u32>,
     /// (image name pointer, symbol pointer) → frame number; the names are
     /// held by `frames`, so a pointer is never reused while it is here.
-    named: FxMap<(usize, usize), u32>,
+    named: FastMap<(usize, usize), u32>,
     /// File images by the pointers of their path and build-id (each value
     /// holds both, so the pointers stay unique), then by their text.
-    images_by_ptr: FxMap<(usize, usize), (u32, FileKey)>,
-    images: FxMap<FileKey, u32>,
-    modules: FxMap<Arc<str>, u32>,
+    images_by_ptr: FastMap<(usize, usize), (u32, FileKey)>,
+    images: FastMap<FileKey, u32>,
+    modules: FastMap<Arc<str>, u32>,
 }
 
 /// Resolves frames to (image, symbol) with caches; see the module docs.
@@ -507,17 +509,18 @@ impl Symbolizer {
                 let t = self.deferred.as_mut().expect("a deferring symbolizer");
                 let ptrs = (
                     Arc::as_ptr(path).cast::<u8>() as usize,
-                    build_id.as_ref().map_or(0, |b| Arc::as_ptr(b).cast::<u8>() as usize),
+                    build_id
+                        .as_ref()
+                        .map_or(0, |b| Arc::as_ptr(b).cast::<u8>() as usize),
                 );
-                let image = match t.images_by_ptr.get(&ptrs) {
-                    Some((n, _)) => *n,
-                    None => {
-                        let key: FileKey = (path.clone(), build_id.clone());
-                        let next = t.images.len() as u32 + 1;
-                        let n = *t.images.entry(key.clone()).or_insert(next);
-                        t.images_by_ptr.insert(ptrs, (n, key));
-                        n
-                    }
+                let image = if let Some((n, _)) = t.images_by_ptr.get(&ptrs) {
+                    *n
+                } else {
+                    let key: FileKey = (path.clone(), build_id.clone());
+                    let next = t.images.len() as u32 + 1;
+                    let n = *t.images.entry(key.clone()).or_insert(next);
+                    t.images_by_ptr.insert(ptrs, (n, key));
+                    n
                 };
                 let (later, frames) = (&mut t.later, &mut t.frames);
                 *later.entry((image, frame.addr, 0)).or_insert_with(|| {
@@ -581,7 +584,9 @@ impl Symbolizer {
     /// was recorded (the module it was in then included).
     pub fn resolve_deferred(&mut self, f: &DeferredFrame) -> Resolved {
         match f {
-            DeferredFrame::Named { image, symbol } => Resolved::named(image.clone(), symbol.clone()),
+            DeferredFrame::Named { image, symbol } => {
+                Resolved::named(image.clone(), symbol.clone())
+            }
             DeferredFrame::Later { frame, module } => match &frame.image {
                 ImageRef::Kernel => self.resolve_kernel(frame.addr, module.as_ref()),
                 _ => self.resolve_named("", frame),
