@@ -191,31 +191,30 @@ impl SymbolizeWhen {
 
 /// Open the session at `path` for reading, first resolving the symbols its
 /// recording left for the first read (`record --symbolize later`), with a
-/// spinner and a line saying what that took.
-pub fn open_session(path: &Path) -> anyhow::Result<vmscope_store::Session> {
-    let session = vmscope_store::Session::open(path)?;
-    if !session.symbols_pending()? {
-        return Ok(session);
-    }
-    drop(session);
+/// spinner and a line saying what that took (and, when it was done in a
+/// temporary copy, why). The returned guard keeps such a copy until the
+/// session is no longer read.
+pub fn open_session(
+    path: &Path,
+) -> anyhow::Result<(vmscope_store::Session, Option<tempfile::TempPath>)> {
     let pb = indicatif::ProgressBar::new_spinner();
     pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-    pb.enable_steady_tick(std::time::Duration::from_millis(120));
-    let r = vmscope_engine::symbolize::resolve_pending(path, &mut |m| {
+    let r = vmscope_engine::symbolize::open_for_reading(path, &mut |m| {
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
         pb.set_message(m.to_string());
     });
     pb.finish_and_clear();
-    if let Some(r) = r? {
+    let r = r?;
+    if let Some(res) = &r.resolved {
+        let place = match &r.copy {
+            None => format!("stored in {}", path.display()),
+            Some((why, _)) => format!("in a temporary copy, since {why}"),
+        };
         eprintln!(
             "vmscope: resolved the symbols the recording left for the first read: {} frames, \
-             {} stacks, {} rows, {} files with build-ids, {:.2} s (stored in {})",
-            r.frames,
-            r.stacks,
-            r.rows,
-            r.files,
-            r.seconds,
-            path.display()
+             {} stacks, {} rows, {} files with build-ids, {:.2} s ({place})",
+            res.frames, res.stacks, res.rows, res.files, res.seconds,
         );
     }
-    Ok(vmscope_store::Session::open(path)?)
+    Ok((r.session, r.copy.map(|(_, t)| t)))
 }

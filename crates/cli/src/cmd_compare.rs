@@ -77,11 +77,13 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         Some(p) => Classes::from_file(p)?,
         None => Classes::builtin(),
     };
-    let sessions: Vec<Session> = args
+    let (sessions, _copies): (Vec<Session>, Vec<_>) = args
         .files
         .iter()
         .map(|f| crate::args::open_session(f))
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
     let opts = CompareOptions {
         by,
         throughput,

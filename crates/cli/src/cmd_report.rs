@@ -139,7 +139,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         }
         filter.push((Field::Context, c.clone()));
     }
-    let session = crate::args::open_session(&args.file)?;
+    let (session, _copy) = crate::args::open_session(&args.file)?;
     if let Some(note) = vmscope_store::output::partial_note(&args.file) {
         eprintln!("vmscope: note: {note}");
     }

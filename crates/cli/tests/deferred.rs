@@ -256,10 +256,11 @@ fn readers_meeting_at_a_new_recording_resolve_it_once() {
     assert!(a > b && b > c && c > 5.0, "{a} {b} {c}");
 }
 
-/// While a recording writes the session, a reader cannot resolve it and
-/// says who is writing; once it ends, the report works.
+/// While a recording writes the session, a reader resolves a copy of it
+/// (the recording stays as it is and readable as it grows); once the
+/// recording ends, the first report resolves the session itself.
 #[test]
-fn a_session_being_recorded_is_resolved_after_the_recording() {
+fn a_session_being_recorded_is_read_through_a_resolved_copy() {
     if skip_unless(&[]) {
         return;
     }
@@ -275,20 +276,47 @@ fn a_session_being_recorded_is_resolved_after_the_recording() {
     let partial = partial(&db);
     let t0 = std::time::Instant::now();
     while meta(&partial, "symbols").is_none() {
-        assert!(t0.elapsed().as_secs() < 5, "no deferred frames stored yet");
+        assert!(t0.elapsed().as_secs() < 5, "no deferred rows stored yet");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let out = vmscope().arg("report").arg(&partial).output().unwrap();
+    // Its own temporary directory: the copy must be gone after.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        vmscope()
+            .env("TMPDIR", tmp.path())
+            .arg("report")
+            .arg(&partial),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a live session was resolved: {err}");
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        err.contains("being written by process") && err.contains("first read after that ends"),
+        err.contains("in a temporary copy, since it is being written by process")
+            && err.contains("first read after that ends"),
         "{err}"
     );
+    assert!(text.contains("[kernel.kallsyms]"), "{text}");
+    assert!(
+        text.contains(&format!("# session   {}", partial.display())),
+        "{text}"
+    );
+    // The recording's own file is untouched.
     assert!(rec.wait().unwrap().success());
+    assert_eq!(meta(&db, "symbols").as_deref(), Some("deferred"));
     let out = run_ok(vmscope().arg("report").arg(&db));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("stored in {}", db.display())),
+        "{err}"
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("[kernel.kallsyms]"));
     assert_eq!(pending_rows(&db), 0);
+    // No copy left behind.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Kernel addresses of a session recorded under another boot are not

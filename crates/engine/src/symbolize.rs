@@ -243,6 +243,68 @@ pub fn resolve_pending(
     }))
 }
 
+/// How a session is read ([`open_for_reading`]).
+pub struct Reading {
+    pub session: vmscope_store::Session,
+    /// What resolving its deferred symbols did, when it had any.
+    pub resolved: Option<Resolution>,
+    /// Why they were resolved in a temporary copy rather than in the file
+    /// (a recording is writing it, or it cannot be written here): the file
+    /// stays as it is, and the copy goes when this is dropped.
+    pub copy: Option<(String, tempfile::TempPath)>,
+}
+
+/// Open the session at `path` for reading, first resolving what its
+/// recording left for the first read ([`resolve_pending`]). When that
+/// cannot be done in the file (a recording is still writing it, or the
+/// file cannot be written here), it is done in a consistent copy of the
+/// file in the temporary directory, which is read instead: a recording
+/// under way stays readable as it grows, with names.
+pub fn open_for_reading(
+    path: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Reading, EngineError> {
+    let session = vmscope_store::Session::open(path)?;
+    if !session.symbols_pending()? {
+        return Ok(Reading {
+            session,
+            resolved: None,
+            copy: None,
+        });
+    }
+    drop(session);
+    match resolve_pending(path, progress) {
+        Ok(resolved) => Ok(Reading {
+            session: vmscope_store::Session::open(path)?,
+            resolved,
+            copy: None,
+        }),
+        Err(EngineError::Store(vmscope_store::StoreError::SymbolsPending { why, .. })) => {
+            let io = |source| EngineError::Io {
+                path: std::env::temp_dir(),
+                source,
+            };
+            let tmp = tempfile::Builder::new()
+                .prefix("vmscope-read-")
+                .suffix(".db")
+                .tempfile()
+                .map_err(io)?
+                .into_temp_path();
+            // VACUUM INTO makes the file itself.
+            std::fs::remove_file(&tmp).map_err(io)?;
+            progress("copying the session to resolve its symbols in the copy");
+            vmscope_store::snapshot(path, &tmp)?;
+            let resolved = resolve_pending(&tmp, progress)?;
+            Ok(Reading {
+                session: vmscope_store::Session::open(&tmp)?.shown_as(path),
+                resolved,
+                copy: Some((why, tmp)),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -323,6 +323,22 @@ fn cannot_write(path: &Path, what: String) -> StoreError {
     }
 }
 
+/// Copy the session at `path` to `dst` (a new file) as one consistent
+/// snapshot, even while a recording writes it: a reader that may not
+/// resolve a session in place (a recording under way, a file it cannot
+/// write) resolves the copy.
+pub fn snapshot(path: &Path, dst: &Path) -> Result<()> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql_err(path))?;
+    conn.busy_timeout(BUSY_WAIT).map_err(sql_err(path))?;
+    conn.execute("VACUUM INTO ?1", [dst.to_string_lossy()])
+        .map_err(sql_err(path))?;
+    Ok(())
+}
+
 impl PendingSymbols {
     /// Open the session at `path` to resolve its deferred frames: `None`
     /// when it has none (left, or resolved by another reader meanwhile).

@@ -15,7 +15,7 @@ pub mod output;
 mod schema;
 mod validate;
 
-pub use deferred::{PendingSymbols, SYMBOLS_DEFERRED};
+pub use deferred::{snapshot, PendingSymbols, SYMBOLS_DEFERRED};
 pub use intervals::IntervalRow;
 
 pub use schema::SCHEMA_VERSION;
@@ -1067,6 +1067,13 @@ impl Session {
     }
 
     /// Every `bench_samples` row, in insertion order.
+    /// Name the session `shown` wherever it names itself (a temporary copy
+    /// read in place of the file the user gave).
+    pub fn shown_as(mut self, shown: &Path) -> Session {
+        self.path = shown.to_path_buf();
+        self
+    }
+
     /// Whether the session's recording left frames for the first read to
     /// resolve ([`PendingSymbols`]): until they are, its image, symbol and
     /// stack texts carry tokens instead of names.
