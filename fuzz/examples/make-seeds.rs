@@ -100,12 +100,95 @@ fn perfdata(dir: &Path, root: &Path) {
     );
 }
 
+/// A deferring recording's blocks as the store writes them, each behind
+/// the byte that picks its kind (0 rows, 1 stacks, 2 frames).
+fn blocks(dir: &Path) {
+    use vmscope_model::deferred::blocks as b;
+    use vmscope_model::{Context, RawFrame, RawRowKey};
+    let rows: Vec<(RawRowKey, u64, u64)> = (0..20u32)
+        .map(|i| {
+            (
+                RawRowKey {
+                    second: i / 4,
+                    cpu: if i == 3 { u32::MAX } else { i % 2 },
+                    event: 0,
+                    context: Context::ALL[i as usize % Context::ALL.len()],
+                    domain: i % 3,
+                    process: i,
+                    leaf: 1000 + i * 77,
+                    stack: i % 5,
+                },
+                u64::from(i) + 1,
+                250_000 * (u64::from(i) + 1),
+            )
+        })
+        .collect();
+    let stacks: Vec<(u32, Vec<u32>)> = (1..10u32)
+        .map(|i| (i, (0..i * 3).map(|f| f * 131 + i).collect()))
+        .collect();
+    let frames = vec![
+        (
+            0,
+            RawFrame::Kernel {
+                addr: 0xffff_ffff_8100_0010,
+                module: None,
+            },
+        ),
+        (
+            1,
+            RawFrame::Kernel {
+                addr: 0xffff_ffff_c000_1000,
+                module: Some(4),
+            },
+        ),
+        (
+            2,
+            RawFrame::File {
+                path: 5,
+                build_id: Some(6),
+                offset: 0x1234,
+            },
+        ),
+        (
+            3,
+            RawFrame::File {
+                path: 5,
+                build_id: None,
+                offset: 0x10_0000,
+            },
+        ),
+        (
+            4,
+            RawFrame::Named {
+                image: 7,
+                symbol: 8,
+            },
+        ),
+    ];
+    let with_kind = |k: u8, block: Vec<u8>| [vec![k], block].concat();
+    write(dir, "rows.block", &with_kind(0, b::encode_rows(&rows)));
+    write(
+        dir,
+        "stacks.block",
+        &with_kind(
+            1,
+            b::encode_stacks(stacks.iter().map(|(i, f)| (*i, f.as_slice()))),
+        ),
+    );
+    write(
+        dir,
+        "frames.block",
+        &with_kind(2, b::encode_frames(&frames)),
+    );
+}
+
 fn main() {
     let fuzz = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let root = fuzz.parent().expect("fuzz/ is inside the repository");
-    for t in ["frames", "perfdata"] {
+    for t in ["frames", "perfdata", "blocks"] {
         std::fs::create_dir_all(fuzz.join("corpus").join(t)).expect("corpus dir");
     }
     frames(&fuzz.join("corpus/frames"));
     perfdata(&fuzz.join("corpus/perfdata"), root);
+    blocks(&fuzz.join("corpus/blocks"));
 }

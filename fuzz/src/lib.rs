@@ -90,3 +90,32 @@ pub fn frames(data: &[u8]) {
 pub fn perfdata(data: &[u8]) {
     let _ = vmscope_perfdata::import_reader(std::io::Cursor::new(data), "fuzz", &mut |_| {});
 }
+
+/// The varint blocks of a session a deferring recording wrote (its rows,
+/// stacks and frames; sessions are files people hand each other): the
+/// first byte picks the kind, the rest is the block. Decoding never
+/// panics, and whatever decodes encodes to a block that decodes the same.
+pub fn blocks(data: &[u8]) {
+    use vmscope_model::deferred::blocks as b;
+    let Some((&kind, block)) = data.split_first() else {
+        return;
+    };
+    match kind % 3 {
+        0 => {
+            if let Some(v) = b::decode_rows(block) {
+                assert_eq!(b::decode_rows(&b::encode_rows(&v)).as_ref(), Some(&v));
+            }
+        }
+        1 => {
+            if let Some(v) = b::decode_stacks(block) {
+                let e = b::encode_stacks(v.iter().map(|(i, f)| (*i, f.as_slice())));
+                assert_eq!(b::decode_stacks(&e).as_ref(), Some(&v));
+            }
+        }
+        _ => {
+            if let Some(v) = b::decode_frames(block) {
+                assert_eq!(b::decode_frames(&b::encode_frames(&v)).as_ref(), Some(&v));
+            }
+        }
+    }
+}

@@ -122,3 +122,8 @@ fn frames_smoke() {
 fn perfdata_smoke() {
     run("perfdata", vmscope_fuzz::perfdata);
 }
+
+#[test]
+fn blocks_smoke() {
+    run("blocks", vmscope_fuzz::blocks);
+}
