@@ -316,8 +316,8 @@ fn session_samples(path: &Path) -> Option<u64> {
         return None;
     };
     let s = vmscope_store::Session::open(path).ok()?;
-    let t = s.totals(vmscope_store::View::Host).ok()?;
-    Some(t.values().map(|(n, _)| *n).sum())
+    // From the bins: a recording's rows wait for its first read.
+    s.stored_samples().ok()
 }
 
 use vmscope_lab::util::which;

@@ -128,6 +128,25 @@ pub struct Converter {
     unmonitored_label: Arc<str>,
 }
 
+/// The frame of a call chain's `i`-th address (the sampled end is 0):
+/// return addresses point after the call, so for every user frame but the
+/// first `ip - 1` is looked up and the caller's own function is found
+/// (not the next one).
+fn chain_frame(
+    procs: &ProcessTable,
+    pid: u32,
+    i: usize,
+    mode: CpuMode,
+    ip: u64,
+) -> NormalizedFrame {
+    let addr = if i > 0 && !mode.is_kernel() {
+        ip.saturating_sub(1)
+    } else {
+        ip
+    };
+    procs.normalize(pid, addr, mode)
+}
+
 /// `[name]` for a kernel module map path, as perf shows it
 /// (`/lib/modules/…/ath9k.ko` → `[ath9k]`); `None` for the kernel itself.
 fn module_image(path: &str) -> Option<Arc<str>> {
@@ -360,14 +379,7 @@ impl Converter {
             let leaf_id = self.symbolizer.defer_frame(&attr.domain, &leaf);
             rr.chain.clear();
             for (i, &(mode, ip)) in chain.iter().enumerate() {
-                // As in resolve_stack: return addresses point after
-                // the call.
-                let addr = if i > 0 && !mode.is_kernel() {
-                    ip.saturating_sub(1)
-                } else {
-                    ip
-                };
-                let f = self.procs.normalize(s.pid, addr, mode);
+                let f = chain_frame(&self.procs, s.pid, i, mode, ip);
                 rr.chain.push(self.symbolizer.defer_frame(&attr.domain, &f));
             }
             let stack_id = if chain.is_empty() {
@@ -706,14 +718,7 @@ impl Converter {
         } else {
             self.frame_text.clear();
             for (i, &(mode, ip)) in chain.iter().enumerate() {
-                // Return addresses point after the call: look up ip-1 so the
-                // caller's own function is found (not the next one).
-                let addr = if i > 0 && !mode.is_kernel() {
-                    ip.saturating_sub(1)
-                } else {
-                    ip
-                };
-                let f = self.procs.normalize(s.pid, addr, mode);
+                let f = chain_frame(&self.procs, s.pid, i, mode, ip);
                 let r = self.resolve(domain, &f);
                 // Functions inlined at this address go above it (leaf first
                 // here, reversed below).

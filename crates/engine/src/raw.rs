@@ -7,7 +7,7 @@
 //! numbered in it. Frames are numbered by the symbolizer
 //! ([`vmscope_symbols::Symbolizer::defer_frame`]).
 
-use crate::sample_cache::Generations;
+use crate::sample_cache::GenMap;
 use foldhash::fast::FixedState;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -118,9 +118,6 @@ impl RawRows {
     }
 }
 
-/// Entries kept before the sample cache is emptied (24 bytes each).
-const SAMPLE_CACHE_LIMIT: usize = 1 << 18;
-
 /// One lane of [`SampleCache::key`]: foldhash's folded multiply.
 #[inline]
 fn fold(h: u64, w: u64, k: u64) -> u64 {
@@ -134,26 +131,22 @@ fn fold(h: u64, w: u64, k: u64) -> u64 {
 /// under exec churn nearly every sample is new (a new process, new
 /// addresses), and copying each chain to compare it later was an
 /// allocation per sample that never paid back. Two keys that hash alike
-/// would share an entry; at 2^18 entries the chance of that is about
-/// 2^-93 per cache.
+/// would share an entry; at 2^18 entries (`STACK_CACHE_LIMIT`) the chance
+/// of that is about 2^-93 per cache.
 #[derive(Default)]
 pub(crate) struct SampleCache {
-    entries: FastMap<u128, (u32, u32)>,
-    generations: Generations,
+    map: GenMap<u128, (u32, u32)>,
 }
 
 impl SampleCache {
     /// Move generations for a non-sample record (`Generations::observe`).
     pub fn observe(&mut self, rec: &Record) {
-        if self.generations.observe(rec) {
-            self.entries.clear();
-        }
+        self.map.observe(rec);
     }
 
     /// Forget everything.
     pub fn invalidate_all(&mut self) {
-        self.generations.bump_all();
-        self.entries.clear();
+        self.map.invalidate_all();
     }
 
     pub fn key(
@@ -170,7 +163,7 @@ impl SampleCache {
         let head = [
             Arc::as_ptr(domain).cast::<u8>() as u64,
             u64::from(pid) | (mode as u64) << 32,
-            self.generations.of(pid),
+            self.map.generation(pid),
             ip,
             chain.len() as u64,
         ];
@@ -186,14 +179,11 @@ impl SampleCache {
     }
 
     pub fn get(&self, key: u128) -> Option<(u32, u32)> {
-        self.entries.get(&key).copied()
+        self.map.get(&key).copied()
     }
 
     pub fn insert(&mut self, key: u128, value: (u32, u32)) {
-        if self.entries.len() >= SAMPLE_CACHE_LIMIT {
-            self.entries.clear();
-        }
-        self.entries.insert(key, value);
+        self.map.insert(key, value);
     }
 }
 

@@ -120,16 +120,27 @@ impl Generations {
     }
 }
 
-/// The leaf and stack of recently seen samples; see the module docs.
-#[derive(Default)]
-pub(crate) struct StackCache {
-    /// By the hash of the key; a different key under the same hash is a
-    /// miss and is replaced.
-    entries: FastMap<u64, StackEntry>,
+/// The map of a cache of samples whose entries hold only for the address
+/// spaces they were made in: callers put the pid's [`Generations`] in
+/// their keys, so a record that changes an address space retires that
+/// pid's entries, and kernel maps (every pid's) empty it. Emptied too at
+/// [`STACK_CACHE_LIMIT`] entries (bounds memory). [`StackCache`],
+/// [`StackKeys`] and `raw::SampleCache` keep their entries in one.
+pub(crate) struct GenMap<K, V> {
+    entries: FastMap<K, V>,
     generations: Generations,
 }
 
-impl StackCache {
+impl<K, V> Default for GenMap<K, V> {
+    fn default() -> Self {
+        GenMap {
+            entries: FastMap::default(),
+            generations: Generations::default(),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> GenMap<K, V> {
     /// Move generations for a non-sample record ([`Generations::observe`]).
     pub fn observe(&mut self, rec: &Record) {
         if self.generations.observe(rec) {
@@ -143,8 +154,44 @@ impl StackCache {
         self.entries.clear();
     }
 
-    fn generation(&self, pid: u32) -> u64 {
+    /// The generation of `pid`'s address space, for keys.
+    pub fn generation(&self, pid: u32) -> u64 {
         self.generations.of(pid)
+    }
+
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.entries.get(key)
+    }
+
+    pub fn insert(&mut self, key: K, value: V) {
+        if self.entries.len() >= STACK_CACHE_LIMIT {
+            self.entries.clear();
+        }
+        self.entries.insert(key, value);
+    }
+}
+
+/// The leaf and stack of recently seen samples; see the module docs.
+#[derive(Default)]
+pub(crate) struct StackCache {
+    /// By the hash of the key; a different key under the same hash is a
+    /// miss and is replaced.
+    map: GenMap<u64, StackEntry>,
+}
+
+impl StackCache {
+    /// Move generations for a non-sample record ([`Generations::observe`]).
+    pub fn observe(&mut self, rec: &Record) {
+        self.map.observe(rec);
+    }
+
+    /// Forget everything (the symbolizer may answer differently now).
+    pub fn invalidate_all(&mut self) {
+        self.map.invalidate_all();
+    }
+
+    fn generation(&self, pid: u32) -> u64 {
+        self.map.generation(pid)
     }
 
     /// A hash of the key for the map, folding the call chain one
@@ -184,7 +231,7 @@ impl StackCache {
     ) -> Result<CachedStack, (u64, u64)> {
         let generation = self.generation(pid);
         let h = Self::hash(domain, pid, generation, mode, ip, chain);
-        match self.entries.get(&h) {
+        match self.map.get(&h) {
             Some(e)
                 if e.pid == pid
                     && e.generation == generation
@@ -216,10 +263,7 @@ impl StackCache {
         leaf: &Resolved,
         stack: &Arc<str>,
     ) {
-        if self.entries.len() >= STACK_CACHE_LIMIT {
-            self.entries.clear();
-        }
-        self.entries.insert(
+        self.map.insert(
             h,
             StackEntry {
                 domain: domain.clone(),
@@ -254,8 +298,7 @@ struct KeyEntry {
 #[derive(Default)]
 #[cfg(feature = "host")]
 pub(crate) struct StackKeys {
-    entries: FastMap<u64, KeyEntry>,
-    generations: Generations,
+    map: GenMap<u64, KeyEntry>,
     next: u64,
 }
 
@@ -263,9 +306,7 @@ pub(crate) struct StackKeys {
 impl StackKeys {
     /// A record other than a sample: moves generations.
     pub fn observe_other(&mut self, rec: &Record) {
-        if self.generations.observe(rec) {
-            self.entries.clear();
-        }
+        self.map.observe(rec);
     }
 
     /// The number of a sample's key (its call chain as the file has it) and
@@ -275,9 +316,9 @@ impl StackKeys {
         s: &vmscope_model::SampleRecord,
         chain: vmscope_model::RawChain<'_>,
     ) -> (u64, Arc<[u64]>) {
-        let generation = self.generations.of(s.pid);
+        let generation = self.map.generation(s.pid);
         let h = Self::hash(s.pid, generation, s.mode, s.ip, chain);
-        if let Some(e) = self.entries.get(&h) {
+        if let Some(e) = self.map.get(&h) {
             if e.pid == s.pid
                 && e.generation == generation
                 && e.mode == s.mode
@@ -287,12 +328,9 @@ impl StackKeys {
                 return (e.number, e.chain.clone());
             }
         }
-        if self.entries.len() >= STACK_CACHE_LIMIT {
-            self.entries.clear();
-        }
         self.next += 1;
         let words: Arc<[u64]> = chain.words().collect();
-        self.entries.insert(
+        self.map.insert(
             h,
             KeyEntry {
                 pid: s.pid,

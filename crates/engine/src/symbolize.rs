@@ -1,5 +1,5 @@
 //! Resolving what a recording left for the first read (docs/architecture.md
-//! §7.3): `record` (by default) gives host kernel and file frames tokens
+//! §7.3): `record` (by default) gives host kernel and file frames numbers
 //! instead of names ([`vmscope_model::deferred`]), so recording reads no
 //! kallsyms, ELF or DWARF; [`resolve_pending`] names them once, when a
 //! session is first read, with the symbolizer options the recording used
@@ -21,19 +21,12 @@ use vmscope_model::{AggKey, DeferredFrame, ImageRef, NO_STACK};
 use vmscope_store::{PendingSymbols, SessionWriter};
 use vmscope_symbols::{Resolved, Symbolizer, SymbolizerOptions};
 
-/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable.
-pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// Store what [`resolve_pending`] needs to resolve a session's deferred
 /// frames as the recording would have: this boot's id and the symbolizer
 /// options.
 pub fn store_options(w: &SessionWriter, opts: &SymbolizerOptions) -> Result<(), EngineError> {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-    w.set_meta("boot_id", &boot_id())?;
+    w.set_meta("boot_id", &vmscope_linux::sys::boot_id())?;
     w.set_meta(
         "symbols_kallsyms",
         &path(&opts.kallsyms).unwrap_or_default(),
@@ -125,7 +118,7 @@ pub fn resolve_pending(
         matches!(f, DeferredFrame::Later { frame, .. } if matches!(frame.image, ImageRef::Kernel))
     });
     let recorded_boot = p.meta("boot_id")?.unwrap_or_default();
-    let this_boot = boot_id();
+    let this_boot = vmscope_linux::sys::boot_id();
     let mut sym = if kernel_frames && opts.kallsyms.is_none() && recorded_boot != this_boot {
         warnings.push(format!(
             "recorded on another boot of the kernel (boot id {}, this one {}): kernel \
@@ -273,13 +266,26 @@ pub fn open_for_reading(
         });
     }
     drop(session);
+    use vmscope_store::StoreError;
     match resolve_pending(path, progress) {
         Ok(resolved) => Ok(Reading {
             session: vmscope_store::Session::open(path)?,
             resolved,
             copy: None,
         }),
-        Err(EngineError::Store(vmscope_store::StoreError::SymbolsPending { why, .. })) => {
+        // What keeps the names out of the file, not out of a copy: a
+        // recording writing it, a file or directory not writable here, a
+        // full file system (the failed write left the file as it was).
+        Err(EngineError::Store(
+            e @ (StoreError::SymbolsPending { .. }
+            | StoreError::DiskFull { .. }
+            | StoreError::NotWritable { .. }
+            | StoreError::Sql { .. }),
+        )) => {
+            let why = match e {
+                StoreError::SymbolsPending { why, .. } => why,
+                other => format!("resolving it in place failed: {other}"),
+            };
             let io = |source| EngineError::Io {
                 path: std::env::temp_dir(),
                 source,

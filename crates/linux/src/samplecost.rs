@@ -126,12 +126,12 @@ fn unix_now_s() -> f64 {
 /// What a calibration is kept under: this boot, the events at the
 /// calibration rate, and whether samples carry call chains.
 fn reuse_key(events: &[EventSpec], callchain: bool, hz: u64) -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = crate::sys::boot_id();
     let names: Vec<String> = calibration_events(events, hz)
         .iter()
         .map(|e| e.kind.name())
         .collect();
-    format!("{} {}@{hz}Hz g={callchain}", boot.trim(), names.join(","))
+    format!("{boot} {}@{hz}Hz g={callchain}", names.join(","))
 }
 
 /// The newest of `kept` under `key` measured less than `max_age` ago.

@@ -109,6 +109,14 @@ pub fn online_cpus(sys_root: &Path) -> Result<Vec<u32>, LinuxError> {
     parse_cpu_list(&text).map_err(|msg| LinuxError::Parse { path, msg })
 }
 
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty if unreadable:
+/// what a kernel address, a module's place or a kept measurement holds for.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock every record's `time` uses.
 pub fn clock_monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

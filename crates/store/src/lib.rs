@@ -1074,6 +1074,18 @@ impl Session {
         self
     }
 
+    /// Host samples stored so far, every event, from the per-second bins:
+    /// they are written as samples are recorded, also while a recording
+    /// leaves its rows for the first read ([`Session::symbols_pending`]).
+    pub fn stored_samples(&self) -> Result<u64> {
+        self.conn
+            .query_row("SELECT coalesce(sum(samples), 0) FROM bins", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
+            .map_err(sql_err(&self.path))
+    }
+
     /// Whether the session's recording left frames for the first read to
     /// resolve ([`PendingSymbols`]): until they are, its image, symbol and
     /// stack texts carry tokens instead of names.

@@ -138,6 +138,10 @@ impl Hasher for FxHasher {
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
+/// Pointers of mapped files' paths kept by a deferring symbolizer, at most
+/// (its images by text keep every image's number).
+const IMAGE_PTR_LIMIT: usize = 1 << 16;
+
 /// Past this many entries a cache is emptied rather than grown further.
 const CACHE_LIMIT: usize = 1 << 22;
 /// Warnings kept; later ones are only counted.
@@ -519,6 +523,11 @@ impl Symbolizer {
                     let key: FileKey = (path.clone(), build_id.clone());
                     let next = t.images.len() as u32 + 1;
                     let n = *t.images.entry(key.clone()).or_insert(next);
+                    // Every process's mappings bring their own pointers:
+                    // under exec churn this would grow without end.
+                    if t.images_by_ptr.len() >= IMAGE_PTR_LIMIT {
+                        t.images_by_ptr.clear();
+                    }
                     t.images_by_ptr.insert(ptrs, (n, key));
                     n
                 };
