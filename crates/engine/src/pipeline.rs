@@ -156,7 +156,11 @@ impl ConvertThread {
             return;
         }
         let waiting = self.held.len() + usize::from(self.unsent_lost > 0);
-        if self.in_flight.load(Ordering::Acquire) + waiting + batch.len() > self.limit {
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        // A converter with nothing to do takes the batch whatever its size:
+        // at the kernel's highest rates one read of the rings can hold more
+        // than the bound, and such reads were all dropped, every time.
+        if in_flight > 0 && in_flight + waiting + batch.len() > self.limit {
             self.hold(batch);
             return;
         }
@@ -275,88 +279,6 @@ impl ConvertThread {
     }
 }
 
-/// Where a recording converts: on a helper thread ([`ConvertThread`]),
-/// because symbolizing reads symbol tables, or on the ring reader's own
-/// thread when symbolization is deferred (nothing is read then, and a
-/// sample's conversion is a few hash lookups: a second thread only added
-/// hand-overs, wake-ups and frees of the other thread's memory).
-pub enum Conversion {
-    Thread(Box<ConvertThread>),
-    Inline {
-        conv: Box<Converter>,
-        /// Answers to `ask`, taken by `try_taken`.
-        taken: Vec<Taken>,
-    },
-}
-
-impl Conversion {
-    /// A helper thread for a converter that symbolizes; the converter
-    /// itself for one that defers ([`vmscope_symbols::Symbolizer::deferred`]).
-    pub fn start(mut conv: Converter) -> Result<Conversion, EngineError> {
-        if conv.is_deferring() {
-            conv.keep_spent_chains();
-            Ok(Conversion::Inline {
-                conv: Box::new(conv),
-                taken: Vec::new(),
-            })
-        } else {
-            ConvertThread::spawn(conv).map(|t| Conversion::Thread(Box::new(t)))
-        }
-    }
-
-    /// [`ConvertThread::push_batch`].
-    pub fn push_batch(&mut self, batch: Vec<Record>) {
-        match self {
-            Conversion::Thread(t) => t.push_batch(batch),
-            Conversion::Inline { conv, .. } => conv.push_batch(batch),
-        }
-    }
-
-    /// [`ConvertThread::ask`]; inline, the answer is ready at once.
-    pub fn ask(&mut self) {
-        match self {
-            Conversion::Thread(t) => t.ask(),
-            Conversion::Inline { conv, taken } => taken.push(Taken {
-                delta: conv.take_delta(),
-                raw: conv.take_raw(),
-                stats: conv.stats().clone(),
-            }),
-        }
-    }
-
-    /// [`ConvertThread::try_taken`].
-    pub fn try_taken(&mut self) -> Vec<Taken> {
-        match self {
-            Conversion::Thread(t) => t.try_taken(),
-            Conversion::Inline { taken, .. } => std::mem::take(taken),
-        }
-    }
-
-    /// Chain vectors of converted samples for the ring reader to reuse.
-    pub fn spent_chains(&mut self) -> Vec<Vec<(CpuMode, u64)>> {
-        match self {
-            Conversion::Thread(t) => t.spent_chains(),
-            Conversion::Inline { conv, .. } => conv.take_spent_chains(),
-        }
-    }
-
-    /// Counters as of the last answer (inline: now).
-    pub fn stats(&self) -> &ConverterStats {
-        match self {
-            Conversion::Thread(t) => t.stats(),
-            Conversion::Inline { conv, .. } => conv.stats(),
-        }
-    }
-
-    /// [`ConvertThread::finish`].
-    pub fn finish(self) -> Result<(Vec<Taken>, Converter), EngineError> {
-        match self {
-            Conversion::Thread(t) => (*t).finish(),
-            Conversion::Inline { conv, taken } => Ok((taken, *conv)),
-        }
-    }
-}
-
 impl Drop for ConvertThread {
     fn drop(&mut self) {
         drop(self.tx.take());
@@ -449,10 +371,26 @@ mod tests {
     #[test]
     fn a_full_channel_drops_samples_as_lost_and_keeps_other_records() {
         let mut t = ConvertThread::spawn_bounded(converter(), 100).unwrap();
-        let mut handed = 0u64;
-        for b in 0..200u64 {
-            // The first batch alone is past the bound: some drops are certain.
-            let n = if b == 0 { 150 } else { 60 };
+        // Past the bound, but nothing in flight: taken whole.
+        let first: Vec<Record> = (0..150u64).map(|i| sample(i * 1_000)).collect();
+        t.push_batch(first);
+        assert_eq!(t.dropped(), 0);
+        // A long batch keeps the converter busy: the next one is past the
+        // bound with records in flight, so its samples are dropped.
+        let long: Vec<Record> = (0..200_000u64)
+            .map(|i| match sample(1_000_000 + i) {
+                // Distinct addresses: each one converted on its own.
+                Record::Sample(mut s) => {
+                    s.ip += i * 16;
+                    Record::Sample(s)
+                }
+                other => other,
+            })
+            .collect();
+        t.push_batch(long);
+        let mut handed = 150 + 200_000u64;
+        for b in 1..200u64 {
+            let n = if b == 1 { 150 } else { 60 };
             let mut batch: Vec<Record> = (0..n)
                 .map(|i| sample(b * 100_000_000 + i * 1_000))
                 .collect();

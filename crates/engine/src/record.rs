@@ -3,7 +3,7 @@
 //! (agent rows: one second more, see `AgentBook::flush`).
 
 use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
-use crate::pipeline::Conversion;
+use crate::pipeline::ConvertThread;
 use crate::plan::SessionPlan;
 use crate::{Converter, ConverterStats, EngineError};
 use std::collections::HashMap;
@@ -545,10 +545,9 @@ impl Run<'_, '_> {
             conv.push(r);
         }
         conv.set_origin(vmscope_linux::clock_monotonic_ns());
-        // From here the converter runs on its own thread when it symbolizes:
-        // reading the rings never waits on symbol loading; one that defers
-        // loads nothing and runs here (crate::pipeline::Conversion).
-        let mut conv = Conversion::start(conv)?;
+        // From here the converter runs on its own thread: reading the rings
+        // never waits on symbol loading, or on conversion (crate::pipeline).
+        let mut conv = ConvertThread::spawn(conv)?;
         // Checkpoints at most every 64 MiB of log rather than SQLite's 4 MiB
         // (SessionWriter::set_wal_autocheckpoint).
         writer.set_wal_autocheckpoint(16_384)?;
