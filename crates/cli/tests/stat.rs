@@ -948,7 +948,13 @@ fn lab_cherkasova_io_charging() {
             .unwrap_or_else(|| panic!("httpd in {vm} does not answer on {addr}:80"));
         assert_eq!(body.len(), *size, "{vm} served the wrong file");
     }
-    let (rate, conns) = (40, 400);
+    // 25 connections a second for 10 s: busybox httpd forks per
+    // connection, and with two TCG guests and two httperf loops on this
+    // 2-CPU host, 40 a second left web1k's fork rate behind in CI (58 of
+    // 400 timed out, connects took 1.2 s on average: the listen queue
+    // overflowed). The paper's point, more operations per byte for small
+    // files at the same request rate, holds at any rate.
+    let (rate, conns) = (25, 250);
     let mut account = Command::new(VMSCOPE)
         // 12 intervals: the 10 s of load end inside the run, so httperf's
         // --hog loops exit mid-interval and their last slices (a CPU's
