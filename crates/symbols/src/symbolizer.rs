@@ -304,6 +304,8 @@ struct DeferredTable {
     /// (FxHash, good for the interned keys of the other caches, probed
     /// long chains here: addresses that differ in a few middle bits.)
     later: FastMap<(u32, u64, u32), u32>,
+    /// A direct-mapped front for `later` ([`LaterFront`]).
+    front: LaterFront,
     /// (image name pointer, symbol pointer) → frame number; the names are
     /// held by `frames`, so a pointer is never reused while it is here.
     named: FastMap<(usize, usize), u32>,
@@ -312,6 +314,66 @@ struct DeferredTable {
     images_by_ptr: FastMap<(usize, usize), (u32, FileKey)>,
     images: FastMap<FileKey, u32>,
     modules: FastMap<Arc<str>, u32>,
+}
+
+impl DeferredTable {
+    /// The number of the frame left for later at `key` (image number,
+    /// address, module number), numbering `make()` if it is new.
+    fn later_frame(&mut self, key: (u32, u64, u32), make: impl FnOnce() -> DeferredFrame) -> u32 {
+        if let Some(n) = self.front.get(key) {
+            return n;
+        }
+        let frames = &mut self.frames;
+        let n = *self.later.entry(key).or_insert_with(|| {
+            frames.push(make());
+            frames.len() as u32 - 1
+        });
+        self.front.put(key, n);
+        n
+    }
+}
+
+/// Past `later`, a small direct-mapped table of recently numbered frames.
+/// Under exec churn `later` holds every frame of every binary seen (tens of
+/// thousands), and nearly every probe of it missed the CPU's caches: a
+/// third of the deferring converter's time went there. The hot frames of a
+/// recording are few, and this table (192 KiB) keeps most of them close.
+/// Frame numbers never change, so an entry is never stale.
+struct LaterFront {
+    /// (address, image << 32 | module, frame number + 1; 0 when empty).
+    slots: Box<[(u64, u64, u32)]>,
+}
+
+const FRONT_SLOTS: usize = 1 << 13;
+
+impl Default for LaterFront {
+    fn default() -> Self {
+        LaterFront {
+            slots: vec![(0, 0, 0); FRONT_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl LaterFront {
+    fn slot((image, addr, module): (u32, u64, u32)) -> (usize, u64) {
+        let tag = u64::from(image) << 32 | u64::from(module);
+        // One folded multiply mixes the address's middle bits (where
+        // return addresses differ) into the index.
+        let p = u128::from(addr ^ tag.rotate_left(17)) * 0x9e37_79b9_7f4a_7c15;
+        let h = (p as u64) ^ ((p >> 64) as u64);
+        ((h as usize) & (FRONT_SLOTS - 1), tag)
+    }
+
+    fn get(&self, key: (u32, u64, u32)) -> Option<u32> {
+        let (i, tag) = Self::slot(key);
+        let (a, t, n) = self.slots[i];
+        (n != 0 && a == key.1 && t == tag).then(|| n - 1)
+    }
+
+    fn put(&mut self, key: (u32, u64, u32), n: u32) {
+        let (i, tag) = Self::slot(key);
+        self.slots[i] = (key.1, tag, n + 1);
+    }
 }
 
 /// Resolves frames to (image, symbol) with caches; see the module docs.
@@ -500,13 +562,9 @@ impl Symbolizer {
                         *t.modules.entry(m.clone()).or_insert(n)
                     }
                 };
-                let (later, frames) = (&mut t.later, &mut t.frames);
-                *later.entry((0, frame.addr, m)).or_insert_with(|| {
-                    frames.push(DeferredFrame::Later {
-                        frame: frame.clone(),
-                        module,
-                    });
-                    frames.len() as u32 - 1
+                t.later_frame((0, frame.addr, m), || DeferredFrame::Later {
+                    frame: frame.clone(),
+                    module,
                 })
             }
             ImageRef::File { path, build_id } => {
@@ -531,13 +589,9 @@ impl Symbolizer {
                     t.images_by_ptr.insert(ptrs, (n, key));
                     n
                 };
-                let (later, frames) = (&mut t.later, &mut t.frames);
-                *later.entry((image, frame.addr, 0)).or_insert_with(|| {
-                    frames.push(DeferredFrame::Later {
-                        frame: frame.clone(),
-                        module: None,
-                    });
-                    frames.len() as u32 - 1
+                t.later_frame((image, frame.addr, 0), || DeferredFrame::Later {
+                    frame: frame.clone(),
+                    module: None,
                 })
             }
             _ => {
