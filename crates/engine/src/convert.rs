@@ -1,5 +1,6 @@
 //! The converter: records in, aggregated profile deltas out.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use vmscope_model::{
@@ -362,14 +363,7 @@ impl Converter {
         leaf: Option<NormalizedFrame>,
     ) {
         let rr = self.raw.as_mut().expect("a deferring converter");
-        let split;
-        let chain = match raw {
-            Some(words) => {
-                split = vmscope_model::split_callchain(words, s.mode);
-                &split
-            }
-            None => &s.callchain,
-        };
+        let chain = &*sample_chain(s, raw);
         let cache_key = rr.cache.key(&attr.domain, s.pid, s.mode, s.ip, chain);
         let cached = rr.cache.get(cache_key);
         let (leaf_id, stack_id) = if let Some(v) = cached {
@@ -701,14 +695,7 @@ impl Converter {
         leaf: &NormalizedFrame,
     ) -> (Resolved, Arc<str>) {
         let resolved = self.resolve(domain, leaf);
-        let split;
-        let chain = match raw {
-            Some(words) => {
-                split = vmscope_model::split_callchain(words, s.mode);
-                &split
-            }
-            None => &s.callchain,
-        };
+        let chain = &*sample_chain(s, raw);
         let stack: Arc<str> = if chain.is_empty() {
             self.empty.clone()
         } else {
@@ -747,5 +734,14 @@ impl Converter {
             }
         };
         (resolved, stack)
+    }
+}
+
+/// A sample's call chain: its raw words (`raw`, as an import lends them)
+/// split into frames, or the chain it carries.
+fn sample_chain<'a>(s: &'a SampleRecord, raw: Option<&[u64]>) -> Cow<'a, [(CpuMode, u64)]> {
+    match raw {
+        Some(words) => Cow::Owned(vmscope_model::split_callchain(words, s.mode)),
+        None => Cow::Borrowed(&s.callchain),
     }
 }
