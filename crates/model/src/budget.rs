@@ -199,10 +199,21 @@ impl CostSummary {
         }
         if let Some(b) = self.budget {
             s.push_str(&format!("; budget {} %", percent(b)));
+            let over = self.fraction() > b;
             if self.over_at_minimum {
                 s.push_str(&format!(
                     ": not met even at the lowest rate ({MIN_RATE_HZ} Hz)"
                 ));
+            } else if over && self.at_min_steps > 0 && self.last_hz <= MIN_RATE_HZ {
+                // Nothing left to pay the excess back with: say where it
+                // came from rather than that the rate kept the budget.
+                s.push_str(&format!(
+                    ": over it by the session's start (its steps at the lowest rate, \
+                     {MIN_RATE_HZ} Hz, kept within it: {} of {} over)",
+                    self.at_min_over, self.at_min_steps
+                ));
+            } else if over && self.lowered {
+                s.push_str(": over it; the rate was lowered to pay the excess back");
             } else if self.lowered {
                 s.push_str(": the rate was lowered to stay within it");
             }
@@ -495,7 +506,17 @@ mod tests {
             let _ = c.observe(0.001, 1.0);
         }
         assert!(!c.summary().over_at_minimum, "{:?}", c.summary());
-        assert!(!c.summary().describe(None).contains("not met"));
+        let line = c.summary().describe(None);
+        assert!(!line.contains("not met"), "{line}");
+        // Over the budget in all (the start-up step), and nothing left to
+        // pay it back with: said as such, not as a budget kept.
+        assert!(c.summary().fraction() > 0.01);
+        assert!(
+            line.contains("over it by the session's start")
+                && line.contains("1 of 6 over")
+                && !line.contains("to stay within it"),
+            "{line}"
+        );
         // Two steps at the minimum cannot say it either, however costly.
         let mut s = CostSummary::default();
         let step = CostStep {
