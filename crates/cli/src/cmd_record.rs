@@ -232,10 +232,17 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     if args.strict && !summary.notes.is_empty() {
         anyhow::bail!("--strict: not every VM took part as asked (see above)");
     }
+    let lost = match summary.lost_behind {
+        0 => format!("{} lost", summary.lost),
+        d => format!(
+            "{} lost: {} in the kernel's rings, {d} while conversion was behind",
+            summary.lost,
+            summary.lost.saturating_sub(d)
+        ),
+    };
     eprintln!(
-        "[ vmscope record: {} samples ({} lost) in {:.2} s written to {}{} ]",
+        "[ vmscope record: {} samples ({lost}) in {:.2} s written to {}{} ]",
         summary.samples,
-        summary.lost,
         summary.duration.as_secs_f64(),
         summary.output.display(),
         if args.symbolize.defer() {

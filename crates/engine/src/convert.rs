@@ -249,6 +249,13 @@ impl Converter {
         &self.stats
     }
 
+    /// The name a thread has in the process table (tests of the records
+    /// that reach the converter).
+    #[cfg(test)]
+    pub(crate) fn comm(&self, pid: u32, tid: u32) -> Arc<str> {
+        self.procs.comm(pid, tid)
+    }
+
     /// Take what accumulated since the last call.
     pub fn take_delta(&mut self) -> Profile {
         self.rows.drain_into(&mut self.delta);

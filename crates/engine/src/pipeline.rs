@@ -4,45 +4,146 @@
 //! milliseconds; on the ring-reading thread that stalled the reads and let
 //! the rings fill on hosts that exec many short-lived programs.
 //!
-//! The ring reader hands each batch of records over a channel (records stay
-//! in the order read, so mmaps, execs and exits keep their order relative
-//! to samples), and asks for the profile accumulated so far without
-//! waiting: the answer comes back on a second channel and is picked up on a
-//! later turn of the loop.
+//! The ring reader only copies: each read of the rings goes over a channel
+//! as the kernel wrote it ([`RawRead`]), and this thread decodes it
+//! ([`RecordStream`]: time order across rings, rate changes), converts it,
+//! and sends the emptied buffer back for the next read. At the kernel's
+//! highest sampling rates, decoding on the reader (a chain vector per
+//! sample, the sort across rings) kept the reader from draining the rings
+//! in time, and the kernel dropped samples. The reader asks for the profile
+//! accumulated so far without waiting: the answer comes back on a second
+//! channel and is picked up on a later turn of the loop.
 //!
-//! What waits in the channel is bounded ([`MAX_IN_FLIGHT`] records): a
-//! converter that cannot keep up must not grow the recorder's memory
-//! without end, and must not block the ring reader either (the kernel would
-//! drop samples, uncounted by us, and the rings' other records with them).
-//! A batch that finds the channel full keeps its other records, held in
-//! order for the next batch, and drops its samples, which are counted as
-//! lost (a `Lost` record sent ahead of the held records), as the kernel
-//! counts the samples a full ring drops. [`ConvertThread::finish`] waits for
-//! every batch to be converted and returns the converter (warnings,
-//! build-ids, the last delta). The converter thread is a thread of the
-//! recorder process, so its CPU time is in the recorder's own cost
-//! (getrusage of the process counts every thread).
+//! What waits in the channel is bounded ([`MAX_IN_FLIGHT_BYTES`] of ring
+//! records): a converter that cannot keep up must not grow the recorder's
+//! memory without end, and must not block the ring reader either (the
+//! kernel would drop samples, and the rings' other records with them).
+//! Below the bound a converter that falls behind catches up later (at the
+//! latest when the recording ends), so nothing is lost to a burst. A read
+//! that finds the bound reached keeps its other records, held in order for
+//! the next read, and drops its samples, which are counted as lost (a
+//! `Lost` record ahead of the held records), as the kernel counts the
+//! samples a full ring drops. [`ConvertThread::finish`] waits for every
+//! read to be converted and returns the converter (warnings, build-ids,
+//! the last delta). The converter thread is a thread of the recorder
+//! process, so its CPU time is in the recorder's own cost (getrusage of the
+//! process counts every thread).
 //!
 //! Every symbol table is still loaded once per binary (path, build-id) and
 //! cached by the [`vmscope_symbols::Symbolizer`] the converter owns.
 
 use crate::{Converter, ConverterStats, EngineError};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use vmscope_model::{CpuMode, Profile, Record};
+use vmscope_linux::{RawMark, RawRead, RecordStream};
+use vmscope_model::{Profile, Record};
 
-/// Records handed over and not yet converted, at most: about 16 s of
-/// `-a -g -F 4000` samples on two CPUs, some tens of MiB.
-pub const MAX_IN_FLIGHT: usize = 1 << 17;
+/// Bytes of ring records handed over and not yet converted, at most: at
+/// `-a -g` and the kernel's default ceiling (100 kHz on two CPUs, about
+/// 50 MB/s of records) some 10 s of a converter that does not keep up at
+/// all; at `-F 4000`, minutes.
+pub const MAX_IN_FLIGHT_BYTES: usize = 512 << 20;
 
-/// Chain vectors on their way back at most; past it the converter frees
-/// them itself.
-const SPENT_MAX: usize = 1 << 16;
+/// Emptied read buffers on their way back, at most this many bytes of
+/// them: a buffer used again costs no page faults, and fresh pages for
+/// every copy of the rings were most of the reader's time at the kernel's
+/// highest rates (glibc maps large buffers anew and unmaps them when freed).
+const SPARE_BYTES: usize = 256 << 20;
+
+/// Where the ring reader copies the rings: an in-memory file (memfd), so
+/// a copy is one write(2) into page-cache pages, which need no zeroing
+/// and no page fault, where a copy into fresh heap memory needed both
+/// (most of the reader's time at the kernel's highest rates). The
+/// converter punches out what it converted, so the file holds only what
+/// is in flight.
+struct Spill {
+    file: File,
+    /// Where the next bytes go.
+    end: u64,
+    /// Bytes up to here are sent to the converter.
+    sent: u64,
+    /// A write failed: bytes go to memory from here on.
+    failed: bool,
+}
+
+impl Spill {
+    fn create() -> Option<Spill> {
+        // SAFETY: a NUL-terminated name and plain flags; the result is
+        // checked before it is owned.
+        let fd = unsafe { libc::memfd_create(c"vmscope-spill".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is a new descriptor owned by nobody else.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Some(Spill {
+            file,
+            end: 0,
+            sent: 0,
+            failed: false,
+        })
+    }
+}
+
+/// Free the spill file's pages of bytes converted.
+fn punch(file: &File, off: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate on an open fd with plain arguments; failure (a
+    // kernel without hole punching in memfds) only keeps the pages.
+    unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        );
+    }
+}
+
+/// The converter's nice value while the rings are read: on a host whose
+/// CPUs are all busy, conversion yields to the workload and to the ring
+/// reader (which must drain the rings in time, or the kernel drops
+/// samples) and catches up from the records in flight when CPU is free or
+/// the recording ends.
+const CONVERT_NICE: i32 = 19;
+
+/// Whether this process may lower a nice value again (root, or a nice
+/// limit that allows 0): without that, a converter that yielded could not
+/// catch up at the usual priority, and on a busy host the recording would
+/// take long to end. Such a converter does not yield.
+fn can_renice() -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: geteuid has no preconditions; getrlimit writes the struct
+    // given.
+    unsafe {
+        libc::geteuid() == 0
+            || (libc::getrlimit(libc::RLIMIT_NICE, &raw mut lim) == 0 && lim.rlim_cur >= 20)
+    }
+}
+
+/// Set the calling thread's nice value; false when refused.
+fn set_own_nice(nice: i32) -> bool {
+    // SAFETY: gettid has no preconditions; setpriority with PRIO_PROCESS
+    // and a thread id changes that thread only (Linux semantics).
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0
+    }
+}
 
 enum Msg {
-    Batch(Vec<Record>),
+    /// Records in memory, after a `Lost` record for this many samples
+    /// dropped before them.
+    Raw(RawRead, u64),
+    /// One read of the rings, `len` bytes at `off` in the spill file.
+    Spilled { off: u64, len: usize, mark: RawMark },
     /// Send what accumulated since the previous take, with the counters.
     Take,
 }
@@ -61,21 +162,28 @@ pub struct Taken {
 pub struct ConvertThread {
     tx: Option<Sender<Msg>>,
     done: Receiver<Taken>,
-    /// Call chain vectors of converted samples, back for reuse.
-    spent: Receiver<Vec<Vec<(CpuMode, u64)>>>,
-    /// Chain vectors sent back and not yet taken (bounded by [`SPENT_MAX`]).
-    spent_out: Arc<AtomicUsize>,
+    /// Read buffers, converted and emptied, back for reuse.
+    spare: Receiver<RawRead>,
+    /// Bytes allocated by the buffers in `spare`.
+    spare_out: Arc<AtomicUsize>,
     /// Taken answers asked for and not yet received.
     outstanding: usize,
     /// Counters as of the last answer received.
     stats: ConverterStats,
     handle: Option<JoinHandle<Converter>>,
-    /// Records sent and not yet converted (the converter decrements).
+    /// Bytes sent and not yet converted (the converter decrements).
     in_flight: Arc<AtomicUsize>,
-    /// Records of batches that found the channel full, other than samples,
+    /// Records of reads that found the bound reached, other than samples,
     /// in order, waiting for room.
-    held: Vec<Record>,
-    /// Samples dropped since the last batch sent (channel full).
+    held: RawRead,
+    /// The ring copies of the read under way ([`ConvertThread::copy`]).
+    spill: Option<Spill>,
+    /// Copies that did not go to the spill file.
+    mem: RawRead,
+    /// Set by [`ConvertThread::finish`]: the converter catches up at the
+    /// usual priority.
+    finishing: Arc<AtomicBool>,
+    /// Samples dropped since the last read sent.
     unsent_lost: u64,
     /// Samples dropped in all.
     dropped: u64,
@@ -83,40 +191,97 @@ pub struct ConvertThread {
 }
 
 impl ConvertThread {
-    /// Move `conv` to a new thread named `vmscope-convert`.
-    pub fn spawn(conv: Converter) -> Result<ConvertThread, EngineError> {
-        ConvertThread::spawn_bounded(conv, MAX_IN_FLIGHT)
+    /// Move `conv` and `stream` (the decoder of the recorder's reads) to a
+    /// new thread named `vmscope-convert`.
+    pub fn spawn(conv: Converter, stream: RecordStream) -> Result<ConvertThread, EngineError> {
+        ConvertThread::spawn_bounded(conv, stream, MAX_IN_FLIGHT_BYTES, true)
     }
 
-    /// [`ConvertThread::spawn`] with at most `limit` records in flight.
-    pub fn spawn_bounded(conv: Converter, limit: usize) -> Result<ConvertThread, EngineError> {
+    /// [`ConvertThread::spawn`] with at most `limit` bytes in flight, the
+    /// copies in a spill file or (`spill` false, or no memfd) in memory.
+    pub fn spawn_bounded(
+        conv: Converter,
+        stream: RecordStream,
+        limit: usize,
+        spill: bool,
+    ) -> Result<ConvertThread, EngineError> {
         let (tx, rx) = channel::<Msg>();
         let (done_tx, done) = channel::<Taken>();
-        let (spent_tx, spent) = channel::<Vec<Vec<(CpuMode, u64)>>>();
-        let spent_out = Arc::new(AtomicUsize::new(0));
-        let spent_count = spent_out.clone();
+        let (spare_tx, spare) = channel::<RawRead>();
+        let spare_out = Arc::new(AtomicUsize::new(0));
+        let spare_count = spare_out.clone();
         let stats = conv.stats().clone();
         let in_flight = Arc::new(AtomicUsize::new(0));
         let counter = in_flight.clone();
+        let finishing = Arc::new(AtomicBool::new(false));
+        let ending = finishing.clone();
+        let spill = if spill { Spill::create() } else { None };
+        let spilled =
+            match &spill {
+                Some(sp) => Some(sp.file.try_clone().map_err(|e| {
+                    EngineError::Invalid(format!("cannot share the spill file: {e}"))
+                })?),
+                None => None,
+            };
+        // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
+        let dump = std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some();
         let handle = std::thread::Builder::new()
             .name("vmscope-convert".into())
             .spawn(move || {
-                let mut conv = conv;
+                let yielding = can_renice() && set_own_nice(CONVERT_NICE);
+                let (mut conv, mut stream) = (conv, stream);
                 conv.keep_spent_chains();
+                let mut recs = Vec::new();
+                let mut chunk = RawRead::new();
+                let convert = |conv: &mut Converter, recs: &mut Vec<Record>| {
+                    if dump {
+                        for r in recs.iter() {
+                            eprintln!("{r:?}");
+                        }
+                    }
+                    conv.push_batch(recs.drain(..));
+                };
                 for msg in rx {
+                    if yielding && finishing.load(Ordering::Acquire) {
+                        // The reads are over: catch up at the usual
+                        // priority (fails without CAP_SYS_NICE; then
+                        // conversion finishes at the lower one).
+                        set_own_nice(0);
+                    }
                     match msg {
-                        Msg::Batch(b) => {
-                            let n = b.len();
-                            conv.push_batch(b);
-                            counter.fetch_sub(n, Ordering::AcqRel);
-                            // Back to the reader that allocated them (a
-                            // free on this thread is a cross-thread free).
-                            let chains = conv.take_spent_chains();
-                            if !chains.is_empty() && spent_count.load(Ordering::Acquire) < SPENT_MAX
-                            {
-                                spent_count.fetch_add(chains.len(), Ordering::AcqRel);
-                                let _ = spent_tx.send(chains);
+                        Msg::Raw(mut raw, dropped) => {
+                            if dropped > 0 {
+                                recs.push(Record::Lost {
+                                    cpu: None,
+                                    count: dropped,
+                                });
                             }
+                            stream.decode(&raw, &mut recs);
+                            convert(&mut conv, &mut recs);
+                            // Chains are decoded and freed on this thread.
+                            stream.recycle(conv.take_spent_chains());
+                            counter.fetch_sub(raw.bytes(), Ordering::AcqRel);
+                            let cap = raw.capacity();
+                            if spare_count.load(Ordering::Acquire) + cap <= SPARE_BYTES {
+                                raw.clear();
+                                spare_count.fetch_add(cap, Ordering::AcqRel);
+                                let _ = spare_tx.send(raw);
+                            }
+                        }
+                        Msg::Spilled { off, len, mark } => {
+                            let Some(f) = &spilled else { continue };
+                            // Only what this process wrote is read back; a
+                            // failed read loses the read, counted nowhere.
+                            if chunk
+                                .fill_from(mark, len, |b| f.read_exact_at(b, off))
+                                .is_ok()
+                            {
+                                stream.decode(&chunk, &mut recs);
+                                convert(&mut conv, &mut recs);
+                                stream.recycle(conv.take_spent_chains());
+                            }
+                            punch(f, off, len);
+                            counter.fetch_sub(len, Ordering::AcqRel);
                         }
                         Msg::Take => {
                             let t = Taken {
@@ -129,43 +294,118 @@ impl ConvertThread {
                         }
                     }
                 }
+                // The reader is done: what was held back for ordering goes.
+                stream.flush(&mut recs);
+                convert(&mut conv, &mut recs);
                 conv
             })
             .map_err(|e| EngineError::Invalid(format!("cannot start the converter thread: {e}")))?;
         Ok(ConvertThread {
             tx: Some(tx),
             done,
-            spent,
-            spent_out,
+            spare,
+            spare_out,
             outstanding: 0,
             stats,
             handle: Some(handle),
             in_flight,
-            held: Vec::new(),
+            held: RawRead::new(),
+            spill,
+            mem: RawRead::new(),
+            finishing: ending,
             unsent_lost: 0,
             dropped: 0,
             limit,
         })
     }
 
-    /// Hand over one ring read (never blocks). When the records in flight
-    /// would pass the bound, the batch's samples are dropped and counted as
-    /// lost, and its other records wait for the next batch (module docs).
-    pub fn push_batch(&mut self, batch: Vec<Record>) {
-        if batch.is_empty() && self.held.is_empty() && self.unsent_lost == 0 {
-            return;
+    /// An empty buffer for the next read of the rings (one sent back by
+    /// the converter when there is one).
+    pub fn buffer(&mut self) -> RawRead {
+        match self.spare.try_recv() {
+            Ok(b) => {
+                self.spare_out.fetch_sub(b.capacity(), Ordering::AcqRel);
+                b
+            }
+            Err(_) => RawRead::new(),
         }
-        let waiting = self.held.len() + usize::from(self.unsent_lost > 0);
+    }
+
+    /// Take a copy of ring bytes ([`vmscope_linux::Recorder::read_bytes`]):
+    /// into the spill file, or memory when there is none or a write
+    /// failed. [`ConvertThread::push_read`] hands them over.
+    pub fn copy(&mut self, bytes: &[u8]) {
+        if let Some(sp) = self.spill.as_mut().filter(|sp| !sp.failed) {
+            match sp.file.write_all_at(bytes, sp.end) {
+                Ok(()) => {
+                    sp.end += bytes.len() as u64;
+                    return;
+                }
+                // A full memory cgroup or tmpfs limit: memory from here.
+                Err(_) => sp.failed = true,
+            }
+        }
+        self.mem.extend_bytes(bytes);
+    }
+
+    /// Hand over what [`ConvertThread::copy`] took since the last call, read
+    /// at `mark` (never blocks). When the bytes in flight would pass the
+    /// bound, the read's samples are dropped and counted as lost, and its
+    /// other records wait for the next read (module docs). A converter
+    /// with nothing to do takes the read whatever its size.
+    pub fn push_read(&mut self, mark: RawMark) {
+        let spilled = self
+            .spill
+            .as_ref()
+            .map_or(0, |sp| (sp.end - sp.sent) as usize);
+        let len = spilled + self.mem.bytes();
         let in_flight = self.in_flight.load(Ordering::Acquire);
-        // A converter with nothing to do takes the batch whatever its size:
-        // at the kernel's highest rates one read of the rings can hold more
-        // than the bound, and such reads were all dropped, every time.
-        if in_flight > 0 && in_flight + waiting + batch.len() > self.limit {
-            self.hold(batch);
+        if in_flight > 0 && in_flight + self.held.bytes() + len > self.limit {
+            // Over the bound: the read back in memory, to keep its other
+            // records; the file's space is written again.
+            let mut all = RawRead::new();
+            if let Some(sp) = self.spill.as_mut() {
+                let (off, n) = (sp.sent, spilled);
+                if all
+                    .fill_from(mark.clone(), n, |b| sp.file.read_exact_at(b, off))
+                    .is_err()
+                {
+                    all.clear();
+                }
+                sp.end = sp.sent;
+            }
+            all.set_mark(mark);
+            all.append(&std::mem::take(&mut self.mem));
+            self.hold(all);
             return;
         }
-        let batch = self.with_held(batch);
-        self.send(batch);
+        if !self.held.is_empty() || self.unsent_lost > 0 {
+            let held = std::mem::take(&mut self.held);
+            self.send(held);
+        }
+        let mut sent = false;
+        if let Some(sp) = self.spill.as_mut() {
+            if spilled > 0 {
+                let off = sp.sent;
+                sp.sent = sp.end;
+                if let Some(tx) = &self.tx {
+                    self.in_flight.fetch_add(spilled, Ordering::AcqRel);
+                    let _ = tx.send(Msg::Spilled {
+                        off,
+                        len: spilled,
+                        mark: mark.clone(),
+                    });
+                }
+                sent = true;
+            }
+        }
+        // A read with nothing to copy may still carry rate changes.
+        if self.mem.bytes() > 0 || !sent {
+            let spare = self.buffer();
+            let mut mem = std::mem::replace(&mut self.mem, spare);
+            mem.set_mark(mark);
+            self.send(mem);
+        }
     }
 
     /// Samples dropped because the converter was behind (also counted in
@@ -174,45 +414,33 @@ impl ConvertThread {
         self.dropped
     }
 
-    fn hold(&mut self, batch: Vec<Record>) {
-        for r in batch {
-            match r {
-                Record::Sample(_) => {
-                    self.unsent_lost += 1;
-                    self.dropped += 1;
-                }
-                other => self.held.push(other),
-            }
-        }
+    fn hold(&mut self, mut raw: RawRead) {
+        let n = raw.drop_samples();
+        self.unsent_lost += n;
+        self.dropped += n;
+        self.held.append(&raw);
     }
 
-    /// The held records (after a `Lost` record for the dropped samples)
-    /// followed by `batch`.
-    fn with_held(&mut self, batch: Vec<Record>) -> Vec<Record> {
-        if self.held.is_empty() && self.unsent_lost == 0 {
-            return batch;
+    /// The held records followed by `raw`'s.
+    fn with_held(&mut self, raw: RawRead) -> RawRead {
+        if self.held.is_empty() {
+            return raw;
         }
-        let mut all = Vec::with_capacity(self.held.len() + 1 + batch.len());
-        if self.unsent_lost > 0 {
-            all.push(Record::Lost {
-                cpu: None,
-                count: std::mem::take(&mut self.unsent_lost),
-            });
-        }
-        all.append(&mut self.held);
-        all.extend(batch);
+        let mut all = std::mem::take(&mut self.held);
+        all.append(&raw);
         all
     }
 
-    fn send(&mut self, batch: Vec<Record>) {
-        if batch.is_empty() {
+    fn send(&mut self, raw: RawRead) {
+        let lost = std::mem::take(&mut self.unsent_lost);
+        if raw.is_empty() && lost == 0 {
             return;
         }
         if let Some(tx) = &self.tx {
-            self.in_flight.fetch_add(batch.len(), Ordering::AcqRel);
+            self.in_flight.fetch_add(raw.bytes(), Ordering::AcqRel);
             // A send fails only when the thread ended (it panicked);
             // `finish` reports that.
-            let _ = tx.send(Msg::Batch(batch));
+            let _ = tx.send(Msg::Raw(raw, lost));
         }
     }
 
@@ -240,32 +468,18 @@ impl ConvertThread {
         v
     }
 
-    /// Call chain vectors of converted samples, for the ring reader to
-    /// reuse (`Recorder::recycle_chains`); never blocks.
-    pub fn spent_chains(&mut self) -> Vec<Vec<(CpuMode, u64)>> {
-        let mut all = Vec::new();
-        for mut v in self.spent.try_iter() {
-            if all.is_empty() {
-                all = v;
-            } else {
-                all.append(&mut v);
-            }
-        }
-        self.spent_out.fetch_sub(all.len(), Ordering::AcqRel);
-        all
-    }
-
     /// Counters as of the last answer received.
     pub fn stats(&self) -> &ConverterStats {
         &self.stats
     }
 
-    /// Wait until every batch handed over is converted; returns the answers
+    /// Wait until every read handed over is converted; returns the answers
     /// not yet collected (in order) and the converter, whose remaining
     /// delta the caller takes.
     pub fn finish(mut self) -> Result<(Vec<Taken>, Converter), EngineError> {
         // What waited for room goes now (the reader is done: waiting is fine).
-        let rest = self.with_held(Vec::new());
+        let rest = self.with_held(RawRead::new());
+        self.finishing.store(true, Ordering::Release);
         self.send(rest);
         drop(self.tx.take());
         let conv = self
@@ -291,21 +505,59 @@ impl Drop for ConvertThread {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vmscope_model::{CpuMode, SampleRecord};
     use vmscope_symbols::{Symbolizer, SymbolizerOptions};
 
-    fn sample(time: u64) -> Record {
-        Record::Sample(SampleRecord {
+    const ID: u64 = 7;
+
+    fn words(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// A kernel sample as the rings hold it (this crate's sample layout,
+    /// no call chain): header, id, ip, pid/tid, time, cpu, period.
+    fn sample(time: u64, ip: u64) -> Vec<u8> {
+        let size = 8 + 6 * 8;
+        words(&[9 | 1 << 32 | (size as u64) << 48, ID, ip, 0, time, 0, 1])
+    }
+
+    /// PERF_RECORD_COMM naming `pid` "c<pid>", with the sample_id_all
+    /// trailer (pid/tid, time, cpu, id).
+    fn comm(pid: u32, time: u64) -> Vec<u8> {
+        let mut name = [0u8; 8];
+        let s = format!("c{pid}");
+        name[..s.len()].copy_from_slice(s.as_bytes());
+        let size = 8 + 8 + 8 + 32;
+        let pt = u64::from(pid) | u64::from(pid) << 32;
+        words(&[
+            3 | (size as u64) << 48,
+            pt,
+            u64::from_ne_bytes(name),
+            pt,
             time,
-            pid: 0,
-            tid: 0,
-            cpu: 0,
-            event: 0,
-            period: 1,
-            mode: CpuMode::Kernel,
-            ip: 0xffff_ffff_8100_0000,
-            callchain: Vec::new(),
-        })
+            0,
+            ID,
+        ])
+    }
+
+    fn read_of(recs: &[Vec<u8>]) -> RawRead {
+        let mut r = RawRead::new();
+        for rec in recs {
+            r.push_record(rec);
+        }
+        r.set_cutoff(u64::MAX);
+        r
+    }
+
+    /// Hand `recs` over as one read of the rings, read at `cutoff`.
+    fn push(t: &mut ConvertThread, recs: &[Vec<u8>], cutoff: u64) {
+        for rec in recs {
+            t.copy(rec);
+        }
+        t.push_read(RawMark::until(cutoff));
+    }
+
+    fn stream() -> RecordStream {
+        RecordStream::new(false, &[(ID, 0)])
     }
 
     fn converter() -> Converter {
@@ -316,53 +568,67 @@ mod tests {
         Converter::new(Symbolizer::new(opts), Default::default())
     }
 
-    /// The same records give the same profile and counters on the thread as
-    /// on the caller's thread, whether taken in pieces or at the end.
+    const KERNEL_IP: u64 = 0xffff_ffff_8100_0000;
+
+    /// The same reads give the same profile and counters on the thread as
+    /// decoded and converted on the caller's thread, whether taken in
+    /// pieces or at the end.
     #[test]
     fn converts_like_the_inline_converter() {
-        let batches: Vec<Vec<Record>> = (0..50u64)
+        let reads: Vec<Vec<Vec<u8>>> = (0..50u64)
             .map(|b| {
                 (0..40u64)
-                    .map(|i| sample(b * 100_000_000 + i * 1_000))
+                    .map(|i| sample(b * 100_000_000 + i * 1_000, KERNEL_IP))
                     .collect()
             })
             .collect();
         let mut inline = converter();
-        for b in &batches {
-            inline.push_batch(b.clone());
+        let mut s = stream();
+        for r in &reads {
+            let mut out = Vec::new();
+            s.decode(&read_of(r), &mut out);
+            inline.push_batch(out);
         }
         let want = inline.take_delta();
 
-        let mut t = ConvertThread::spawn(converter()).unwrap();
-        let mut got = Profile::new();
-        for (i, b) in batches.into_iter().enumerate() {
-            t.push_batch(b);
-            if i % 7 == 0 {
-                t.ask();
+        for spill in [true, false] {
+            let mut t =
+                ConvertThread::spawn_bounded(converter(), stream(), MAX_IN_FLIGHT_BYTES, spill)
+                    .unwrap();
+            let mut got = Profile::new();
+            for (i, r) in reads.iter().enumerate() {
+                push(&mut t, r, u64::MAX);
+                if i % 7 == 0 {
+                    t.ask();
+                }
+                for taken in t.try_taken() {
+                    got.merge(taken.delta);
+                }
             }
-            for taken in t.try_taken() {
+            let (rest, mut conv) = t.finish().unwrap();
+            for taken in rest {
                 got.merge(taken.delta);
             }
+            got.merge(conv.take_delta());
+            assert_eq!(conv.stats().samples, 2000, "spill {spill}");
+            assert_eq!(got.total_samples, 2000);
+            assert_eq!(got.rows, want.rows);
+            assert_eq!(got.bins, want.bins);
         }
-        let (rest, mut conv) = t.finish().unwrap();
-        for taken in rest {
-            got.merge(taken.delta);
-        }
-        got.merge(conv.take_delta());
-        assert_eq!(conv.stats().samples, 2000);
-        assert_eq!(got.total_samples, 2000);
-        assert_eq!(got.rows, want.rows);
-        assert_eq!(got.bins, want.bins);
     }
 
-    fn comm(pid: u32) -> Record {
-        Record::Comm {
-            pid,
-            tid: pid,
-            comm: "x".into(),
-            exec: true,
-            time: 0,
-        }
+    /// Records held back for ordering (past a read's cutoff) are converted
+    /// when the reads end.
+    #[test]
+    fn records_past_the_last_cutoff_are_converted_at_the_end() {
+        let mut t = ConvertThread::spawn(converter(), stream()).unwrap();
+        push(
+            &mut t,
+            &[sample(1_000, KERNEL_IP), sample(9_000, KERNEL_IP)],
+            5_000,
+        );
+        let (_, conv) = t.finish().unwrap();
+        assert_eq!(conv.stats().samples, 2);
     }
 
     /// Past the bound, samples are counted as lost instead of queued, the
@@ -370,40 +636,46 @@ mod tests {
     /// to every sample handed over.
     #[test]
     fn a_full_channel_drops_samples_as_lost_and_keeps_other_records() {
-        let mut t = ConvertThread::spawn_bounded(converter(), 100).unwrap();
+        for spill in [true, false] {
+            a_full_channel_drops(spill);
+        }
+    }
+
+    fn a_full_channel_drops(spill: bool) {
+        let one = sample(0, KERNEL_IP).len();
+        let mut t = ConvertThread::spawn_bounded(converter(), stream(), 100 * one, spill).unwrap();
         // Past the bound, but nothing in flight: taken whole.
-        let first: Vec<Record> = (0..150u64).map(|i| sample(i * 1_000)).collect();
-        t.push_batch(first);
+        let first: Vec<Vec<u8>> = (0..150u64).map(|i| sample(i * 1_000, KERNEL_IP)).collect();
+        push(&mut t, &first, u64::MAX);
         assert_eq!(t.dropped(), 0);
-        // A long batch keeps the converter busy: the next one is past the
-        // bound with records in flight, so its samples are dropped.
-        let long: Vec<Record> = (0..200_000u64)
-            .map(|i| match sample(1_000_000 + i) {
-                // Distinct addresses: each one converted on its own.
-                Record::Sample(mut s) => {
-                    s.ip += i * 16;
-                    Record::Sample(s)
-                }
-                other => other,
-            })
+        // A long read keeps the converter busy (distinct addresses: each
+        // one converted on its own): the next one is past the bound with
+        // records in flight, so its samples are dropped.
+        let long: Vec<Vec<u8>> = (0..200_000u64)
+            .map(|i| sample(1_000_000 + i, KERNEL_IP + i * 16))
             .collect();
-        t.push_batch(long);
+        push(&mut t, &long, u64::MAX);
         let mut handed = 150 + 200_000u64;
         for b in 1..200u64 {
             let n = if b == 1 { 150 } else { 60 };
-            let mut batch: Vec<Record> = (0..n)
-                .map(|i| sample(b * 100_000_000 + i * 1_000))
+            let mut recs: Vec<Vec<u8>> = (0..n)
+                .map(|i| sample(b * 100_000_000 + i * 1_000, KERNEL_IP))
                 .collect();
-            batch.insert(30, comm(1000 + b as u32));
+            recs.insert(30, comm(1000 + b as u32, b * 100_000_000 + 29_500));
             handed += n;
-            t.push_batch(batch);
+            push(&mut t, &recs, u64::MAX);
         }
         let dropped = t.dropped();
         let (_, mut conv) = t.finish().unwrap();
         let st = conv.stats().clone();
-        assert!(dropped >= 150, "{dropped}");
+        assert!(dropped >= 150, "spill {spill}: {dropped}");
         assert_eq!(st.lost, dropped);
-        assert_eq!(st.samples + st.lost, handed, "{st:?}");
+        assert_eq!(st.samples + st.lost, handed, "spill {spill}: {st:?}");
+        // Every comm reached the converter, dropped reads' too.
+        let named = (1..200u32)
+            .filter(|b| *conv.comm(1000 + b, 1000 + b) == *format!("c{}", 1000 + b))
+            .count();
+        assert_eq!(named, 199, "spill {spill}");
         let p = conv.take_delta();
         assert_eq!(p.lost.values().sum::<u64>(), dropped);
     }

@@ -76,6 +76,9 @@ pub struct RecordSummary {
     pub output: PathBuf,
     pub samples: u64,
     pub lost: u64,
+    /// Of `lost`, the samples dropped because conversion was behind (the
+    /// rest the kernel dropped from full rings).
+    pub lost_behind: u64,
     pub duration: Duration,
     /// The command's exit code (128+signal when a signal ended it); `None`
     /// without a command or when vmscope stopped it (see `notes`).
@@ -547,7 +550,7 @@ impl Run<'_, '_> {
         conv.set_origin(vmscope_linux::clock_monotonic_ns());
         // From here the converter runs on its own thread: reading the rings
         // never waits on symbol loading, or on conversion (crate::pipeline).
-        let mut conv = ConvertThread::spawn(conv)?;
+        let mut conv = ConvertThread::spawn(conv, rec.stream())?;
         // Checkpoints at most every 64 MiB of log rather than SQLite's 4 MiB
         // (SessionWriter::set_wal_autocheckpoint).
         writer.set_wal_autocheckpoint(16_384)?;
@@ -646,16 +649,12 @@ impl Run<'_, '_> {
         if let Some(c) = self.child.as_mut() {
             c.release();
         }
-        // VMSCOPE_DUMP_RECORDS=1 prints the record stream (debugging aid).
-        let dump = std::env::var_os("VMSCOPE_DUMP_RECORDS").is_some();
         let t0 = Instant::now();
         let mut last_flush = Instant::now();
-        let mut buf = Vec::with_capacity(4096);
         let mut status = None;
         // A delta was asked for and not yet written.
         let mut asked = false;
         let ended = loop {
-            buf.clear();
             let wait = read_wait(
                 t0.elapsed(),
                 last_flush.elapsed(),
@@ -664,16 +663,8 @@ impl Run<'_, '_> {
                 asked,
                 self.child.is_some() || matches!(target, Target::Pids(_)),
             );
-            rec.read(wait, &mut buf)?;
-            if dump {
-                for r in &buf {
-                    eprintln!("{r:?}");
-                }
-            }
-            if !buf.is_empty() {
-                conv.push_batch(std::mem::replace(&mut buf, Vec::with_capacity(4096)));
-            }
-            rec.recycle_chains(conv.spent_chains());
+            let mark = rec.read_bytes(wait, |b| conv.copy(b))?;
+            conv.push_read(mark);
             for t in conv.try_taken() {
                 write_delta(writer, &t.raw, &t.delta)?;
                 asked = false;
@@ -728,9 +719,8 @@ impl Run<'_, '_> {
         };
         let duration = t0.elapsed();
         rec.disable()?;
-        buf.clear();
-        rec.read(Duration::from_millis(0), &mut buf)?;
-        conv.push_batch(std::mem::take(&mut buf));
+        let mark = rec.read_bytes(Duration::from_millis(0), |b| conv.copy(b))?;
+        conv.push_read(mark);
         if let Some(mut c) = self.child.take() {
             if status.is_none() && c.stop(Duration::from_secs(2)) {
                 let why = match (ended, opts.duration) {
@@ -751,6 +741,7 @@ impl Run<'_, '_> {
                 ));
             }
         }
+        let lost_behind = conv.dropped();
         // Every batch converted: the answers not yet written, then the rest.
         let (rest, mut conv) = conv.finish()?;
         for t in rest {
@@ -783,6 +774,7 @@ impl Run<'_, '_> {
             output: PathBuf::new(),
             samples: stats.samples,
             lost: stats.lost,
+            lost_behind,
             duration,
             command_status: status,
             notes,

@@ -102,6 +102,16 @@ impl Decoder {
         }
     }
 
+    /// The same ids and layout, no chain vectors (for another thread).
+    pub(crate) fn config(&self) -> Decoder {
+        Decoder {
+            callchain: self.callchain,
+            ids: self.ids.clone(),
+            only: self.only,
+            chains: Default::default(),
+        }
+    }
+
     pub(crate) fn add_id(&mut self, id: u64, event: u32) {
         let pos = self.ids.partition_point(|&(i, _)| i < id);
         self.ids.insert(pos, (id, event));

@@ -32,7 +32,7 @@ pub mod taskstats;
 
 pub use error::LinuxError;
 pub use procfs::{synthesize_from_proc, ProcRoot};
-pub use recorder::{working_events, Recorder, RingOptions, Target};
+pub use recorder::{working_events, RawMark, RawRead, RecordStream, Recorder, RingOptions, Target};
 
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
 pub use softirq::{SoftirqRecorder, SoftirqTotals};

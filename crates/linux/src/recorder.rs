@@ -14,7 +14,7 @@ use perf_event_open_sys::ioctls;
 use vmscope_model::{CpuMode, EventKind, EventSpec, Record, SampleRate};
 
 use crate::decode::{Decoder, SAMPLE_TYPE};
-use crate::ring::Ring;
+use crate::ring::{as_bytes, as_bytes_mut, Ring};
 use crate::sys::{
     clock_monotonic_ns, online_cpus, page_size, perf_event_max_sample_rate, perf_event_paranoid,
 };
@@ -107,13 +107,272 @@ pub struct Recorder {
     /// A file descriptor whose readability ends [`Recorder::read`]'s wait
     /// early ([`Recorder::set_waker`]); polled after the rings.
     waker: Option<libc::pollfd>,
+    /// Decodes for [`Recorder::read`] (a [`Recorder::stream`] decodes
+    /// [`Recorder::read_raw`]'s copies elsewhere).
+    stream: RecordStream,
+    /// [`Recorder::read`]'s copy of the rings, reused.
+    raw: RawRead,
+    /// Rate changes since the last read (sent with the next raw read).
+    periods_changed: bool,
+    enabled: bool,
+}
+
+/// When a read of the rings was made, for decoding it: records stamped
+/// after `cutoff` wait for a later read (see [`Recorder::read`]), and the
+/// events' rate changes, when they changed since the previous read.
+#[derive(Debug, Clone, Default)]
+pub struct RawMark {
+    cutoff: u64,
+    periods: Option<Vec<Vec<(u64, u64)>>>,
+}
+
+impl RawMark {
+    /// The mark of bytes copied by hand: records stamped after `cutoff`
+    /// wait, no rate change.
+    pub fn until(cutoff: u64) -> RawMark {
+        RawMark {
+            cutoff,
+            periods: None,
+        }
+    }
+}
+
+/// Ring records copied as the kernel wrote them (headers included, each
+/// ring's records in their order), for a [`RecordStream`] to decode,
+/// possibly on another thread: copying is all a ring reader then does, as
+/// cheap as a recorder that writes the rings to a file.
+#[derive(Debug, Default)]
+pub struct RawRead {
+    /// The records, each padded to whole words (records in a ring are).
+    words: Vec<u64>,
+    mark: RawMark,
+}
+
+impl RawRead {
+    pub fn new() -> RawRead {
+        RawRead::default()
+    }
+
+    /// Append one record (header included; `rec.len()` is the header's
+    /// size).
+    pub fn push_record(&mut self, rec: &[u8]) {
+        let whole = rec.len() / 8 * 8;
+        self.extend_bytes(&rec[..whole]);
+        if whole < rec.len() {
+            // Records in a ring are whole words; a hand-built one may not be.
+            let mut last = [0u8; 8];
+            last[..rec.len() - whole].copy_from_slice(&rec[whole..]);
+            self.words.push(u64::from_ne_bytes(last));
+        }
+    }
+
+    /// Append whole records as read from a ring (a multiple of 8 bytes; a
+    /// trailing partial word is ignored).
+    pub fn extend_bytes(&mut self, bytes: &[u8]) {
+        self.words.extend(
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))),
+        );
+    }
+
+    /// Replace the records with `len` bytes that `fill` writes (a copy of
+    /// ring bytes kept elsewhere), read at `mark`; the allocation is kept.
+    pub fn fill_from(
+        &mut self,
+        mark: RawMark,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        self.words.clear();
+        self.words.resize(len.div_ceil(8), 0);
+        self.mark = mark;
+        fill(&mut as_bytes_mut(&mut self.words)[..len])
+    }
+
+    /// The records, in order (a header that cannot frame a record ends
+    /// them).
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let bytes = as_bytes(&self.words);
+        let mut pos = 0usize;
+        std::iter::from_fn(move || {
+            let size = usize::from(u16::from_ne_bytes(
+                bytes.get(pos + 6..pos + 8)?.try_into().ok()?,
+            ));
+            if size < 8 {
+                return None;
+            }
+            let rec = bytes.get(pos..pos + size)?;
+            pos += size.div_ceil(8) * 8;
+            Some(rec)
+        })
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// Samples among them.
+    pub fn samples(&self) -> usize {
+        self.iter()
+            .filter(|r| record_type(r) == Some(sys::PERF_RECORD_SAMPLE))
+            .count()
+    }
+
+    /// Hold records stamped after `t` for a later read (a read of the
+    /// rings sets it; for records pushed by hand).
+    pub fn set_cutoff(&mut self, t: u64) {
+        self.mark.cutoff = t;
+    }
+
+    /// Take `mark` as this read's (cutoff, rate changes).
+    pub fn set_mark(&mut self, mark: RawMark) {
+        self.mark = mark;
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// Bytes allocated.
+    pub fn capacity(&self) -> usize {
+        self.words.capacity() * 8
+    }
+
+    /// No record and no rate change.
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty() && self.mark.periods.is_none()
+    }
+
+    /// Empty, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.words.clear();
+        self.mark = RawMark::default();
+    }
+
+    /// Remove the samples and keep every other record, in order; returns
+    /// how many samples went (for a reader that must shed load).
+    pub fn drop_samples(&mut self) -> u64 {
+        let mut kept = RawRead {
+            mark: std::mem::take(&mut self.mark),
+            ..RawRead::default()
+        };
+        let mut n = 0;
+        for rec in self.iter() {
+            if record_type(rec) == Some(sys::PERF_RECORD_SAMPLE) {
+                n += 1;
+            } else {
+                kept.push_record(rec);
+            }
+        }
+        *self = kept;
+        n
+    }
+
+    /// Append `later`'s records (read after this one's): its cutoff, and
+    /// its rate changes when it has any.
+    pub fn append(&mut self, later: &RawRead) {
+        self.words.extend_from_slice(&later.words);
+        self.mark.cutoff = self.mark.cutoff.max(later.mark.cutoff);
+        if later.mark.periods.is_some() {
+            self.mark.periods.clone_from(&later.mark.periods);
+        }
+    }
+}
+
+fn record_type(rec: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(rec.get(..4)?.try_into().ok()?))
+}
+
+/// Decodes [`RawRead`]s into model records in time order across rings
+/// (records stamped within the hold-back of a read wait for the next one)
+/// and applies rate changes to the samples' periods.
+#[derive(Debug)]
+pub struct RecordStream {
     decoder: Decoder,
-    /// Copy area for records that wrap the ring end.
-    scratch: Vec<u64>,
-    /// Records drained but not yet returned, with their sort key.
+    /// Records decoded but not yet returned, with their sort key.
     staged: Vec<(u64, Record)>,
     lost: u64,
-    enabled: bool,
+    period_changes: Vec<Vec<(u64, u64)>>,
+}
+
+impl RecordStream {
+    /// A stream for records of events with kernel ids `ids` (id, index in
+    /// the session's event list), with call chains or not.
+    pub fn new(callchain: bool, ids: &[(u64, u32)]) -> RecordStream {
+        let mut decoder = Decoder::new(callchain);
+        for &(id, ev) in ids {
+            decoder.add_id(id, ev);
+        }
+        RecordStream {
+            decoder,
+            staged: Vec::new(),
+            lost: 0,
+            period_changes: Vec::new(),
+        }
+    }
+
+    /// Decode `raw` and append to `out` what is due (everything stamped up
+    /// to its cutoff, in time order).
+    pub fn decode(&mut self, raw: &RawRead, out: &mut Vec<Record>) {
+        if let Some(p) = &raw.mark.periods {
+            self.period_changes.clone_from(p);
+        }
+        let RecordStream {
+            decoder,
+            staged,
+            lost,
+            ..
+        } = self;
+        for rec in raw.iter() {
+            decoder.decode(rec, staged, lost);
+        }
+        // Stable sort: held records and each ring are already in time order,
+        // so this merges runs.
+        staged.sort_by_key(|&(t, _)| t);
+        let n = staged.partition_point(|&(t, _)| t <= raw.mark.cutoff);
+        out.reserve(n);
+        let first = out.len();
+        out.extend(staged.drain(..n).map(|(_, r)| r));
+        if self.period_changes.iter().any(|c| !c.is_empty()) {
+            for r in &mut out[first..] {
+                if let Record::Sample(s) = r {
+                    if let Some(changes) = self.period_changes.get(s.event as usize) {
+                        let i = changes.partition_point(|&(since, _)| since <= s.time);
+                        if i > 0 {
+                            s.period = changes[i - 1].1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Append to `out` every record held back for ordering (the reads are
+    /// over).
+    pub fn flush(&mut self, out: &mut Vec<Record>) {
+        let mut last = RawRead::new();
+        last.set_cutoff(u64::MAX);
+        self.decode(&last, out);
+    }
+
+    /// Give back the chain vectors of samples already converted, emptied
+    /// or not, for the next samples to reuse (see `Decoder::recycle`).
+    pub fn recycle(&mut self, chains: impl IntoIterator<Item = Vec<(CpuMode, u64)>>) {
+        self.decoder.recycle(chains);
+    }
+
+    /// Records the kernel dropped so far (sum of PERF_RECORD_LOST counts).
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// Records decoded and held for a later read.
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
 }
 
 /// Records stamped less than this before a read are held for the next one:
@@ -361,10 +620,9 @@ impl Recorder {
             pollfds: Vec::new(),
             hung_up: 0,
             waker: None,
-            decoder: Decoder::new(opts.callchain),
-            scratch: Vec::new(),
-            staged: Vec::new(),
-            lost: 0,
+            stream: RecordStream::new(opts.callchain, &[]),
+            raw: RawRead::new(),
+            periods_changed: false,
             enabled: false,
         };
         let mut params = AttrParams {
@@ -422,7 +680,7 @@ impl Recorder {
                             source: io::Error::last_os_error(),
                         });
                     }
-                    rec.decoder.add_id(id, idx as u32);
+                    rec.stream.decoder.add_id(id, idx as u32);
                     match owner {
                         None => {
                             let ring = Ring::map(raw, data_pages, page).map_err(|source| {
@@ -507,6 +765,7 @@ impl Recorder {
         for (changes, ctl) in self.period_changes.iter_mut().zip(&self.event_ctl) {
             if *ctl == RateControl::HrtimerPeriod {
                 changes.push((since, 1_000_000_000 / hz));
+                self.periods_changed = true;
             }
         }
         Ok(n)
@@ -532,6 +791,40 @@ impl Recorder {
     /// next call, so that successive calls also follow each other in time;
     /// after [`Recorder::disable`] a call returns everything.
     pub fn read(&mut self, timeout: Duration, out: &mut Vec<Record>) -> Result<(), LinuxError> {
+        let mut raw = std::mem::take(&mut self.raw);
+        raw.clear();
+        let r = self.read_raw(timeout, &mut raw);
+        self.stream.decode(&raw, out);
+        self.raw = raw;
+        r
+    }
+
+    /// [`Recorder::read`] that only copies the records into `raw`
+    /// (appended), for a [`Recorder::stream`] to decode.
+    pub fn read_raw(&mut self, timeout: Duration, raw: &mut RawRead) -> Result<(), LinuxError> {
+        // One allocation (none with a reused buffer): growing by doubling
+        // copied every read again into fresh pages.
+        raw.words
+            .reserve(self.rings.iter().map(Ring::available).sum::<usize>() / 8);
+        let mark = self.read_bytes(timeout, |seg| raw.extend_bytes(seg))?;
+        let periods = mark.periods.clone().or(raw.mark.periods.take());
+        raw.mark = RawMark {
+            cutoff: mark.cutoff,
+            periods,
+        };
+        Ok(())
+    }
+
+    /// Wait for the rings as [`Recorder::read`] does, then hand every
+    /// ring's readable bytes to `f` as they are (whole records, each ring's
+    /// in order; a ring that wraps gives two slices), for a
+    /// [`Recorder::stream`] to decode with the returned mark. `f` may
+    /// write them to a file: nothing is decoded here.
+    pub fn read_bytes(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<RawMark, LinuxError> {
         if let Some(w) = self.waker {
             // The waker is polled last; it is never a ring.
             self.pollfds.push(w);
@@ -556,13 +849,27 @@ impl Recorder {
             }
             p.revents = 0;
         }
-        let cutoff = if self.enabled {
-            clock_monotonic_ns().saturating_sub(HOLD_BACK_NS)
-        } else {
-            u64::MAX
+        let mark = RawMark {
+            cutoff: if self.enabled {
+                clock_monotonic_ns().saturating_sub(HOLD_BACK_NS)
+            } else {
+                u64::MAX
+            },
+            periods: std::mem::take(&mut self.periods_changed).then(|| self.period_changes.clone()),
         };
-        self.drain(out, cutoff);
-        Ok(())
+        for ring in self.rings.iter_mut() {
+            ring.drain_bytes(&mut f);
+        }
+        Ok(mark)
+    }
+
+    /// A decoder for this recorder's [`Recorder::read_raw`] copies (its
+    /// events' ids, call chains or not, the rate changes so far).
+    pub fn stream(&self) -> RecordStream {
+        let mut s = RecordStream::new(self.stream.decoder.callchain, &[]);
+        s.decoder = self.stream.decoder.config();
+        s.period_changes.clone_from(&self.period_changes);
+        s
     }
 
     /// Let `fd` end [`Recorder::read`]'s wait when it becomes readable (an
@@ -578,54 +885,15 @@ impl Recorder {
         });
     }
 
-    /// Drain every ring now, without waiting; return records up to `cutoff`.
-    fn drain(&mut self, out: &mut Vec<Record>, cutoff: u64) {
-        let Recorder {
-            rings,
-            decoder,
-            scratch,
-            staged,
-            lost,
-            ..
-        } = self;
-        for ring in rings.iter_mut() {
-            ring.drain(scratch, |rec| decoder.decode(rec, staged, lost));
-        }
-        // Stable sort: held records and each ring are already in time order,
-        // so this merges runs.
-        staged.sort_by_key(|&(t, _)| t);
-        let n = staged.partition_point(|&(t, _)| t <= cutoff);
-        out.reserve(n);
-        let first = out.len();
-        out.extend(staged.drain(..n).map(|(_, r)| r));
-        if self.period_changes.iter().any(|c| !c.is_empty()) {
-            for r in &mut out[first..] {
-                if let Record::Sample(s) = r {
-                    if let Some(changes) = self.period_changes.get(s.event as usize) {
-                        let i = changes.partition_point(|&(since, _)| since <= s.time);
-                        if i > 0 {
-                            s.period = changes[i - 1].1;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Give back the chain vectors of samples already converted, emptied
-    /// or not, for the next samples to reuse (see `Decoder::recycle`).
-    pub fn recycle_chains(&mut self, chains: impl IntoIterator<Item = Vec<(CpuMode, u64)>>) {
-        self.decoder.recycle(chains);
-    }
-
     /// Online CPUs that have a ring, in ring order.
     pub fn cpus(&self) -> &[u32] {
         &self.cpus
     }
 
-    /// Records the kernel dropped so far (sum of PERF_RECORD_LOST counts).
+    /// Records the kernel dropped so far, of those [`Recorder::read`]
+    /// decoded (a [`Recorder::stream`] counts its own).
     pub fn lost(&self) -> u64 {
-        self.lost
+        self.stream.lost()
     }
 
     /// True when every ring's owner task has exited ([`Target::Pids`]); the
@@ -636,7 +904,7 @@ impl Recorder {
 
     /// True while some ring or the hold-back buffer has records not yet read.
     pub fn has_pending(&self) -> bool {
-        !self.staged.is_empty() || self.rings.iter().any(Ring::has_data)
+        self.stream.staged() > 0 || self.rings.iter().any(Ring::has_data)
     }
 
     /// Number of perf_event descriptors held.
@@ -648,6 +916,89 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn words_bytes(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    fn raw_sample(id: u64, time: u64) -> Vec<u8> {
+        let body = [id, 0xffff_ffff_8100_0000, 1 | (1u64 << 32), time, 0, 1];
+        words_bytes(&crate::decode::tests::record(
+            sys::PERF_RECORD_SAMPLE,
+            sys::PERF_RECORD_MISC_KERNEL as u16,
+            &words_bytes(&body),
+        ))
+    }
+
+    fn raw_exit(pid: u32, time: u64) -> Vec<u8> {
+        let body = [u64::from(pid) | u64::from(pid) << 32, 0, time];
+        words_bytes(&crate::decode::tests::record(
+            sys::PERF_RECORD_EXIT,
+            0,
+            &words_bytes(&body),
+        ))
+    }
+
+    fn times(out: &[Record]) -> Vec<u64> {
+        out.iter()
+            .map(|r| match r {
+                Record::Sample(s) => s.time,
+                Record::Exit { time, .. } => *time,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// A raw read decodes like the rings it copied: time order across
+    /// rings, records past the cutoff held until a later read or the
+    /// flush, records of unknown events skipped.
+    #[test]
+    fn a_stream_orders_raw_reads_across_rings_and_holds_back_past_the_cutoff() {
+        let mut s = RecordStream::new(false, &[(7, 0), (8, 1)]);
+        let mut raw = RawRead::new();
+        // Ring 0, then ring 1, each in its own order.
+        for rec in [raw_sample(7, 10), raw_sample(8, 40), raw_exit(5, 50)] {
+            raw.push_record(&rec);
+        }
+        for rec in [raw_sample(7, 20), raw_sample(99, 25), raw_sample(7, 45)] {
+            raw.push_record(&rec);
+        }
+        assert_eq!((raw.len(), raw.samples()), (6, 5));
+        raw.set_cutoff(42);
+        let mut out = Vec::new();
+        s.decode(&raw, &mut out);
+        assert_eq!(times(&out), [10, 20, 40]);
+        assert_eq!(s.staged(), 2);
+        out.clear();
+        s.flush(&mut out);
+        assert_eq!(times(&out), [45, 50]);
+    }
+
+    /// Shedding a read's samples keeps its other records in order;
+    /// appending keeps both reads' records, the later cutoff.
+    #[test]
+    fn dropping_samples_keeps_other_records_and_append_keeps_order() {
+        let mut a = RawRead::new();
+        for rec in [
+            raw_sample(7, 1),
+            raw_exit(5, 2),
+            raw_sample(7, 3),
+            raw_exit(6, 4),
+        ] {
+            a.push_record(&rec);
+        }
+        a.set_cutoff(4);
+        assert_eq!(a.drop_samples(), 2);
+        assert_eq!((a.len(), a.samples()), (2, 0));
+        let mut b = RawRead::new();
+        b.push_record(&raw_sample(7, 5));
+        b.set_cutoff(9);
+        a.append(&b);
+        assert_eq!((a.len(), a.samples()), (3, 1));
+        let mut out = Vec::new();
+        RecordStream::new(false, &[(7, 0)]).decode(&a, &mut out);
+        assert_eq!(times(&out), [2, 4, 5]);
+    }
 
     #[test]
     fn error_lines_name_the_input() {

@@ -81,6 +81,12 @@ impl Ring {
         head != tail
     }
 
+    /// Bytes the kernel has written and not yet drained.
+    pub(crate) fn available(&self) -> usize {
+        let (head, tail) = self.positions();
+        head.wrapping_sub(tail).min(self.data_size as u64) as usize
+    }
+
     fn positions(&self) -> (u64, u64) {
         // SAFETY: data_head/data_tail are naturally aligned u64s in the
         // metadata page, shared with the kernel; access is atomic.
@@ -126,6 +132,40 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Call `f` with the readable bytes as they are (whole records; two
+    /// slices when they wrap the ring's end), then hand the space back to
+    /// the kernel.
+    pub(crate) fn drain_bytes(&mut self, mut f: impl FnMut(&[u8])) {
+        let (head, tail) = self.positions();
+        if head == tail {
+            return;
+        }
+        let size = self.data_size as u64;
+        let avail = head.wrapping_sub(tail).min(size) as usize;
+        let start = (tail % size) as usize;
+        let first = avail.min(self.data_size - start);
+        // SAFETY: as in drain().
+        let (seg1, seg2) = unsafe {
+            let data = self.base.as_ptr().add(self.data_offset);
+            (
+                std::slice::from_raw_parts(data.add(start), first),
+                std::slice::from_raw_parts(data, avail - first),
+            )
+        };
+        for seg in [seg1, seg2] {
+            if !seg.is_empty() {
+                f(seg);
+            }
+        }
+        // SAFETY: as in drain().
+        unsafe {
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.page()).data_tail))
+                .store(tail.wrapping_add(avail as u64), Ordering::Release);
+        }
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping exactly once.
@@ -133,8 +173,14 @@ impl Drop for Ring {
     }
 }
 
+/// View a u64 buffer as bytes.
+pub(crate) fn as_bytes(v: &[u64]) -> &[u8] {
+    // SAFETY: u8 has no invalid bit patterns and a smaller alignment.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+}
+
 /// View a u64 buffer as bytes (always 8-byte aligned).
-fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
+pub(crate) fn as_bytes_mut(v: &mut [u64]) -> &mut [u8] {
     // SAFETY: u8 has no invalid bit patterns and a smaller alignment.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, v.len() * 8) }
 }
