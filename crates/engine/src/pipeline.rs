@@ -138,6 +138,17 @@ fn set_own_nice(nice: i32) -> bool {
     }
 }
 
+/// How a [`ConvertThread`] runs.
+#[derive(Debug, Clone, Copy)]
+pub struct PipeOptions {
+    /// Bytes of ring records in flight, at most.
+    pub limit: usize,
+    /// Copies go to a spill file (else, or without a memfd, to memory).
+    pub spill: bool,
+    /// The converter yields while the rings are read ([`CONVERT_NICE`]).
+    pub yield_cpu: bool,
+}
+
 enum Msg {
     /// Records in memory, after a `Lost` record for this many samples
     /// dropped before them.
@@ -194,17 +205,28 @@ impl ConvertThread {
     /// Move `conv` and `stream` (the decoder of the recorder's reads) to a
     /// new thread named `vmscope-convert`.
     pub fn spawn(conv: Converter, stream: RecordStream) -> Result<ConvertThread, EngineError> {
-        ConvertThread::spawn_bounded(conv, stream, MAX_IN_FLIGHT_BYTES, true)
+        ConvertThread::spawn_with(
+            conv,
+            stream,
+            PipeOptions {
+                limit: MAX_IN_FLIGHT_BYTES,
+                spill: true,
+                yield_cpu: true,
+            },
+        )
     }
 
-    /// [`ConvertThread::spawn`] with at most `limit` bytes in flight, the
-    /// copies in a spill file or (`spill` false, or no memfd) in memory.
-    pub fn spawn_bounded(
+    /// [`ConvertThread::spawn`] with other options.
+    pub fn spawn_with(
         conv: Converter,
         stream: RecordStream,
-        limit: usize,
-        spill: bool,
+        opts: PipeOptions,
     ) -> Result<ConvertThread, EngineError> {
+        let PipeOptions {
+            limit,
+            spill,
+            yield_cpu,
+        } = opts;
         let (tx, rx) = channel::<Msg>();
         let (done_tx, done) = channel::<Taken>();
         let (spare_tx, spare) = channel::<RawRead>();
@@ -228,7 +250,7 @@ impl ConvertThread {
         let handle = std::thread::Builder::new()
             .name("vmscope-convert".into())
             .spawn(move || {
-                let yielding = can_renice() && set_own_nice(CONVERT_NICE);
+                let yielding = yield_cpu && can_renice() && set_own_nice(CONVERT_NICE);
                 let (mut conv, mut stream) = (conv, stream);
                 conv.keep_spent_chains();
                 let mut recs = Vec::new();
@@ -556,6 +578,16 @@ mod tests {
         t.push_read(RawMark::until(cutoff));
     }
 
+    /// Options of a converter that does not yield: these tests share the
+    /// machine with others, and a converter at nice 19 would wait on them.
+    fn opts(limit: usize, spill: bool) -> PipeOptions {
+        PipeOptions {
+            limit,
+            spill,
+            yield_cpu: false,
+        }
+    }
+
     fn stream() -> RecordStream {
         RecordStream::new(false, &[(ID, 0)])
     }
@@ -593,7 +625,7 @@ mod tests {
 
         for spill in [true, false] {
             let mut t =
-                ConvertThread::spawn_bounded(converter(), stream(), MAX_IN_FLIGHT_BYTES, spill)
+                ConvertThread::spawn_with(converter(), stream(), opts(MAX_IN_FLIGHT_BYTES, spill))
                     .unwrap();
             let mut got = Profile::new();
             for (i, r) in reads.iter().enumerate() {
@@ -617,11 +649,58 @@ mod tests {
         }
     }
 
+    /// The nice values of this process's threads named `name` (tests run
+    /// side by side, each with its own converter).
+    fn nices_of(name: &str) -> Vec<i64> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            if comm.trim_end() != name {
+                continue;
+            }
+            // After the parenthesized comm: state is field 3, nice 19.
+            if let Some(n) = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 2..].split(' ').nth(16))
+                .and_then(|n| n.parse().ok())
+            {
+                v.push(n);
+            }
+        }
+        v
+    }
+
+    /// While the rings are read the converter yields (nice 19) when the
+    /// process could take that back; else it keeps the usual priority.
+    #[test]
+    fn the_converter_yields_while_the_rings_are_read() {
+        let mut t = ConvertThread::spawn(converter(), stream()).unwrap();
+        push(&mut t, &[sample(1_000, KERNEL_IP)], u64::MAX);
+        let want = if can_renice() { 19 } else { 0 };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let nices = nices_of("vmscope-convert");
+            if nices.contains(&want) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no converter at nice {want}: {nices:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let (_, conv) = t.finish().unwrap();
+        assert_eq!(conv.stats().samples, 1);
+    }
+
     /// Records held back for ordering (past a read's cutoff) are converted
     /// when the reads end.
     #[test]
     fn records_past_the_last_cutoff_are_converted_at_the_end() {
-        let mut t = ConvertThread::spawn(converter(), stream()).unwrap();
+        let mut t =
+            ConvertThread::spawn_with(converter(), stream(), opts(MAX_IN_FLIGHT_BYTES, true))
+                .unwrap();
         push(
             &mut t,
             &[sample(1_000, KERNEL_IP), sample(9_000, KERNEL_IP)],
@@ -643,7 +722,8 @@ mod tests {
 
     fn a_full_channel_drops(spill: bool) {
         let one = sample(0, KERNEL_IP).len();
-        let mut t = ConvertThread::spawn_bounded(converter(), stream(), 100 * one, spill).unwrap();
+        let mut t =
+            ConvertThread::spawn_with(converter(), stream(), opts(100 * one, spill)).unwrap();
         // Past the bound, but nothing in flight: taken whole.
         let first: Vec<Vec<u8>> = (0..150u64).map(|i| sample(i * 1_000, KERNEL_IP)).collect();
         push(&mut t, &first, u64::MAX);
