@@ -104,6 +104,25 @@ impl Ring {
     /// copied into `scratch`; the others are passed in place. Every slice is
     /// 8-byte aligned.
     pub(crate) fn drain(&mut self, scratch: &mut Vec<u64>, f: impl FnMut(&[u8])) {
+        self.consume(|seg1, seg2| drain_segments(seg1, seg2, scratch, f));
+    }
+
+    /// Call `f` with the readable bytes as they are (whole records; two
+    /// slices when they wrap the ring's end), then hand the space back to
+    /// the kernel.
+    pub(crate) fn drain_bytes(&mut self, mut f: impl FnMut(&[u8])) {
+        self.consume(|seg1, seg2| {
+            for seg in [seg1, seg2] {
+                if !seg.is_empty() {
+                    f(seg);
+                }
+            }
+        });
+    }
+
+    /// Call `f` with the readable region (two slices where it wraps the
+    /// ring's end), then hand it back to the kernel.
+    fn consume(&mut self, f: impl FnOnce(&[u8], &[u8])) {
         let (head, tail) = self.positions();
         if head == tail {
             return;
@@ -122,43 +141,9 @@ impl Ring {
                 std::slice::from_raw_parts(data, avail - first),
             )
         };
-        drain_segments(seg1, seg2, scratch, f);
+        f(seg1, seg2);
         // SAFETY: as in positions(); release orders our reads before the
         // kernel may overwrite the space.
-        unsafe {
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.page()).data_tail))
-                .store(tail.wrapping_add(avail as u64), Ordering::Release);
-        }
-    }
-}
-
-impl Ring {
-    /// Call `f` with the readable bytes as they are (whole records; two
-    /// slices when they wrap the ring's end), then hand the space back to
-    /// the kernel.
-    pub(crate) fn drain_bytes(&mut self, mut f: impl FnMut(&[u8])) {
-        let (head, tail) = self.positions();
-        if head == tail {
-            return;
-        }
-        let size = self.data_size as u64;
-        let avail = head.wrapping_sub(tail).min(size) as usize;
-        let start = (tail % size) as usize;
-        let first = avail.min(self.data_size - start);
-        // SAFETY: as in drain().
-        let (seg1, seg2) = unsafe {
-            let data = self.base.as_ptr().add(self.data_offset);
-            (
-                std::slice::from_raw_parts(data.add(start), first),
-                std::slice::from_raw_parts(data, avail - first),
-            )
-        };
-        for seg in [seg1, seg2] {
-            if !seg.is_empty() {
-                f(seg);
-            }
-        }
-        // SAFETY: as in drain().
         unsafe {
             AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.page()).data_tail))
                 .store(tail.wrapping_add(avail as u64), Ordering::Release);
