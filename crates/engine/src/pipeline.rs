@@ -6,8 +6,8 @@
 //!
 //! The ring reader only copies: each read of the rings goes over a channel
 //! as the kernel wrote it ([`RawRead`]), and this thread decodes it
-//! ([`RecordStream`]: time order across rings, rate changes), converts it,
-//! and sends the emptied buffer back for the next read. At the kernel's
+//! ([`RecordStream`]: time order across rings, rate changes) and converts
+//! it. At the kernel's
 //! highest sampling rates, decoding on the reader (a chain vector per
 //! sample, the sort across rings) kept the reader from draining the rings
 //! in time, and the kernel dropped samples. The reader asks for the profile
@@ -47,12 +47,6 @@ use vmscope_model::{Profile, Record};
 /// 50 MB/s of records) some 10 s of a converter that does not keep up at
 /// all; at `-F 4000`, minutes.
 pub const MAX_IN_FLIGHT_BYTES: usize = 512 << 20;
-
-/// Emptied read buffers on their way back, at most this many bytes of
-/// them: a buffer used again costs no page faults, and fresh pages for
-/// every copy of the rings were most of the reader's time at the kernel's
-/// highest rates (glibc maps large buffers anew and unmaps them when freed).
-const SPARE_BYTES: usize = 256 << 20;
 
 /// Where the ring reader copies the rings: an in-memory file (memfd), so
 /// a copy is one write(2) into page-cache pages, which need no zeroing
@@ -173,10 +167,6 @@ pub struct Taken {
 pub struct ConvertThread {
     tx: Option<Sender<Msg>>,
     done: Receiver<Taken>,
-    /// Read buffers, converted and emptied, back for reuse.
-    spare: Receiver<RawRead>,
-    /// Bytes allocated by the buffers in `spare`.
-    spare_out: Arc<AtomicUsize>,
     /// Taken answers asked for and not yet received.
     outstanding: usize,
     /// Counters as of the last answer received.
@@ -229,9 +219,6 @@ impl ConvertThread {
         } = opts;
         let (tx, rx) = channel::<Msg>();
         let (done_tx, done) = channel::<Taken>();
-        let (spare_tx, spare) = channel::<RawRead>();
-        let spare_out = Arc::new(AtomicUsize::new(0));
-        let spare_count = spare_out.clone();
         let stats = conv.stats().clone();
         let in_flight = Arc::new(AtomicUsize::new(0));
         let counter = in_flight.clone();
@@ -271,7 +258,7 @@ impl ConvertThread {
                         set_own_nice(0);
                     }
                     match msg {
-                        Msg::Raw(mut raw, dropped) => {
+                        Msg::Raw(raw, dropped) => {
                             if dropped > 0 {
                                 recs.push(Record::Lost {
                                     cpu: None,
@@ -283,26 +270,23 @@ impl ConvertThread {
                             // Chains are decoded and freed on this thread.
                             stream.recycle(conv.take_spent_chains());
                             counter.fetch_sub(raw.bytes(), Ordering::AcqRel);
-                            let cap = raw.capacity();
-                            if spare_count.load(Ordering::Acquire) + cap <= SPARE_BYTES {
-                                raw.clear();
-                                spare_count.fetch_add(cap, Ordering::AcqRel);
-                                let _ = spare_tx.send(raw);
-                            }
                         }
                         Msg::Spilled { off, len, mark } => {
-                            let Some(f) = &spilled else { continue };
-                            // Only what this process wrote is read back; a
-                            // failed read loses the read, counted nowhere.
-                            if chunk
-                                .fill_from(mark, len, |b| f.read_exact_at(b, off))
-                                .is_ok()
-                            {
-                                stream.decode(&chunk, &mut recs);
-                                convert(&mut conv, &mut recs);
-                                stream.recycle(conv.take_spent_chains());
+                            // Sent only with a spill file, so `spilled` is
+                            // there. Only what this process wrote is read
+                            // back; a failed read loses the read, counted
+                            // nowhere.
+                            if let Some(f) = &spilled {
+                                if chunk
+                                    .fill_from(mark, len, |b| f.read_exact_at(b, off))
+                                    .is_ok()
+                                {
+                                    stream.decode(&chunk, &mut recs);
+                                    convert(&mut conv, &mut recs);
+                                    stream.recycle(conv.take_spent_chains());
+                                }
+                                punch(f, off, len);
                             }
-                            punch(f, off, len);
                             counter.fetch_sub(len, Ordering::AcqRel);
                         }
                         Msg::Take => {
@@ -325,8 +309,6 @@ impl ConvertThread {
         Ok(ConvertThread {
             tx: Some(tx),
             done,
-            spare,
-            spare_out,
             outstanding: 0,
             stats,
             handle: Some(handle),
@@ -339,18 +321,6 @@ impl ConvertThread {
             dropped: 0,
             limit,
         })
-    }
-
-    /// An empty buffer for the next read of the rings (one sent back by
-    /// the converter when there is one).
-    pub fn buffer(&mut self) -> RawRead {
-        match self.spare.try_recv() {
-            Ok(b) => {
-                self.spare_out.fetch_sub(b.capacity(), Ordering::AcqRel);
-                b
-            }
-            Err(_) => RawRead::new(),
-        }
     }
 
     /// Take a copy of ring bytes ([`vmscope_linux::Recorder::read_bytes`]):
@@ -387,9 +357,11 @@ impl ConvertThread {
             // records; the file's space is written again.
             let mut all = RawRead::new();
             if let Some(sp) = self.spill.as_mut() {
-                let (off, n) = (sp.sent, spilled);
+                let off = sp.sent;
                 if all
-                    .fill_from(mark.clone(), n, |b| sp.file.read_exact_at(b, off))
+                    .fill_from(RawMark::default(), spilled, |b| {
+                        sp.file.read_exact_at(b, off)
+                    })
                     .is_err()
                 {
                     all.clear();
@@ -423,8 +395,7 @@ impl ConvertThread {
         }
         // A read with nothing to copy may still carry rate changes.
         if self.mem.bytes() > 0 || !sent {
-            let spare = self.buffer();
-            let mut mem = std::mem::replace(&mut self.mem, spare);
+            let mut mem = std::mem::take(&mut self.mem);
             mem.set_mark(mark);
             self.send(mem);
         }

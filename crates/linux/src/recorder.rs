@@ -108,11 +108,11 @@ pub struct Recorder {
     /// early ([`Recorder::set_waker`]); polled after the rings.
     waker: Option<libc::pollfd>,
     /// Decodes for [`Recorder::read`] (a [`Recorder::stream`] decodes
-    /// [`Recorder::read_raw`]'s copies elsewhere).
+    /// [`Recorder::read_bytes`]'s copies elsewhere).
     stream: RecordStream,
-    /// [`Recorder::read`]'s copy of the rings, reused.
-    raw: RawRead,
-    /// Rate changes since the last read (sent with the next raw read).
+    /// Copy area for records that wrap the ring end ([`Recorder::read`]).
+    scratch: Vec<u64>,
+    /// Rate changes since the last read (in the next read's mark).
     periods_changed: bool,
     enabled: bool,
 }
@@ -184,8 +184,13 @@ impl RawRead {
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> io::Result<()>,
     ) -> io::Result<()> {
-        self.words.clear();
-        self.words.resize(len.div_ceil(8), 0);
+        // Grown with zeros only past what earlier reads left: `fill`
+        // overwrites the rest.
+        let n = len.div_ceil(8);
+        if self.words.len() < n {
+            self.words.resize(n, 0);
+        }
+        self.words.truncate(n);
         self.mark = mark;
         fill(&mut as_bytes_mut(&mut self.words)[..len])
     }
@@ -234,11 +239,6 @@ impl RawRead {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.words.len() * 8
-    }
-
-    /// Bytes allocated.
-    pub fn capacity(&self) -> usize {
-        self.words.capacity() * 8
     }
 
     /// No record and no rate change.
@@ -317,22 +317,30 @@ impl RecordStream {
     /// Decode `raw` and append to `out` what is due (everything stamped up
     /// to its cutoff, in time order).
     pub fn decode(&mut self, raw: &RawRead, out: &mut Vec<Record>) {
-        if let Some(p) = &raw.mark.periods {
+        for rec in raw.iter() {
+            self.decode_record(rec);
+        }
+        self.release(&raw.mark, out);
+    }
+
+    /// Decode one record (header included) and hold it for
+    /// [`RecordStream::release`].
+    fn decode_record(&mut self, rec: &[u8]) {
+        self.decoder.decode(rec, &mut self.staged, &mut self.lost);
+    }
+
+    /// Append to `out`, in time order, the records decoded so far and
+    /// stamped up to the cutoff of `mark`, with the periods of its rate
+    /// changes.
+    fn release(&mut self, mark: &RawMark, out: &mut Vec<Record>) {
+        if let Some(p) = &mark.periods {
             self.period_changes.clone_from(p);
         }
-        let RecordStream {
-            decoder,
-            staged,
-            lost,
-            ..
-        } = self;
-        for rec in raw.iter() {
-            decoder.decode(rec, staged, lost);
-        }
+        let staged = &mut self.staged;
         // Stable sort: held records and each ring are already in time order,
         // so this merges runs.
         staged.sort_by_key(|&(t, _)| t);
-        let n = staged.partition_point(|&(t, _)| t <= raw.mark.cutoff);
+        let n = staged.partition_point(|&(t, _)| t <= mark.cutoff);
         out.reserve(n);
         let first = out.len();
         out.extend(staged.drain(..n).map(|(_, r)| r));
@@ -353,9 +361,7 @@ impl RecordStream {
     /// Append to `out` every record held back for ordering (the reads are
     /// over).
     pub fn flush(&mut self, out: &mut Vec<Record>) {
-        let mut last = RawRead::new();
-        last.set_cutoff(u64::MAX);
-        self.decode(&last, out);
+        self.release(&RawMark::until(u64::MAX), out);
     }
 
     /// Give back the chain vectors of samples already converted, emptied
@@ -621,7 +627,7 @@ impl Recorder {
             hung_up: 0,
             waker: None,
             stream: RecordStream::new(opts.callchain, &[]),
-            raw: RawRead::new(),
+            scratch: Vec::new(),
             periods_changed: false,
             enabled: false,
         };
@@ -791,27 +797,18 @@ impl Recorder {
     /// next call, so that successive calls also follow each other in time;
     /// after [`Recorder::disable`] a call returns everything.
     pub fn read(&mut self, timeout: Duration, out: &mut Vec<Record>) -> Result<(), LinuxError> {
-        let mut raw = std::mem::take(&mut self.raw);
-        raw.clear();
-        let r = self.read_raw(timeout, &mut raw);
-        self.stream.decode(&raw, out);
-        self.raw = raw;
-        r
-    }
-
-    /// [`Recorder::read`] that only copies the records into `raw`
-    /// (appended), for a [`Recorder::stream`] to decode.
-    pub fn read_raw(&mut self, timeout: Duration, raw: &mut RawRead) -> Result<(), LinuxError> {
-        // One allocation (none with a reused buffer): growing by doubling
-        // copied every read again into fresh pages.
-        raw.words
-            .reserve(self.rings.iter().map(Ring::available).sum::<usize>() / 8);
-        let mark = self.read_bytes(timeout, |seg| raw.extend_bytes(seg))?;
-        let periods = mark.periods.clone().or(raw.mark.periods.take());
-        raw.mark = RawMark {
-            cutoff: mark.cutoff,
-            periods,
-        };
+        let mark = self.wait(timeout)?;
+        let Recorder {
+            rings,
+            stream,
+            scratch,
+            ..
+        } = self;
+        // Decoded in place (records that wrap the ring's end are copied).
+        for ring in rings.iter_mut() {
+            ring.drain(scratch, |rec| stream.decode_record(rec));
+        }
+        stream.release(&mark, out);
         Ok(())
     }
 
@@ -825,6 +822,16 @@ impl Recorder {
         timeout: Duration,
         mut f: impl FnMut(&[u8]),
     ) -> Result<RawMark, LinuxError> {
+        let mark = self.wait(timeout)?;
+        for ring in self.rings.iter_mut() {
+            ring.drain_bytes(&mut f);
+        }
+        Ok(mark)
+    }
+
+    /// Wait up to `timeout` for the rings (or the waker), note rings whose
+    /// task is gone, and give the mark of the read that follows.
+    fn wait(&mut self, timeout: Duration) -> Result<RawMark, LinuxError> {
         if let Some(w) = self.waker {
             // The waker is polled last; it is never a ring.
             self.pollfds.push(w);
@@ -857,19 +864,18 @@ impl Recorder {
             },
             periods: std::mem::take(&mut self.periods_changed).then(|| self.period_changes.clone()),
         };
-        for ring in self.rings.iter_mut() {
-            ring.drain_bytes(&mut f);
-        }
         Ok(mark)
     }
 
-    /// A decoder for this recorder's [`Recorder::read_raw`] copies (its
+    /// A decoder for this recorder's [`Recorder::read_bytes`] copies (its
     /// events' ids, call chains or not, the rate changes so far).
     pub fn stream(&self) -> RecordStream {
-        let mut s = RecordStream::new(self.stream.decoder.callchain, &[]);
-        s.decoder = self.stream.decoder.config();
-        s.period_changes.clone_from(&self.period_changes);
-        s
+        RecordStream {
+            decoder: self.stream.decoder.config(),
+            staged: Vec::new(),
+            lost: 0,
+            period_changes: self.period_changes.clone(),
+        }
     }
 
     /// Let `fd` end [`Recorder::read`]'s wait when it becomes readable (an

@@ -81,12 +81,6 @@ impl Ring {
         head != tail
     }
 
-    /// Bytes the kernel has written and not yet drained.
-    pub(crate) fn available(&self) -> usize {
-        let (head, tail) = self.positions();
-        head.wrapping_sub(tail).min(self.data_size as u64) as usize
-    }
-
     fn positions(&self) -> (u64, u64) {
         // SAFETY: data_head/data_tail are naturally aligned u64s in the
         // metadata page, shared with the kernel; access is atomic.
