@@ -106,8 +106,8 @@ pub struct Converter {
     /// Rows of integers when the symbolizer defers (crate::raw): samples
     /// go there instead of `rows`.
     raw: Option<RawRows>,
-    /// Call chain vectors of converted batch samples, kept for the ring
-    /// reader to reuse ([`Converter::take_spent_chains`]) when asked.
+    /// Call chain vectors of converted batch samples, kept for the
+    /// decoder to reuse ([`Converter::take_spent_chains`]) when asked.
     spent: Option<Vec<Vec<(CpuMode, u64)>>>,
     /// Leaf and stack by the numbers import's reader gave samples.
     keyed: KeyedStacks,
@@ -484,8 +484,8 @@ impl Converter {
     }
 
     /// Keep the call chain vectors of batch samples once converted, for
-    /// [`Converter::take_spent_chains`] (the recorder hands them back to
-    /// its ring reader, which allocated them).
+    /// [`Converter::take_spent_chains`] (the recorder's converter thread
+    /// hands them back to its record decoder, `RecordStream::recycle`).
     pub fn keep_spent_chains(&mut self) {
         self.spent.get_or_insert_with(Vec::new);
     }
