@@ -33,7 +33,7 @@ use vmscope_protocol::{
     row_context, ErrorKind, ProfileRow, ProfilerCost, Response, MAX_ERROR_MESSAGE, MAX_IMAGE,
     MAX_PROCESS_NAME, MAX_PROFILE_ROWS, MAX_STACK, MAX_SYMBOL,
 };
-use vmscope_symbols::{Symbolizer, SymbolizerOptions};
+use vmscope_symbols::{KeptFiles, Symbolizer, SymbolizerOptions};
 
 use crate::log;
 use crate::server::cut;
@@ -50,6 +50,12 @@ const MAX_PENDING_ROWS: usize = 200_000;
 const ROW_BYTES_BUDGET: usize = 12 << 20;
 /// JSON bytes of a row besides its strings (field names, numbers).
 const ROW_OVERHEAD: usize = 160;
+
+/// The guest binaries' symbols the last session loaded, for the next: a
+/// binary's symbol table is read once, not per session (the demo's cost
+/// an emulated guest 0.15 to 0.2 s of CPU at each session's first read,
+/// more than a 10 s session's whole budget at 10 Hz).
+static KEPT_FILES: std::sync::Mutex<Option<KeptFiles>> = std::sync::Mutex::new(None);
 
 /// Sends an answer to request `id` back to the event loop.
 pub type Reply = Box<dyn Fn(u64, Response) + Send>;
@@ -426,6 +432,18 @@ impl Worker {
             Symbolizer::with_kernel(SymbolizerOptions::default(), kernel, &proc.join("kallsyms")),
             ThreadMap::new(),
         );
+        let kept_files = KEPT_FILES.lock().ok().and_then(|mut k| k.take());
+        if let Some(files) = kept_files {
+            let (kept, changed) = conv.symbolizer_mut().reuse_files(files);
+            log!(
+                "symbols of {kept} guest binaries kept from an earlier session{}",
+                if changed > 0 {
+                    format!(" ({changed} changed since: read again when sampled)")
+                } else {
+                    String::new()
+                }
+            );
+        }
         for r in vmscope_linux::synthesize_from_proc(&vmscope_linux::ProcRoot::system(), None) {
             conv.push(r);
         }
@@ -563,6 +581,9 @@ impl Worker {
             if last {
                 break;
             }
+        }
+        if let Ok(mut k) = KEPT_FILES.lock() {
+            *k = Some(conv.symbolizer_mut().take_files());
         }
         self.finished.store(true, Ordering::Release);
     }

@@ -376,6 +376,44 @@ impl LaterFront {
     }
 }
 
+/// What a file on disk was: device, inode, size and modification time
+/// (`None` when it could not be stat'ed).
+type Stamp = Option<(u64, u64, u64, i64, i64)>;
+
+/// The paths a loaded file was read from, each with its [`Stamp`].
+type Stamps = Vec<(PathBuf, Stamp)>;
+
+fn stamp(path: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// Most files [`Symbolizer::take_files`] hands on.
+pub const MAX_KEPT_FILES: usize = 256;
+
+/// The files one symbolizer loaded, taken for a later one
+/// ([`Symbolizer::take_files`], [`Symbolizer::reuse_files`]): a profiler
+/// that runs session after session (the guest agent) loads a binary's
+/// symbols once, not per session. Each file carries what its paths on disk
+/// were when it was loaded, and is reused only while they are unchanged.
+#[derive(Default)]
+pub struct KeptFiles {
+    files: Vec<(FileKey, Stamps, LoadedFile)>,
+}
+
+impl KeptFiles {
+    /// How many files are kept.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// True when no file is kept.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
 /// Resolves frames to (image, symbol) with caches; see the module docs.
 pub struct Symbolizer {
     opts: SymbolizerOptions,
@@ -388,6 +426,9 @@ pub struct Symbolizer {
     deferred: Option<DeferredTable>,
     guests: HashMap<String, KernelTable>,
     files: FxMap<FileKey, Option<LoadedFile>>,
+    /// The paths each loaded file was read from, as they were just before
+    /// ([`KeptFiles`]).
+    stamps: FxMap<FileKey, Stamps>,
     cache: FxMap<NormalizedFrame, Resolved>,
     warnings: Vec<String>,
     warned: HashSet<String>,
@@ -475,6 +516,7 @@ impl Symbolizer {
             deferred: None,
             guests: HashMap::new(),
             files: FxMap::default(),
+            stamps: FxMap::default(),
             cache: FxMap::default(),
             warnings: Vec::new(),
             warned: HashSet::new(),
@@ -810,9 +852,23 @@ impl Symbolizer {
             return f.clone();
         }
         let mut dwarf_path = None;
+        // Stamped before reading: a file that changes while it is read is
+        // never reused as it was.
+        let on_disk = (!path.starts_with('['))
+            .then(|| self.under_symfs(Path::new(path.strip_suffix(" (deleted)").unwrap_or(path))));
+        let mut stamps: Stamps = on_disk
+            .into_iter()
+            .map(|p| (p.clone(), stamp(&p)))
+            .collect();
         let loaded = self
             .load_file(path, build_id.as_deref(), &mut dwarf_path)
             .map(|symbols| {
+                if let Some(p) = dwarf_path
+                    .as_ref()
+                    .filter(|p| stamps.iter().all(|s| &s.0 != *p))
+                {
+                    stamps.push((p.clone(), stamp(p)));
+                }
                 let id = build_id.as_deref().or_else(|| symbols.build_id());
                 let dwarf = dwarf_path.map(|p| {
                     let lines = match (&self.opts.line_cache, id) {
@@ -831,8 +887,49 @@ impl Symbolizer {
                     dwarf,
                 }
             });
+        if loaded.is_some() {
+            self.stamps.insert(key.clone(), stamps);
+        }
         self.files.insert(key, loaded.clone());
         loaded
+    }
+
+    /// Takes the files this symbolizer loaded (up to [`MAX_KEPT_FILES`])
+    /// for a later symbolizer's [`Symbolizer::reuse_files`]; files that
+    /// could not be loaded are not kept. This symbolizer loads them again
+    /// if it meets them again.
+    pub fn take_files(&mut self) -> KeptFiles {
+        self.cache.clear();
+        let mut files = Vec::new();
+        for (key, loaded) in self.files.drain() {
+            let (Some(loaded), Some(stamps)) = (loaded, self.stamps.remove(&key)) else {
+                continue;
+            };
+            if files.len() < MAX_KEPT_FILES {
+                files.push((key, stamps, loaded));
+            }
+        }
+        self.stamps.clear();
+        KeptFiles { files }
+    }
+
+    /// Adopts the files of `kept` whose paths on disk are as they were when
+    /// they were loaded (device, inode, size, modification time); the
+    /// others are dropped and load again when met. Returns how many were
+    /// adopted and how many dropped.
+    pub fn reuse_files(&mut self, kept: KeptFiles) -> (usize, usize) {
+        let (mut adopted, mut dropped) = (0, 0);
+        for (key, stamps, loaded) in kept.files {
+            let same = stamps.iter().all(|(p, s)| s.is_some() && stamp(p) == *s);
+            if same && !self.files.contains_key(&key) {
+                self.stamps.insert(key.clone(), stamps);
+                self.files.insert(key, Some(loaded));
+                adopted += 1;
+            } else {
+                dropped += 1;
+            }
+        }
+        (adopted, dropped)
     }
 
     /// `path` under the symfs prefix, if one is set.

@@ -531,3 +531,54 @@ fn cpp_names_as_perf_shows_them() {
         Some("demo::beta<long>")
     );
 }
+
+#[test]
+fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(a) = build(dir.path(), "a", &[]) else {
+        return;
+    };
+    let b = build(dir.path(), "b", &["-Dalpha=alpha_renamed"]).unwrap();
+    let off = offset_of(&a, "alpha");
+    assert_eq!(
+        off,
+        offset_of(&b, "alpha_renamed"),
+        "the two builds differ in names only"
+    );
+    let path = dir.path().join("prog");
+    std::fs::copy(&a, &path).unwrap();
+    let f = frame(&path, None, off);
+
+    let mut first = Symbolizer::new(no_kernel(vec![]));
+    assert_eq!(&*first.resolve("host", &f).symbol, "alpha");
+    let kept = first.take_files();
+    assert_eq!(kept.len(), 1);
+    // Taking leaves the first symbolizer working: it reads the file again.
+    assert_eq!(&*first.resolve("host", &f).symbol, "alpha");
+
+    // An unchanged file is adopted, and answers without being read: with
+    // the file gone, only the kept table can name the address.
+    let mut second = Symbolizer::new(no_kernel(vec![]));
+    assert_eq!(second.reuse_files(kept), (1, 0));
+    let moved = dir.path().join("prog.away");
+    std::fs::rename(&path, &moved).unwrap();
+    assert_eq!(&*second.resolve("host", &f).symbol, "alpha");
+    std::fs::rename(&moved, &path).unwrap();
+
+    // A file replaced at the same path (a new inode, as an upgrade leaves
+    // it) is dropped and read again.
+    let mut third = Symbolizer::new(no_kernel(vec![]));
+    let kept = second.take_files();
+    let fresh = dir.path().join("prog.new");
+    std::fs::copy(&b, &fresh).unwrap();
+    std::fs::rename(&fresh, &path).unwrap();
+    assert_eq!(third.reuse_files(kept), (0, 1));
+    assert_eq!(&*third.resolve("host", &f).symbol, "alpha_renamed");
+
+    // So is a file rewritten in place (its size or time changes).
+    let mut fourth = Symbolizer::new(no_kernel(vec![]));
+    let kept = third.take_files();
+    std::fs::write(&path, std::fs::read(&a).unwrap()).unwrap();
+    assert_eq!(fourth.reuse_files(kept), (0, 1));
+    assert_eq!(&*fourth.resolve("host", &f).symbol, "alpha");
+}

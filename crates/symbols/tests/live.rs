@@ -268,15 +268,38 @@ fn agrees_with_perf_script_on_every_sample() {
 
 /// The frames of the resolve checks: 2000 host kernel symbols (3 bytes
 /// in) and 3000 file offsets in this test's own executable.
+/// The file offset of `addr` in this test binary, from /proc/self/maps.
+fn own_file_offset(addr: u64) -> u64 {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, _, off) = (f.next()?, f.next()?, f.next()?);
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            );
+            let off = u64::from_str_radix(off, 16).ok()?;
+            (addr >= lo && addr < hi).then(|| addr - lo + off)
+        })
+        .expect("this function is mapped")
+}
+
+/// 2 000 kernel frames (3 bytes into a symbol each) and 3 000 offsets of
+/// this executable spread around one of its functions (in its code,
+/// wherever the build put the code in the file).
 fn kernel_and_file_frames(sym: &Symbolizer, exe: &Path) -> Vec<NormalizedFrame> {
     let path: Arc<str> = exe.to_str().unwrap().into();
     let kernel = sym.kernel().iter().map(|s| s.start).take(2000);
+    let here = own_file_offset(kernel_and_file_frames as *const () as usize as u64);
+    let first = here.saturating_sub(1500 * 97);
     let files = (0..3000u64).map(|i| NormalizedFrame {
         image: ImageRef::File {
             path: path.clone(),
             build_id: None,
         },
-        addr: 0x1000 + i * 97,
+        addr: first + i * 97,
     });
     kernel
         .map(|a| NormalizedFrame {
