@@ -51,11 +51,24 @@ const ROW_BYTES_BUDGET: usize = 12 << 20;
 /// JSON bytes of a row besides its strings (field names, numbers).
 const ROW_OVERHEAD: usize = 160;
 
-/// The guest binaries' symbols the last session loaded, for the next: a
-/// binary's symbol table is read once, not per session (the demo's cost
-/// an emulated guest 0.15 to 0.2 s of CPU at each session's first read,
-/// more than a 10 s session's whole budget at 10 Hz).
+/// The guest binaries' symbols the last session had, for the next ones: a
+/// binary's symbol table is read once, not per session (reading the demo's
+/// cost an emulated guest 0.15 to 0.25 s of CPU at each session's first read,
+/// more than a 10 s session's whole budget at 10 Hz). Sessions at once
+/// each start from a shared copy; the last to end leaves its files.
 static KEPT_FILES: std::sync::Mutex<Option<KeptFiles>> = std::sync::Mutex::new(None);
+
+/// Leaves `conv`'s files for the next session (a session that loaded none
+/// leaves what was there).
+fn keep_files(conv: &mut Converter) {
+    let files = conv.symbolizer_mut().take_files();
+    if files.is_empty() {
+        return;
+    }
+    if let Ok(mut k) = KEPT_FILES.lock() {
+        *k = Some(files);
+    }
+}
 
 /// Sends an answer to request `id` back to the event loop.
 pub type Reply = Box<dyn Fn(u64, Response) + Send>;
@@ -432,8 +445,8 @@ impl Worker {
             Symbolizer::with_kernel(SymbolizerOptions::default(), kernel, &proc.join("kallsyms")),
             ThreadMap::new(),
         );
-        let kept_files = KEPT_FILES.lock().ok().and_then(|mut k| k.take());
-        if let Some(files) = kept_files {
+        let kept_files = KEPT_FILES.lock().ok().and_then(|k| k.clone());
+        if let Some(files) = kept_files.filter(|f| !f.is_empty()) {
             let (kept, changed) = conv.symbolizer_mut().reuse_files(files);
             log!(
                 "symbols of {kept} guest binaries kept from an earlier session{}",
@@ -575,6 +588,7 @@ impl Worker {
             let resp = pending.cut(stopped, cost);
             let last = matches!(resp, Response::ProfileData { last: true, .. });
             if last {
+                keep_files(&mut conv);
                 self.finished.store(true, Ordering::Release);
             }
             (self.reply)(id, resp);
@@ -582,9 +596,7 @@ impl Worker {
                 break;
             }
         }
-        if let Ok(mut k) = KEPT_FILES.lock() {
-            *k = Some(conv.symbolizer_mut().take_files());
-        }
+        keep_files(&mut conv);
         self.finished.store(true, Ordering::Release);
     }
 }

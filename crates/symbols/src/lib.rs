@@ -34,4 +34,4 @@ pub use dwarf::{DwarfFile, LineInfo};
 pub use elf::ElfSymbols;
 pub use error::SymbolError;
 pub use kallsyms::{Kallsyms, KernelSymbol};
-pub use symbolizer::{KeptFiles, Resolved, Symbolizer, SymbolizerOptions, MAX_KEPT_FILES};
+pub use symbolizer::{KeptFiles, Resolved, Symbolizer, SymbolizerOptions};

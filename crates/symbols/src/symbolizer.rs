@@ -376,29 +376,38 @@ impl LaterFront {
     }
 }
 
-/// What a file on disk was: device, inode, size and modification time
-/// (`None` when it could not be stat'ed).
-type Stamp = Option<(u64, u64, u64, i64, i64)>;
+/// What a file on disk was: device, inode, size, modification and change
+/// times (`None` when it could not be stat'ed: absent). The change time
+/// catches a rewrite that restores size and modification time.
+type Stamp = Option<(u64, u64, u64, [i64; 4])>;
 
-/// The paths a loaded file was read from, each with its [`Stamp`].
+/// The paths a loaded file's symbols depend on, each with its [`Stamp`].
 type Stamps = Vec<(PathBuf, Stamp)>;
 
 fn stamp(path: &Path) -> Stamp {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        [m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()],
+    ))
 }
 
 /// Most files [`Symbolizer::take_files`] hands on.
-pub const MAX_KEPT_FILES: usize = 256;
+const MAX_KEPT_FILES: usize = 64;
 
 /// The files one symbolizer loaded, taken for a later one
 /// ([`Symbolizer::take_files`], [`Symbolizer::reuse_files`]): a profiler
 /// that runs session after session (the guest agent) loads a binary's
-/// symbols once, not per session. Each file carries what its paths on disk
-/// were when it was loaded, and is reused only while they are unchanged.
-#[derive(Default)]
+/// symbols once, not per session. Each file carries the paths its symbols
+/// depend on (the binary, and every debug file candidate, present or not)
+/// as they were just before they were read, and is reused only while they
+/// are unchanged and the options are the same. Cloning shares the tables.
+#[derive(Clone, Default)]
 pub struct KeptFiles {
+    opts: Option<SymbolizerOptions>,
     files: Vec<(FileKey, Stamps, LoadedFile)>,
 }
 
@@ -852,23 +861,10 @@ impl Symbolizer {
             return f.clone();
         }
         let mut dwarf_path = None;
-        // Stamped before reading: a file that changes while it is read is
-        // never reused as it was.
-        let on_disk = (!path.starts_with('['))
-            .then(|| self.under_symfs(Path::new(path.strip_suffix(" (deleted)").unwrap_or(path))));
-        let mut stamps: Stamps = on_disk
-            .into_iter()
-            .map(|p| (p.clone(), stamp(&p)))
-            .collect();
+        let mut stamps = Stamps::new();
         let loaded = self
-            .load_file(path, build_id.as_deref(), &mut dwarf_path)
+            .load_file(path, build_id.as_deref(), &mut dwarf_path, &mut stamps)
             .map(|symbols| {
-                if let Some(p) = dwarf_path
-                    .as_ref()
-                    .filter(|p| stamps.iter().all(|s| &s.0 != *p))
-                {
-                    stamps.push((p.clone(), stamp(p)));
-                }
                 let id = build_id.as_deref().or_else(|| symbols.build_id());
                 let dwarf = dwarf_path.map(|p| {
                     let lines = match (&self.opts.line_cache, id) {
@@ -896,8 +892,9 @@ impl Symbolizer {
 
     /// Takes the files this symbolizer loaded (up to [`MAX_KEPT_FILES`])
     /// for a later symbolizer's [`Symbolizer::reuse_files`]; files that
-    /// could not be loaded are not kept. This symbolizer loads them again
-    /// if it meets them again.
+    /// could not be loaded are not kept, and opened DWARF is closed (it
+    /// holds the file's debug sections; it opens again when needed). This
+    /// symbolizer loads the files again if it meets them again.
     pub fn take_files(&mut self) -> KeptFiles {
         self.cache.clear();
         let mut files = Vec::new();
@@ -906,21 +903,36 @@ impl Symbolizer {
                 continue;
             };
             if files.len() < MAX_KEPT_FILES {
+                if let Some(d) = &loaded.dwarf {
+                    if let Ok(mut d) = d.lock() {
+                        d.file = None;
+                        d.failed = false;
+                    }
+                }
                 files.push((key, stamps, loaded));
             }
         }
-        self.stamps.clear();
-        KeptFiles { files }
+        KeptFiles {
+            opts: Some(self.opts.clone()),
+            files,
+        }
     }
 
     /// Adopts the files of `kept` whose paths on disk are as they were when
-    /// they were loaded (device, inode, size, modification time); the
-    /// others are dropped and load again when met. Returns how many were
-    /// adopted and how many dropped.
+    /// they were read (device, inode, size, times; a debug file candidate
+    /// still absent or still the same), if `kept` was loaded under the same
+    /// options; the others are dropped and load again when met. Files are
+    /// checked here only: one that changes later in this symbolizer's life
+    /// is not seen (as with a file it loaded itself). Returns how many were
+    /// adopted and how many dropped. Warnings given when a file was loaded
+    /// are not repeated.
     pub fn reuse_files(&mut self, kept: KeptFiles) -> (usize, usize) {
+        if kept.opts.as_ref() != Some(&self.opts) {
+            return (0, kept.files.len());
+        }
         let (mut adopted, mut dropped) = (0, 0);
         for (key, stamps, loaded) in kept.files {
-            let same = stamps.iter().all(|(p, s)| s.is_some() && stamp(p) == *s);
+            let same = stamps.iter().all(|(p, s)| stamp(p) == *s);
             if same && !self.files.contains_key(&key) {
                 self.stamps.insert(key.clone(), stamps);
                 self.files.insert(key, Some(loaded));
@@ -942,11 +954,15 @@ impl Symbolizer {
 
     /// `dwarf` is set to the file (the binary or its debug file) whose
     /// DWARF gives inline frames and source lines, where one has it.
+    /// `stamps` gets every path on disk the result depends on (the binary
+    /// and each debug file candidate, present or not), each stamped before
+    /// it is read ([`KeptFiles`]).
     fn load_file(
         &mut self,
         path: &str,
         want_id: Option<&[u8]>,
         dwarf: &mut Option<PathBuf>,
+        stamps: &mut Stamps,
     ) -> Option<ElfSymbols> {
         // The vDSO: this kernel's image, unless the recording's build-id
         // says it came from another kernel, or a symfs confines lookups.
@@ -969,6 +985,7 @@ impl Symbolizer {
             return None;
         }
         let real = self.under_symfs(Path::new(on_disk));
+        stamps.push((real.clone(), stamp(&real)));
         let runtime = match ElfSymbols::open(&real) {
             Ok(e) => Some(e),
             Err(e) => {
@@ -1002,6 +1019,10 @@ impl Symbolizer {
         }
         let id = want_id.or_else(|| runtime.as_ref().and_then(ElfSymbols::build_id));
         let link = runtime.as_ref().and_then(ElfSymbols::debuglink);
+        for cand in self.debug_file_candidates(Path::new(on_disk), id, link) {
+            let st = stamp(&cand);
+            stamps.push((cand, st));
+        }
         let debug = self.find_debug_file(Path::new(on_disk), id, link);
         if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) {
             // Symbols from the binary itself (as perf takes them); its

@@ -532,6 +532,18 @@ fn cpp_names_as_perf_shows_them() {
     );
 }
 
+/// Sets `path`'s modification time to `like`'s, so only the inode or the
+/// change time tell them apart.
+fn same_mtime(path: &Path, like: &Path) {
+    let t = std::fs::metadata(like).unwrap().modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+}
+
 #[test]
 fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
     let dir = tempfile::tempdir().unwrap();
@@ -548,8 +560,9 @@ fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
     let path = dir.path().join("prog");
     std::fs::copy(&a, &path).unwrap();
     let f = frame(&path, None, off);
+    let opts = || no_kernel(vec![]);
 
-    let mut first = Symbolizer::new(no_kernel(vec![]));
+    let mut first = Symbolizer::new(opts());
     assert_eq!(&*first.resolve("host", &f).symbol, "alpha");
     let kept = first.take_files();
     assert_eq!(kept.len(), 1);
@@ -558,27 +571,106 @@ fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
 
     // An unchanged file is adopted, and answers without being read: with
     // the file gone, only the kept table can name the address.
-    let mut second = Symbolizer::new(no_kernel(vec![]));
-    assert_eq!(second.reuse_files(kept), (1, 0));
+    let mut second = Symbolizer::new(opts());
+    assert_eq!(second.reuse_files(kept.clone()), (1, 0));
     let moved = dir.path().join("prog.away");
     std::fs::rename(&path, &moved).unwrap();
     assert_eq!(&*second.resolve("host", &f).symbol, "alpha");
     std::fs::rename(&moved, &path).unwrap();
+    // Other options (here a debug dir) adopt nothing.
+    let mut other = Symbolizer::new(no_kernel(vec![dir.path().into()]));
+    assert_eq!(other.reuse_files(kept), (0, 1));
 
-    // A file replaced at the same path (a new inode, as an upgrade leaves
-    // it) is dropped and read again.
-    let mut third = Symbolizer::new(no_kernel(vec![]));
+    // The same bytes under a new inode at the path (as an upgrade leaves
+    // it), with the old modification time: dropped, read again.
     let kept = second.take_files();
     let fresh = dir.path().join("prog.new");
-    std::fs::copy(&b, &fresh).unwrap();
+    std::fs::copy(&a, &fresh).unwrap();
+    same_mtime(&fresh, &path);
     std::fs::rename(&fresh, &path).unwrap();
+    let mut third = Symbolizer::new(opts());
     assert_eq!(third.reuse_files(kept), (0, 1));
-    assert_eq!(&*third.resolve("host", &f).symbol, "alpha_renamed");
+    assert_eq!(&*third.resolve("host", &f).symbol, "alpha");
 
-    // So is a file rewritten in place (its size or time changes).
-    let mut fourth = Symbolizer::new(no_kernel(vec![]));
+    // Rewritten in place with other names of the same length, size and
+    // modification time restored: only the change time says so, and the
+    // new names are read.
     let kept = third.take_files();
-    std::fs::write(&path, std::fs::read(&a).unwrap()).unwrap();
+    let mut bytes = std::fs::read(&a).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(7)
+        .enumerate()
+        .filter(|(_, w)| *w == b"\0alpha\0")
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert!(!at.is_empty(), "alpha in the string tables");
+    for i in at {
+        bytes[i..i + 5].copy_from_slice(b"omega");
+    }
+    let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&path, &bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(before)
+        .unwrap();
+    let mut fourth = Symbolizer::new(opts());
     assert_eq!(fourth.reuse_files(kept), (0, 1));
-    assert_eq!(&*fourth.resolve("host", &f).symbol, "alpha");
+    assert_eq!(&*fourth.resolve("host", &f).symbol, "omega");
+}
+
+#[test]
+fn a_kept_stripped_file_is_dropped_when_its_debug_file_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(full) = build(dir.path(), "prog", &[]) else {
+        return;
+    };
+    let alpha = offset_of(&full, "alpha");
+    let dbg = dir.path().join("prog.dbg");
+    run(
+        "objcopy",
+        &[
+            "--only-keep-debug",
+            full.to_str().unwrap(),
+            dbg.to_str().unwrap(),
+        ],
+    );
+    let app = dir.path().join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let bin = app.join("prog");
+    run(
+        "strip",
+        &[
+            "--strip-all",
+            "-o",
+            bin.to_str().unwrap(),
+            full.to_str().unwrap(),
+        ],
+    );
+    run(
+        "objcopy",
+        &[
+            &format!("--add-gnu-debuglink={}", dbg.display()),
+            bin.to_str().unwrap(),
+        ],
+    );
+    let f = frame(&bin, None, alpha + 1);
+    // No debug file yet: `alpha` is not among the dynamic symbols.
+    let mut first = Symbolizer::new(no_kernel(vec![]));
+    assert_ne!(&*first.resolve("host", &f).symbol, "alpha");
+    let kept = first.take_files();
+    assert_eq!(kept.len(), 1);
+    let mut second = Symbolizer::new(no_kernel(vec![]));
+    assert_eq!(
+        second.reuse_files(kept.clone()),
+        (1, 0),
+        "nothing changed yet"
+    );
+    // The debug file is installed where the debuglink points.
+    std::fs::copy(&dbg, app.join("prog.dbg")).unwrap();
+    let mut third = Symbolizer::new(no_kernel(vec![]));
+    assert_eq!(third.reuse_files(kept), (0, 1));
+    assert_eq!(&*third.resolve("host", &f).symbol, "alpha");
 }

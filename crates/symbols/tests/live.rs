@@ -266,8 +266,6 @@ fn agrees_with_perf_script_on_every_sample() {
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
-/// The frames of the resolve checks: 2000 host kernel symbols (3 bytes
-/// in) and 3000 file offsets in this test's own executable.
 /// The file offset of `addr` in this test binary, from /proc/self/maps.
 fn own_file_offset(addr: u64) -> u64 {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -286,10 +284,12 @@ fn own_file_offset(addr: u64) -> u64 {
         .expect("this function is mapped")
 }
 
-/// 2 000 kernel frames (3 bytes into a symbol each) and 3 000 offsets of
-/// this executable spread around one of its functions (in its code,
-/// wherever the build put the code in the file).
-fn kernel_and_file_frames(sym: &Symbolizer, exe: &Path) -> Vec<NormalizedFrame> {
+/// The frames of the resolve checks: 2 000 host kernel symbols (3 bytes
+/// in) and 3 000 file offsets of this test's own executable, spread
+/// around one of its functions (in its code, wherever the build put the
+/// code in the file).
+fn kernel_and_file_frames(sym: &Symbolizer) -> Vec<NormalizedFrame> {
+    let exe = std::env::current_exe().unwrap();
     let path: Arc<str> = exe.to_str().unwrap().into();
     let kernel = sym.kernel().iter().map(|s| s.start).take(2000);
     let here = own_file_offset(kernel_and_file_frames as *const () as usize as u64);
@@ -317,9 +317,8 @@ fn kernel_and_file_frames(sym: &Symbolizer, exe: &Path) -> Vec<NormalizedFrame> 
 /// offsets. Speed is a benchmark (`bench/symbols-throughput`), not a test.
 #[test]
 fn cached_resolves_give_the_first_answer() {
-    let exe = std::env::current_exe().unwrap();
     let mut sym = Symbolizer::new(SymbolizerOptions::default());
-    let frames = kernel_and_file_frames(&sym, &exe);
+    let frames = kernel_and_file_frames(&sym);
     let cold: Vec<_> = frames.iter().map(|f| sym.resolve("host", f)).collect();
     assert!(sym.cached() > 0, "nothing was cached");
     for i in 0..200_000usize {
