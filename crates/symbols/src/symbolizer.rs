@@ -1139,21 +1139,7 @@ mod tests {
         std::hint::black_box(7)
     }
 
-    /// The file offset of `addr` in this test binary, from /proc/self/maps.
-    fn own_file_offset(addr: u64) -> Option<u64> {
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        maps.lines().find_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, _, off) = (f.next()?, f.next()?, f.next()?);
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (
-                u64::from_str_radix(lo, 16).ok()?,
-                u64::from_str_radix(hi, 16).ok()?,
-            );
-            let off = u64::from_str_radix(off, 16).ok()?;
-            (addr >= lo && addr < hi).then(|| addr - lo + off)
-        })
-    }
+    use vmscope_testkit::own_file_offset;
 
     #[test]
     fn the_line_cache_answers_a_later_symbolizer_without_opening_dwarf() {
@@ -1192,7 +1178,7 @@ mod tests {
         assert_eq!(b.dwarf_files_opened(), 0);
         // An address the cache does not know opens the DWARF after all.
         let other = NormalizedFrame {
-            addr: own_file_offset(own_file_offset as *const () as usize as u64).unwrap(),
+            addr: own_file_offset(opts_with_kallsyms as *const () as usize as u64).unwrap(),
             ..frame.clone()
         };
         let ro = b.resolve("host", &other);

@@ -378,14 +378,9 @@ fn stripped_binary_uses_build_id_debug_file() {
     assert_eq!((&*r.image, &*r.symbol), ("/opt/app/prog", "alpha"));
 }
 
-#[test]
-fn stripped_binary_uses_debuglink() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(full) = build(dir.path(), "prog", &[]) else {
-        return;
-    };
-    let alpha = offset_of(&full, "alpha");
-    let dbg = dir.path().join("prog.dbg");
+/// `full`'s debug sections alone, as `dir/prog.dbg`.
+fn debug_only(full: &Path, dir: &Path) -> PathBuf {
+    let dbg = dir.join("prog.dbg");
     run(
         "objcopy",
         &[
@@ -394,30 +389,48 @@ fn stripped_binary_uses_debuglink() {
             dbg.to_str().unwrap(),
         ],
     );
+    dbg
+}
+
+/// `full` stripped into `app/prog`, with a debuglink to `dbg` (its name
+/// only: where the debug file is found is the caller's choice).
+fn stripped_with_debuglink(full: &Path, dbg: &Path, app: &Path) -> PathBuf {
+    std::fs::create_dir_all(app).unwrap();
+    let bin = app.join("prog");
+    run(
+        "strip",
+        &[
+            "--strip-all",
+            "-o",
+            bin.to_str().unwrap(),
+            full.to_str().unwrap(),
+        ],
+    );
+    run(
+        "objcopy",
+        &[
+            &format!("--add-gnu-debuglink={}", dbg.display()),
+            bin.to_str().unwrap(),
+        ],
+    );
+    bin
+}
+
+#[test]
+fn stripped_binary_uses_debuglink() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(full) = build(dir.path(), "prog", &[]) else {
+        return;
+    };
+    let alpha = offset_of(&full, "alpha");
+    let dbg = debug_only(&full, dir.path());
     let debug_root = dir.path().join("usr-lib-debug");
     // Three places a debuglink is looked for, each tried alone.
     for place in ["same", ".debug", "debug-dir"] {
         let app = dir
             .path()
             .join(format!("app-{}", place.trim_start_matches('.')));
-        std::fs::create_dir_all(&app).unwrap();
-        let bin = app.join("prog");
-        run(
-            "strip",
-            &[
-                "--strip-all",
-                "-o",
-                bin.to_str().unwrap(),
-                full.to_str().unwrap(),
-            ],
-        );
-        run(
-            "objcopy",
-            &[
-                &format!("--add-gnu-debuglink={}", dbg.display()),
-                bin.to_str().unwrap(),
-            ],
-        );
+        let bin = stripped_with_debuglink(&full, &dbg, &app);
         assert_eq!(
             ElfSymbols::open(&bin).unwrap().debuglink(),
             Some("prog.dbg")
@@ -628,34 +641,9 @@ fn a_kept_stripped_file_is_dropped_when_its_debug_file_appears() {
         return;
     };
     let alpha = offset_of(&full, "alpha");
-    let dbg = dir.path().join("prog.dbg");
-    run(
-        "objcopy",
-        &[
-            "--only-keep-debug",
-            full.to_str().unwrap(),
-            dbg.to_str().unwrap(),
-        ],
-    );
+    let dbg = debug_only(&full, dir.path());
     let app = dir.path().join("app");
-    std::fs::create_dir_all(&app).unwrap();
-    let bin = app.join("prog");
-    run(
-        "strip",
-        &[
-            "--strip-all",
-            "-o",
-            bin.to_str().unwrap(),
-            full.to_str().unwrap(),
-        ],
-    );
-    run(
-        "objcopy",
-        &[
-            &format!("--add-gnu-debuglink={}", dbg.display()),
-            bin.to_str().unwrap(),
-        ],
-    );
+    let bin = stripped_with_debuglink(&full, &dbg, &app);
     let f = frame(&bin, None, alpha + 1);
     // No debug file yet: `alpha` is not among the dynamic symbols.
     let mut first = Symbolizer::new(no_kernel(vec![]));

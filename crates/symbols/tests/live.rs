@@ -266,24 +266,6 @@ fn agrees_with_perf_script_on_every_sample() {
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
-/// The file offset of `addr` in this test binary, from /proc/self/maps.
-fn own_file_offset(addr: u64) -> u64 {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines()
-        .find_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, _, off) = (f.next()?, f.next()?, f.next()?);
-            let (lo, hi) = range.split_once('-')?;
-            let (lo, hi) = (
-                u64::from_str_radix(lo, 16).ok()?,
-                u64::from_str_radix(hi, 16).ok()?,
-            );
-            let off = u64::from_str_radix(off, 16).ok()?;
-            (addr >= lo && addr < hi).then(|| addr - lo + off)
-        })
-        .expect("this function is mapped")
-}
-
 /// The frames of the resolve checks: 2 000 host kernel symbols (3 bytes
 /// in) and 3 000 file offsets of this test's own executable, spread
 /// around one of its functions (in its code, wherever the build put the
@@ -292,7 +274,9 @@ fn kernel_and_file_frames(sym: &Symbolizer) -> Vec<NormalizedFrame> {
     let exe = std::env::current_exe().unwrap();
     let path: Arc<str> = exe.to_str().unwrap().into();
     let kernel = sym.kernel().iter().map(|s| s.start).take(2000);
-    let here = own_file_offset(kernel_and_file_frames as *const () as usize as u64);
+    let here =
+        vmscope_testkit::own_file_offset(kernel_and_file_frames as *const () as usize as u64)
+            .expect("this function is mapped");
     let first = here.saturating_sub(1500 * 97);
     let files = (0..3000u64).map(|i| NormalizedFrame {
         image: ImageRef::File {

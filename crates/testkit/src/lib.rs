@@ -96,6 +96,23 @@ pub fn require_tools(tools: &[(&str, &str)]) -> bool {
     true
 }
 
+/// The file offset of `addr` in the running test binary, from
+/// `/proc/self/maps` (`None` when no mapping holds it).
+pub fn own_file_offset(addr: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (range, _, off) = (f.next()?, f.next()?, f.next()?);
+        let (lo, hi) = range.split_once('-')?;
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).ok()?,
+            u64::from_str_radix(hi, 16).ok()?,
+        );
+        let off = u64::from_str_radix(off, 16).ok()?;
+        (addr >= lo && addr < hi).then(|| addr - lo + off)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
