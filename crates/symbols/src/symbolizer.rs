@@ -892,9 +892,12 @@ impl Symbolizer {
 
     /// Takes the files this symbolizer loaded (up to [`MAX_KEPT_FILES`])
     /// for a later symbolizer's [`Symbolizer::reuse_files`]; files that
-    /// could not be loaded are not kept, and opened DWARF is closed (it
-    /// holds the file's debug sections; it opens again when needed). This
-    /// symbolizer loads the files again if it meets them again.
+    /// could not be loaded are not kept. Opened DWARF stays open with its
+    /// file (closing it cost the guest agent more than the symbol tables
+    /// it keeps: its own binary's line tables, opened again at every
+    /// session's first samples), so what is kept holds those debug
+    /// sections too. This symbolizer loads the files again if it meets
+    /// them again.
     pub fn take_files(&mut self) -> KeptFiles {
         self.cache.clear();
         let mut files = Vec::new();
@@ -903,12 +906,6 @@ impl Symbolizer {
                 continue;
             };
             if files.len() < MAX_KEPT_FILES {
-                if let Some(d) = &loaded.dwarf {
-                    if let Ok(mut d) = d.lock() {
-                        d.file = None;
-                        d.failed = false;
-                    }
-                }
                 files.push((key, stamps, loaded));
             }
         }
