@@ -442,7 +442,8 @@ impl Worker {
             log!("guest kernel symbols kept from an earlier session (modules and BPF programs unchanged)");
         }
         let mut conv = Converter::new(
-            Symbolizer::with_kernel(SymbolizerOptions::default(), kernel, &proc.join("kallsyms")),
+            Symbolizer::with_kernel(SymbolizerOptions::default(), kernel, &proc.join("kallsyms"))
+                .keeping_files(),
             ThreadMap::new(),
         );
         let kept_files = KEPT_FILES.lock().ok().and_then(|k| k.clone());

@@ -7,8 +7,7 @@
 //! The ring reader only copies: each read of the rings goes over a channel
 //! as the kernel wrote it ([`RawRead`]), and this thread decodes it
 //! ([`RecordStream`]: time order across rings, rate changes) and converts
-//! it. At the kernel's
-//! highest sampling rates, decoding on the reader (a chain vector per
+//! it. At the kernel's highest sampling rates, decoding on the reader (a chain vector per
 //! sample, the sort across rings) kept the reader from draining the rings
 //! in time, and the kernel dropped samples. The reader asks for the profile
 //! accumulated so far without waiting: the answer comes back on a second

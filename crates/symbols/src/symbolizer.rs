@@ -436,8 +436,9 @@ pub struct Symbolizer {
     guests: HashMap<String, KernelTable>,
     files: FxMap<FileKey, Option<LoadedFile>>,
     /// The paths each loaded file was read from, as they were just before
-    /// ([`KeptFiles`]).
-    stamps: FxMap<FileKey, Stamps>,
+    /// ([`KeptFiles`]); `None` unless [`Symbolizer::keeping_files`] asked
+    /// for them (a symbolizer that hands nothing on stats nothing more).
+    stamps: Option<FxMap<FileKey, Stamps>>,
     cache: FxMap<NormalizedFrame, Resolved>,
     warnings: Vec<String>,
     warned: HashSet<String>,
@@ -525,7 +526,7 @@ impl Symbolizer {
             deferred: None,
             guests: HashMap::new(),
             files: FxMap::default(),
-            stamps: FxMap::default(),
+            stamps: None,
             cache: FxMap::default(),
             warnings: Vec::new(),
             warned: HashSet::new(),
@@ -861,9 +862,9 @@ impl Symbolizer {
             return f.clone();
         }
         let mut dwarf_path = None;
-        let mut stamps = Stamps::new();
+        let mut stamps = self.stamps.is_some().then(Stamps::new);
         let loaded = self
-            .load_file(path, build_id.as_deref(), &mut dwarf_path, &mut stamps)
+            .load_file(path, build_id.as_deref(), &mut dwarf_path, stamps.as_mut())
             .map(|symbols| {
                 let id = build_id.as_deref().or_else(|| symbols.build_id());
                 let dwarf = dwarf_path.map(|p| {
@@ -883,14 +884,22 @@ impl Symbolizer {
                     dwarf,
                 }
             });
-        if loaded.is_some() {
-            self.stamps.insert(key.clone(), stamps);
+        if let (Some(all), Some(st), true) = (&mut self.stamps, stamps, loaded.is_some()) {
+            all.insert(key.clone(), st);
         }
         self.files.insert(key, loaded.clone());
         loaded
     }
 
-    /// Takes the files this symbolizer loaded (up to [`MAX_KEPT_FILES`])
+    /// From now on, stamp each file loaded, so that [`Symbolizer::take_files`]
+    /// can hand it on (files loaded before are not handed on).
+    pub fn keeping_files(mut self) -> Symbolizer {
+        self.stamps.get_or_insert_with(FxMap::default);
+        self
+    }
+
+    /// Takes the files this symbolizer loaded since
+    /// [`Symbolizer::keeping_files`] (up to [`MAX_KEPT_FILES`])
     /// for a later symbolizer's [`Symbolizer::reuse_files`]; files that
     /// could not be loaded are not kept. Opened DWARF stays open with its
     /// file (closing it cost the guest agent more than the symbol tables
@@ -899,14 +908,16 @@ impl Symbolizer {
     /// sections too. This symbolizer loads the files again if it meets
     /// them again.
     pub fn take_files(&mut self) -> KeptFiles {
-        self.cache.clear();
         let mut files = Vec::new();
-        for (key, loaded) in self.files.drain() {
-            let (Some(loaded), Some(stamps)) = (loaded, self.stamps.remove(&key)) else {
-                continue;
-            };
-            if files.len() < MAX_KEPT_FILES {
-                files.push((key, stamps, loaded));
+        if let Some(all) = &mut self.stamps {
+            self.cache.clear();
+            for (key, loaded) in self.files.drain() {
+                let (Some(loaded), Some(stamps)) = (loaded, all.remove(&key)) else {
+                    continue;
+                };
+                if files.len() < MAX_KEPT_FILES {
+                    files.push((key, stamps, loaded));
+                }
             }
         }
         KeptFiles {
@@ -924,14 +935,18 @@ impl Symbolizer {
     /// adopted and how many dropped. Warnings given when a file was loaded
     /// are not repeated.
     pub fn reuse_files(&mut self, kept: KeptFiles) -> (usize, usize) {
-        if kept.opts.as_ref() != Some(&self.opts) {
+        let Some(all) = self
+            .stamps
+            .as_mut()
+            .filter(|_| kept.opts.as_ref() == Some(&self.opts))
+        else {
             return (0, kept.files.len());
-        }
+        };
         let (mut adopted, mut dropped) = (0, 0);
         for (key, stamps, loaded) in kept.files {
             let same = stamps.iter().all(|(p, s)| stamp(p) == *s);
             if same && !self.files.contains_key(&key) {
-                self.stamps.insert(key.clone(), stamps);
+                all.insert(key.clone(), stamps);
                 self.files.insert(key, Some(loaded));
                 adopted += 1;
             } else {
@@ -951,15 +966,15 @@ impl Symbolizer {
 
     /// `dwarf` is set to the file (the binary or its debug file) whose
     /// DWARF gives inline frames and source lines, where one has it.
-    /// `stamps` gets every path on disk the result depends on (the binary
-    /// and each debug file candidate, present or not), each stamped before
-    /// it is read ([`KeptFiles`]).
+    /// `stamps`, when given, gets every path on disk the result depends on
+    /// (the binary and each debug file candidate, present or not), each
+    /// stamped before it is read ([`KeptFiles`]).
     fn load_file(
         &mut self,
         path: &str,
         want_id: Option<&[u8]>,
         dwarf: &mut Option<PathBuf>,
-        stamps: &mut Stamps,
+        mut stamps: Option<&mut Stamps>,
     ) -> Option<ElfSymbols> {
         // The vDSO: this kernel's image, unless the recording's build-id
         // says it came from another kernel, or a symfs confines lookups.
@@ -982,7 +997,9 @@ impl Symbolizer {
             return None;
         }
         let real = self.under_symfs(Path::new(on_disk));
-        stamps.push((real.clone(), stamp(&real)));
+        if let Some(st) = stamps.as_mut() {
+            st.push((real.clone(), stamp(&real)));
+        }
         let runtime = match ElfSymbols::open(&real) {
             Ok(e) => Some(e),
             Err(e) => {
@@ -1016,11 +1033,11 @@ impl Symbolizer {
         }
         let id = want_id.or_else(|| runtime.as_ref().and_then(ElfSymbols::build_id));
         let link = runtime.as_ref().and_then(ElfSymbols::debuglink);
-        for cand in self.debug_file_candidates(Path::new(on_disk), id, link) {
-            let st = stamp(&cand);
-            stamps.push((cand, st));
+        let candidates = self.debug_file_candidates(Path::new(on_disk), id, link);
+        if let Some(st) = stamps {
+            st.extend(candidates.iter().map(|c| (c.clone(), stamp(c))));
         }
-        let debug = self.find_debug_file(Path::new(on_disk), id, link);
+        let debug = self.find_debug_file(Path::new(on_disk), id, candidates);
         if runtime.as_ref().is_some_and(ElfSymbols::has_symtab) {
             // Symbols from the binary itself (as perf takes them); its
             // debug file, if any, only for DWARF.
@@ -1083,14 +1100,16 @@ impl Symbolizer {
         out
     }
 
+    /// The first of `candidates` ([`Symbolizer::debug_file_candidates`])
+    /// that is a debug file of `path` with symbols.
     fn find_debug_file(
         &mut self,
         path: &Path,
         build_id: Option<&[u8]>,
-        debuglink: Option<&str>,
+        candidates: Vec<PathBuf>,
     ) -> Option<(PathBuf, ElfSymbols)> {
         let own = self.under_symfs(path);
-        for cand in self.debug_file_candidates(path, build_id, debuglink) {
+        for cand in candidates {
             // `<dir>/<link>` can name the stripped file itself.
             if cand == own || !cand.is_file() {
                 continue;

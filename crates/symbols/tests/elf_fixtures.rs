@@ -575,23 +575,28 @@ fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
     let f = frame(&path, None, off);
     let opts = || no_kernel(vec![]);
 
-    let mut first = Symbolizer::new(opts());
+    let mut first = Symbolizer::new(opts()).keeping_files();
     assert_eq!(&*first.resolve("host", &f).symbol, "alpha");
     let kept = first.take_files();
     assert_eq!(kept.len(), 1);
+    // A symbolizer not asked to keep its files stamps nothing and hands
+    // nothing on.
+    let mut plain = Symbolizer::new(opts());
+    assert_eq!(&*plain.resolve("host", &f).symbol, "alpha");
+    assert!(plain.take_files().is_empty());
     // Taking leaves the first symbolizer working: it reads the file again.
     assert_eq!(&*first.resolve("host", &f).symbol, "alpha");
 
     // An unchanged file is adopted, and answers without being read: with
     // the file gone, only the kept table can name the address.
-    let mut second = Symbolizer::new(opts());
+    let mut second = Symbolizer::new(opts()).keeping_files();
     assert_eq!(second.reuse_files(kept.clone()), (1, 0));
     let moved = dir.path().join("prog.away");
     std::fs::rename(&path, &moved).unwrap();
     assert_eq!(&*second.resolve("host", &f).symbol, "alpha");
     std::fs::rename(&moved, &path).unwrap();
     // Other options (here a debug dir) adopt nothing.
-    let mut other = Symbolizer::new(no_kernel(vec![dir.path().into()]));
+    let mut other = Symbolizer::new(no_kernel(vec![dir.path().into()])).keeping_files();
     assert_eq!(other.reuse_files(kept), (0, 1));
 
     // The same bytes under a new inode at the path (as an upgrade leaves
@@ -601,7 +606,7 @@ fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
     std::fs::copy(&a, &fresh).unwrap();
     same_mtime(&fresh, &path);
     std::fs::rename(&fresh, &path).unwrap();
-    let mut third = Symbolizer::new(opts());
+    let mut third = Symbolizer::new(opts()).keeping_files();
     assert_eq!(third.reuse_files(kept), (0, 1));
     assert_eq!(&*third.resolve("host", &f).symbol, "alpha");
 
@@ -629,7 +634,7 @@ fn kept_files_serve_a_later_symbolizer_until_the_file_changes() {
         .unwrap()
         .set_modified(before)
         .unwrap();
-    let mut fourth = Symbolizer::new(opts());
+    let mut fourth = Symbolizer::new(opts()).keeping_files();
     assert_eq!(fourth.reuse_files(kept), (0, 1));
     assert_eq!(&*fourth.resolve("host", &f).symbol, "omega");
 }
@@ -646,11 +651,11 @@ fn a_kept_stripped_file_is_dropped_when_its_debug_file_appears() {
     let bin = stripped_with_debuglink(&full, &dbg, &app);
     let f = frame(&bin, None, alpha + 1);
     // No debug file yet: `alpha` is not among the dynamic symbols.
-    let mut first = Symbolizer::new(no_kernel(vec![]));
+    let mut first = Symbolizer::new(no_kernel(vec![])).keeping_files();
     assert_ne!(&*first.resolve("host", &f).symbol, "alpha");
     let kept = first.take_files();
     assert_eq!(kept.len(), 1);
-    let mut second = Symbolizer::new(no_kernel(vec![]));
+    let mut second = Symbolizer::new(no_kernel(vec![])).keeping_files();
     assert_eq!(
         second.reuse_files(kept.clone()),
         (1, 0),
@@ -658,7 +663,7 @@ fn a_kept_stripped_file_is_dropped_when_its_debug_file_appears() {
     );
     // The debug file is installed where the debuglink points.
     std::fs::copy(&dbg, app.join("prog.dbg")).unwrap();
-    let mut third = Symbolizer::new(no_kernel(vec![]));
+    let mut third = Symbolizer::new(no_kernel(vec![])).keeping_files();
     assert_eq!(third.reuse_files(kept), (0, 1));
     assert_eq!(&*third.resolve("host", &f).symbol, "alpha");
 }
