@@ -1759,6 +1759,29 @@ fn one_writer_per_session() {
     }
 }
 
+/// Write zeros to `path` until its file system has no byte left.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 4096];
+    loop {
+        match f.write(&block) {
+            Ok(n) if n > 0 => {}
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                break;
+            }
+        }
+    }
+    // Whatever a block did not take, smaller writes do.
+    for _ in 0..4096 {
+        if f.write(&[0u8; 1]).is_err() {
+            break;
+        }
+    }
+}
+
 /// A small tmpfs mounted for a test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
@@ -1797,12 +1820,25 @@ fn full_and_read_only_file_systems() {
     let fixture = fixture_dir().join("perf/quipper.perf.data.callgraph-3.8");
     run_ok(vmscope().arg("import").arg(&fixture).arg("-o").arg(&keep));
     let before = std::fs::read(&keep).unwrap();
-    // f02: a recording that fills the file system.
-    let out = vmscope()
-        .args(["record", "-a", "-g", "-F", "20000", "-d", "20", "-o"])
+    // f02: the file system fills while a recording is under way. Another
+    // writer takes the last byte once the recorder has flushed, so the
+    // recorder's next flush (not its final fold, which on an idle host
+    // could be the first write not to fit) is the one that fails, and its
+    // last words must come out of the space it set aside.
+    let rec = vmscope()
+        .args(["record", "-a", "-g", "-F", "20000", "-d", "60", "-o"])
         .arg(&keep)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    wait_for_samples(&keep);
+    assert!(
+        PathBuf::from(format!("{}-reserve", partial(&keep).display())).exists(),
+        "no space set aside beside the partial file"
+    );
+    fill(&tiny.0.join("filler"));
+    let out = rec.wait_with_output().unwrap();
     let err = fails_clearly(
         &out,
         &[

@@ -439,6 +439,8 @@ pub fn record(
             output.keep_partial(run.sampling && !spawn_failed);
             if let EngineError::Store(s) = &e {
                 if s.is_disk_full() {
+                    // The space set aside at the start is what this takes.
+                    writer.release_reserve();
                     let _ = writer.set_meta("stop_reason", &s.to_string());
                 }
             }

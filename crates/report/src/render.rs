@@ -101,6 +101,7 @@ pub fn header_lines(r: &Report) -> Vec<String> {
     let m = |k: &str| r.meta.get(k).cloned().unwrap_or_default();
     let mut v = Vec::new();
     let source = m("source");
+    let recorded = source.is_empty() || source == "record";
     let clean = m("clean_stop") == "1";
     v.push(format!(
         "# session   {} ({}{})",
@@ -124,6 +125,12 @@ pub fn header_lines(r: &Report) -> Vec<String> {
                 "# WARNING   this is the partial file of a recording that never completed".into(),
             );
         }
+    } else if r.file.ends_with(".partial") && recorded {
+        // Stopped cleanly yet never renamed: its last step (folding the
+        // log in, or the rename) failed, and the recorder said why.
+        v.push(
+            "# WARNING   this is the partial file of a recording that stopped cleanly but could not be put in place of its output; it holds the whole recording".into(),
+        );
     }
     if !m("command").is_empty() {
         v.push(format!("# command   {}", m("command")));

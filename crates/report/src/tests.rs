@@ -1,4 +1,5 @@
 use super::*;
+use crate::render::header_lines;
 use std::path::Path;
 use vmscope_model::{AggKey, Context, Domain, Profile, SessionEvent};
 use vmscope_store::{DomainRecord, SessionWriter};
@@ -122,6 +123,48 @@ fn table_has_header_and_rows_in_order() {
     );
     // Basename by default.
     assert!(!body[1].contains("/usr/bin"), "{text}");
+}
+
+/// A partial file says which it is: a recording cut short (and why, when
+/// the recorder could say), or a whole one its last step failed to put in
+/// place.
+#[test]
+fn partial_files_say_how_the_recording_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = |name: &str, meta: &[(&str, &str)]| {
+        let path = dir.path().join(name);
+        let s = session(&path);
+        for (k, v) in meta {
+            s.annotate(k, v).unwrap();
+        }
+        let r = build(&s, &ReportOptions::default(), false).unwrap();
+        header_lines(&r).join("\n")
+    };
+    let whole = header("whole.db.partial", &[]);
+    assert!(whole.contains("stopped cleanly"), "{whole}");
+    assert!(
+        whole.contains("could not be put in place") && whole.contains("the whole recording"),
+        "{whole}"
+    );
+    let done = header("done.db", &[]);
+    assert!(!done.contains("WARNING"), "{done}");
+    let cut = header(
+        "cut.db.partial",
+        &[
+            ("clean_stop", "0"),
+            ("stop_reason", "no space left on the file system"),
+        ],
+    );
+    assert!(
+        cut.contains("stopped early: no space left") && cut.contains("never completed"),
+        "{cut}"
+    );
+    assert!(!cut.contains("could not be put in place"), "{cut}");
+    let crashed = header("crashed.db.partial", &[("clean_stop", "0")]);
+    assert!(
+        crashed.contains("did not stop cleanly") && crashed.contains("never completed"),
+        "{crashed}"
+    );
 }
 
 #[test]

@@ -368,7 +368,43 @@ pub struct SessionWriter {
     in_batch: bool,
     /// Deferred frames were stored (`meta.symbols` is set).
     deferred: bool,
+    /// Space set aside for the last words of a session that fills its file
+    /// system (see [`SessionWriter::release_reserve`]).
+    reserve: Option<Reserve>,
 }
+
+/// Bytes set aside next to a session being written. When the file system
+/// fills, freeing them lets the writer still say why the session stopped
+/// (one meta row: a WAL frame or two) and fold the log in: without them
+/// that last write fails too, and the partial file reads as a crash.
+const RESERVE_BYTES: usize = 256 * 1024;
+
+/// A file of [`RESERVE_BYTES`] written (not sparse, so the blocks are
+/// taken) beside a session: `<session>-reserve`, removed when dropped.
+struct Reserve(PathBuf);
+
+impl Reserve {
+    /// `None` when there is not even that much room: the session then
+    /// goes without one (and fails on its first write anyway).
+    fn take(session: &Path) -> Option<Reserve> {
+        let p = PathBuf::from(format!("{}{RESERVE_SUFFIX}", session.display()));
+        if std::fs::write(&p, vec![0u8; RESERVE_BYTES]).is_ok() {
+            return Some(Reserve(p));
+        }
+        let _ = std::fs::remove_file(&p);
+        None
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The suffix of a session's [`Reserve`] file, one of its companions with
+/// `-wal` and `-shm`.
+pub(crate) const RESERVE_SUFFIX: &str = "-reserve";
 
 impl SessionWriter {
     /// Create (or replace) the session file at `path`. Low level: commands
@@ -384,7 +420,7 @@ impl SessionWriter {
             });
         }
         let _ = std::fs::remove_file(&probe);
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", RESERVE_SUFFIX] {
             let p = PathBuf::from(format!("{}{}", path.display(), suffix));
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
@@ -416,6 +452,7 @@ impl SessionWriter {
             bulk_tx: std::cell::Cell::new(false),
             in_batch: false,
             deferred: false,
+            reserve: Reserve::take(path),
         };
         w.set_meta("clean_stop", "0")?;
         // Sessions created at schema 3 or later have time and CPU per row.
@@ -453,6 +490,7 @@ impl SessionWriter {
             bulk_tx: std::cell::Cell::new(false),
             in_batch: true,
             deferred: false,
+            reserve: None,
         })
     }
 
@@ -470,6 +508,14 @@ impl SessionWriter {
             })
             .map_err(sql_err(&self.path))?;
         Ok(())
+    }
+
+    /// Free the space set aside when the session was created, for the
+    /// writes that end a session whose file system is full: why it
+    /// stopped ([`SessionWriter::set_meta`]) and the final fold
+    /// ([`SessionWriter::close`], which releases it itself).
+    pub fn release_reserve(&mut self) {
+        self.reserve = None;
     }
 
     pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
@@ -887,7 +933,8 @@ impl SessionWriter {
     /// main file and close it, so no `-wal`/`-shm` file stays behind and the
     /// file can be renamed on its own ([`output::SessionOutput::commit`]).
     /// A reader holding the WAL open is waited for (up to 10 s).
-    pub fn close(self, clean: bool) -> Result<()> {
+    pub fn close(mut self, clean: bool) -> Result<()> {
+        self.release_reserve();
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
         let path = self.path.clone();
         self.end_bulk_load()?;
@@ -918,7 +965,8 @@ impl SessionWriter {
     }
 
     /// Mark the session complete and checkpoint the WAL into the main file.
-    pub fn finish(self, clean: bool) -> Result<()> {
+    pub fn finish(mut self, clean: bool) -> Result<()> {
+        self.release_reserve();
         self.set_meta("clean_stop", if clean { "1" } else { "0" })?;
         self.end_bulk_load()?;
         let _ = self

@@ -360,9 +360,9 @@ fn remove_if_present(p: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Remove a session file and its `-wal` / `-shm` companions.
+/// Remove a session file and its `-wal` / `-shm` / `-reserve` companions.
 fn remove_session_files(p: &Path) {
-    for s in ["", "-wal", "-shm"] {
+    for s in ["", "-wal", "-shm", crate::RESERVE_SUFFIX] {
         let _ = remove_if_present(&suffixed(p, s));
     }
 }
