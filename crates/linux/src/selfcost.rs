@@ -1,20 +1,25 @@
 //! What a profiler costs the CPU it observes, measured by the profiler
 //! itself (the host recorder, or the agent inside a guest): its process's
-//! CPU time (every thread, from getrusage) plus the hard-interrupt time
-//! above the level measured before sampling started (the kernel's own irq
-//! accounting in `/proc/stat`, where sampling interrupts land), against
-//! the capacity observed: wall time × CPUs sampled. Where the kernel keeps
-//! no interrupt time, the samples taken times the cost of one sample
-//! measured at the start ([`crate::samplecost`]) stands in for it.
+//! CPU time (every thread, from getrusage) plus the interrupt time above
+//! the level measured before sampling started (the kernel's own irq and
+//! softirq accounting in `/proc/stat`, where sampling interrupts land),
+//! against the capacity observed: wall time × CPUs sampled. Where the
+//! kernel keeps no interrupt time, the samples taken times the cost of one
+//! sample measured at the start ([`crate::samplecost`]) stands in for it.
 //!
-//! The softirq column is not counted. A sample is taken in hard interrupt
-//! context (the perf hrtimer of a software clock runs in hard mode, a PMU
-//! overflow is an NMI) and its ring wakeup is an irq_work, so no softirq
-//! is profiling's. On kernels without interrupt time accounting that
-//! column is also a sample at the tick: a VM's network and disk softirqs
-//! rose it by 0.2-0.3 s in a 10 s recording of the lab host (where the
-//! recorder itself used 0.04 s), which made the host's cost read 1.3-1.8 %
-//! instead of about 0.3 %.
+//! The softirq column counts too, although no sample is a softirq (a
+//! sample is a hard interrupt or an NMI, its wakeup an irq_work). On
+//! kernels without interrupt time accounting that column is a tick sample
+//! that follows the VMs' network and disk: beside the lab's demo it adds
+//! 0.2-0.3 s to a 10 s host recording whose recorder used 0.04 s, so the
+//! host's figure reads 1.3-1.8 % instead of about 0.2 %. Counting the irq
+//! column alone was measured: under a 1 % budget the host recorder then
+//! ran 3 to 5 times faster while measuring itself within its half, and the
+//! guest workload's slowdown rose from 0.35-0.45 % to 0.96 % and 1.84 %
+//! (two 20-pair runs of bench/coordinated-overhead). Sampling an emulated
+//! vCPU thread costs it more than the calibrated cost of one sample says,
+//! and until that is measured the softirq column keeps the host's rate on
+//! the safe side, at the price of an overstated figure on I/O-busy hosts.
 //! The budget rule that uses it is `vmscope_model::budget`.
 
 use crate::ProcRoot;
@@ -175,9 +180,11 @@ impl SelfCost {
     }
 }
 
-/// Hard interrupt seconds of every CPU so far (0 if unreadable).
+/// Hard and soft interrupt seconds of every CPU so far (0 if unreadable).
 fn irq_s(proc: &ProcRoot) -> f64 {
-    proc.cpu_times().map(|s| s.all.irq).unwrap_or(0.0)
+    proc.cpu_times()
+        .map(|s| s.all.irq + s.all.softirq)
+        .unwrap_or(0.0)
 }
 
 #[cfg(test)]
@@ -211,20 +218,22 @@ mod tests {
         std::fs::write(dir.join("stat"), text).unwrap();
     }
 
+    /// Both interrupt columns count above the level before sampling (see
+    /// the module docs for why softirq time does).
     #[test]
-    fn hard_interrupts_count_and_softirqs_do_not() {
+    fn interrupt_time_counts_above_the_level_before_sampling() {
         let dir = tempfile::tempdir().unwrap();
         stat(dir.path(), 0, 0);
         let mut c = SelfCost::start_thread(ProcRoot::new(dir.path()), 2);
         c.sampling_starts();
-        // A VM's network softirqs: 30 ticks, none of them profiling's.
         stat(dir.path(), 0, 30);
         let (cost, _) = c.step(0);
-        assert!(cost < 0.01, "{cost}");
-        // Sampling interrupts: 5 ticks of hard interrupt time.
-        stat(dir.path(), 5, 60);
+        assert!((0.3..0.31).contains(&cost), "{cost}");
+        stat(dir.path(), 5, 30);
         let (cost, _) = c.step(0);
         assert!((0.05..0.06).contains(&cost), "{cost}");
+        let (cost, _) = c.step(0);
+        assert!(cost < 0.01, "{cost}");
     }
 
     #[test]
