@@ -201,6 +201,41 @@ run_s=$(grep -F 'vmscope_vcpu_run_seconds_total{domain="deb-test-vm",vcpu="0"}' 
 awk -v r="$run_s" 'BEGIN{exit !(r > 0)}' || fail "deb-test-vm vCPU 0 ran $run_s s"
 echo "deb-test-vm vCPU 0 ran $run_s s; disk:d0 counted over QMP; softirq from tracepoints"
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true; serve_pid=""
+
+step "serve --profile with the unit's capabilities names kernel functions, and says when it cannot"
+# With the unit's set (CAP_SYSLOG among it) /proc/kallsyms shows addresses;
+# without CAP_SYSLOG, under kernel.perf_event_paranoid=2 and
+# kernel.kptr_restrict=1 (Debian's defaults), it does not: serve must say so
+# on stderr and in /metrics rather than serve raw addresses silently.
+old_kptr=$(cat /proc/sys/kernel/kptr_restrict); old_paranoid=$(cat /proc/sys/kernel/perf_event_paranoid)
+echo 1 > /proc/sys/kernel/kptr_restrict; echo 2 > /proc/sys/kernel/perf_event_paranoid
+profile_metrics() { # $1: capabilities for setpriv, $2: output file
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    setpriv --bounding-set=-all$1 --inh-caps=-all$1 --ambient-caps=-all$1 --no-new-privs -- \
+    /usr/bin/vmscope serve --listen 127.0.0.1:0 --profile >"$2.log" 2>&1 &
+  serve_pid=$!
+  local url=""
+  for _ in $(seq 100); do
+    url=$(sed -n 's/^vmscope serve: \(http:.*\/metrics\)$/\1/p' "$2.log" | head -n 1)
+    [ -n "$url" ] && curl -sf "$url" >"$2" 2>/dev/null && break
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null || true; serve_pid=""
+}
+profile_metrics "$setpriv_caps" "$work/profile-unit"
+no_syslog=$(sed 's/,+syslog//' <<<"$setpriv_caps")
+profile_metrics "$no_syslog" "$work/profile-nosyslog"
+echo "$old_kptr" > /proc/sys/kernel/kptr_restrict; echo "$old_paranoid" > /proc/sys/kernel/perf_event_paranoid
+grep -qx 'vmscope_profile_kernel_symbols 1' "$work/profile-unit" ||
+  { cat "$work/profile-unit.log"; grep vmscope_profile "$work/profile-unit"; fail "serve --profile with the unit's capabilities cannot name kernel functions"; }
+grep -qx 'vmscope_profile_kernel_symbols 0' "$work/profile-nosyslog" ||
+  { cat "$work/profile-nosyslog.log"; fail "serve --profile without CAP_SYSLOG did not say kernel_symbols 0"; }
+grep -q 'warning: /proc/kallsyms shows this process no addresses' "$work/profile-nosyslog.log" ||
+  { cat "$work/profile-nosyslog.log"; fail "serve --profile without CAP_SYSLOG said nothing on stderr"; }
+grep -q 'vmscope_profile_vm_active{domain="deb-test-vm"} 0' "$work/profile-unit" ||
+  { grep vmscope_profile "$work/profile-unit"; fail "the VM without an agent is not named as passive"; }
+echo "with CAP_SYSLOG: kernel functions named; without: said on stderr and in /metrics; the agentless VM: vmscope_profile_vm_active 0"
 kill "$qemu_pid"; qemu_pid=""
 
 step "lab image finds the installed agent"

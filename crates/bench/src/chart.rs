@@ -72,6 +72,19 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
+/// Every chart's size in pixels.
+const SIZE: (u32, u32) = (1000, 640);
+
+fn write_chart(path: &Path, bytes: &[u8]) -> Result<(), BenchError> {
+    vmscope_store::output::write_artifact(
+        path,
+        &vmscope_store::output::OutputOptions::default(),
+        bytes,
+    )
+    .map(drop)
+    .map_err(|e| chart_err(path, e))
+}
+
 fn chart_err(path: &Path, e: impl std::fmt::Display) -> BenchError {
     BenchError::Output {
         what: "chart",
@@ -105,19 +118,60 @@ impl LineChart {
         Ok((svg, png))
     }
 
-    pub fn write_svg(&self, path: &Path) -> Result<(), BenchError> {
+    /// The chart as an SVG document carrying vmscope's marker.
+    pub fn svg(&self) -> Result<String, String> {
         // Text is measured with the font even in SVG.
         register_font();
-        let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
-        self.draw(&root).map_err(|e| chart_err(path, e))?;
-        root.present().map_err(|e| chart_err(path, e))
+        let mut text = String::new();
+        {
+            let root = SVGBackend::with_string(&mut text, SIZE).into_drawing_area();
+            self.draw(&root).map_err(|e| e.to_string())?;
+            root.present().map_err(|e| e.to_string())?;
+        }
+        // The marker inside the root element (docs/architecture.md §7.1).
+        let at = text
+            .find("<svg")
+            .and_then(|i| text[i..].find('>').map(|j| i + j + 1))
+            .unwrap_or(0);
+        text.insert_str(at, &format!("<!-- {} -->", vmscope_store::output::MARKER));
+        Ok(text)
+    }
+
+    /// The chart as a PNG whose `Software` text chunk names vmscope.
+    pub fn png(&self) -> Result<Vec<u8>, String> {
+        register_font();
+        let mut rgb = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+            self.draw(&root).map_err(|e| e.to_string())?;
+            root.present().map_err(|e| e.to_string())?;
+        }
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, SIZE.0, SIZE.1);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.add_text_chunk(
+            "Software".into(),
+            vmscope_store::output::PNG_SOFTWARE.into(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut w = enc.write_header().map_err(|e| e.to_string())?;
+        w.write_image_data(&rgb).map_err(|e| e.to_string())?;
+        w.finish().map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+
+    /// Drawn in memory, then written whole through the store's artifact
+    /// writer: a full disk leaves the old file (or none), never half a chart,
+    /// and a file vmscope did not write is not replaced.
+    pub fn write_svg(&self, path: &Path) -> Result<(), BenchError> {
+        let text = self.svg().map_err(|e| chart_err(path, e))?;
+        write_chart(path, text.as_bytes())
     }
 
     pub fn write_png(&self, path: &Path) -> Result<(), BenchError> {
-        register_font();
-        let root = BitMapBackend::new(path, (1000, 640)).into_drawing_area();
-        self.draw(&root).map_err(|e| chart_err(path, e))?;
-        root.present().map_err(|e| chart_err(path, e))
+        let bytes = self.png().map_err(|e| chart_err(path, e))?;
+        write_chart(path, &bytes)
     }
 
     /// The axes' ranges: the data with some room, positive for log axes.
@@ -321,6 +375,16 @@ mod tests {
         c.write_png(&dir.path().join("lin.png")).unwrap();
         c.series.clear();
         c.write_svg(&dir.path().join("empty.svg")).unwrap();
+        // Both carry vmscope's marker, so a rerun replaces them, and a file
+        // vmscope did not write under a chart's name is left alone.
+        assert!(svg_text.contains(vmscope_store::output::MARKER));
+        assert!(png_bytes.windows(16).any(|w| w == b"Software\0vmscope"));
+        chart().write(&dir.path().join("io-direct-read")).unwrap();
+        let mine = dir.path().join("mine.png");
+        std::fs::write(&mine, b"my own picture").unwrap();
+        let e = chart().write_png(&mine).unwrap_err().to_string();
+        assert!(e.contains("not a file vmscope made"), "{e}");
+        assert_eq!(std::fs::read(&mine).unwrap(), b"my own picture");
     }
 
     #[test]

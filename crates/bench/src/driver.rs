@@ -196,13 +196,33 @@ pub struct RecordPoints {
     /// Sessions are DIR/STEM-N.db (N: the point's number); `None`: the
     /// experiment's name. For experiments driven one point at a time.
     pub stem: Option<String>,
+    /// Replace files in DIR that vmscope did not write (`--force`).
+    pub force: bool,
 }
 
 impl RecordPoints {
     /// Where point `i`'s session goes.
     pub fn path(&self, i: usize) -> PathBuf {
-        let stem = self.stem.as_deref().unwrap_or(&self.experiment);
-        self.dir.join(format!("{stem}-{}.db", i + 1))
+        self.dir.join(format!("{}-{}.db", self.stem(), i + 1))
+    }
+
+    fn stem(&self) -> &str {
+        self.stem.as_deref().unwrap_or(&self.experiment)
+    }
+
+    /// Before any sample: the sessions and logs a profiled run writes may
+    /// replace what DIR holds under their names (store::output's rules).
+    pub fn check(&self) -> Result<(), BenchError> {
+        profiler::check_dir(
+            &self.dir,
+            |n| profiler::numbered(n, self.stem(), &["db", "log"]),
+            self.force,
+        )
+        .map_err(|message| BenchError::Output {
+            what: "--record directory",
+            path: self.dir.clone(),
+            message,
+        })
     }
 }
 
@@ -288,6 +308,9 @@ pub fn drive<E: Experiment>(
     sink: &mut Sink<'_, '_>,
     progress: &Progress,
 ) -> Result<Driven<E::Sample>, BenchError> {
+    if let Some(rec) = &opts.record {
+        rec.check()?;
+    }
     let n = e.points();
     let mut plan = Plan::new(n, opts.warmup, opts.rule, opts.seed);
     for (i, why) in skip {
@@ -404,6 +427,7 @@ pub fn drive<E: Experiment>(
                 vmscope: rec.vmscope.clone(),
                 ready_timeout: Duration::from_secs(60),
                 strict: false,
+                force: rec.force,
             };
             let r = profiler::start(&spec)
                 .map_err(VmFailure::Failed)

@@ -853,6 +853,7 @@ fn run_in(
             vmscope: opts.vmscope.clone(),
             experiment: "net".into(),
             stem: None,
+            force: false,
         }),
         ..DriveOptions::sampling(
             opts.warmup,

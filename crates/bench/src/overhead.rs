@@ -61,6 +61,9 @@ pub struct OverheadOptions {
     /// `overhead-PROFILER-N.db` (perf: `.data`), annotated with its point
     /// and named in the results (the work directory's files are reused).
     pub record: Option<PathBuf>,
+    /// Replace files in the --record and work directories that vmscope
+    /// did not write.
+    pub force: bool,
     pub format: Format,
     pub session: Option<PathBuf>,
     pub busy: BusyRule,
@@ -89,6 +92,7 @@ impl Default for OverheadOptions {
             vmscope: PathBuf::from("vmscope"),
             work_dir: std::env::temp_dir().join("vmscope-bench-overhead"),
             record: None,
+            force: false,
             format: Format::Table,
             session: None,
             busy: BusyRule::default(),
@@ -166,6 +170,7 @@ impl OverheadExperiment {
             vmscope: self.opts.vmscope.clone(),
             ready_timeout: Duration::from_secs(120),
             strict: false,
+            force: self.opts.force,
         })
         .map_err(|e| failed(format!("{kind}: {e}")))?;
         Ok((Some(r), t0.elapsed().as_secs_f64(), kept))
@@ -566,6 +571,29 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
             path: dir.clone(),
             message: e.to_string(),
         })?;
+    }
+    // Before any sample: what the runs write may replace what the
+    // directories hold under those names (store::output's rules).
+    let names = |prefix: &'static str| {
+        move |n: &str| {
+            Kind::ALL.iter().any(|k| {
+                profiler::numbered(n, &format!("{prefix}{}", k.name()), &["db", "data", "log"])
+            })
+        }
+    };
+    for (what, dir, prefix) in [
+        ("--record directory", opts.record.as_ref(), "overhead-"),
+        ("work directory (--out-dir)", Some(&opts.work_dir), ""),
+    ] {
+        if let Some(dir) = dir {
+            profiler::check_dir(dir, names(prefix), opts.force).map_err(|message| {
+                BenchError::Output {
+                    what,
+                    path: dir.clone(),
+                    message,
+                }
+            })?;
+        }
     }
     let mut facts: Vec<(&str, String)> = Vec::new();
     if let Some(a) = &accel {

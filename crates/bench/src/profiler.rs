@@ -82,6 +82,53 @@ pub struct Spec {
     pub ready_timeout: Duration,
     /// vmscope: fail when a VM cannot take the role asked for.
     pub strict: bool,
+    /// Replace an output or log that vmscope did not write (the command's
+    /// `--force`).
+    pub force: bool,
+}
+
+/// Where a profiler's output and log may be written: a session replaces
+/// only a session, a perf.data and a log only what vmscope marked as
+/// written (store::output, docs/architecture.md §7.1), unless `force`.
+fn check_output(path: &Path, force: bool) -> Result<(), String> {
+    use vmscope_store::output::{check_output, OutputKind, OutputOptions};
+    let kind = if path.extension().is_some_and(|e| e == "db") {
+        OutputKind::Session
+    } else {
+        OutputKind::Artifact
+    };
+    check_output(path, kind, &OutputOptions::new(force, &[]))
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Before a run: every file in `dir` whose name a run may write (`ours`
+/// says which) may be replaced; else the first that may not, in one line.
+pub fn check_dir(dir: &Path, ours: impl Fn(&str) -> bool, force: bool) -> Result<(), String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut names: Vec<String> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| ours(n))
+        .collect();
+    names.sort();
+    for n in names {
+        check_output(&dir.join(&n), force)?;
+    }
+    Ok(())
+}
+
+/// Whether `name` is `PREFIX-N.EXT` for one of `exts` (N a number).
+pub fn numbered(name: &str, prefix: &str, exts: &[&str]) -> bool {
+    let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('-')) else {
+        return false;
+    };
+    let Some((n, ext)) = rest.rsplit_once('.') else {
+        return false;
+    };
+    exts.contains(&ext) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// A running profiler.
@@ -145,6 +192,8 @@ fn log_tail(p: &Path) -> String {
 /// error (nothing to start).
 pub fn start(spec: &Spec) -> Result<Running, String> {
     let log = spec.output.with_extension("log");
+    check_output(&spec.output, spec.force)?;
+    check_output(&log, spec.force)?;
     let logf = std::fs::File::create(&log)
         .map_err(|e| format!("creating the profiler log {}: {e}", log.display()))?;
     let _ = std::fs::remove_file(&spec.output);
@@ -385,6 +434,12 @@ impl Running {
                 "the profiler failed (status {status:#x}): {}",
                 log_tail(&self.log)
             ));
+        }
+        // Marked as vmscope's, so the next run may replace them (a session
+        // is known by its content).
+        vmscope_store::output::mark(&self.log);
+        if self.kind == Kind::Perf {
+            vmscope_store::output::mark(&self.output);
         }
         let mut out = Stopped {
             cpu_s,

@@ -590,6 +590,7 @@ fn run_in(
             vmscope: opts.vmscope.clone(),
             experiment: "scale".into(),
             stem: None,
+            force: false,
         }),
         ..DriveOptions::sampling(
             opts.warmup,

@@ -455,6 +455,15 @@ impl Runner<'_> {
         let group_start = group.as_ref().and_then(CpuGroup::cpu_s);
         let mark = self.probe.mark(&pids);
         let mut cmd = Command::new(&argv[0]);
+        // httperf dies with this process, even when it is killed with
+        // SIGKILL (a load generator left running skews whatever runs next).
+        // SAFETY: prctl(2) on the child itself, between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         if !self.client_cpus.is_empty() {
             let cpus = self.client_cpus.clone();
             // SAFETY: sched_setaffinity(2) on the child itself, between
@@ -563,9 +572,41 @@ struct CpuGroup {
     v1: bool,
 }
 
+/// What a run names its web root (in the temporary directory) and its
+/// cgroups: `vmscope-web-PID-...`, PID this process's.
+const STALE_PREFIX: &str = "vmscope-web-";
+
+/// Remove what runs that are gone left under `dir` (their process killed
+/// with SIGKILL, which no handler sees): entries `vmscope-web-PID-*` whose
+/// PID no longer runs. `tree`: whole directories (web roots); else empty
+/// ones only (cgroups, which rmdir removes once their processes are gone).
+fn sweep_stale(dir: &Path, tree: bool) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(STALE_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = if tree {
+            std::fs::remove_dir_all(e.path())
+        } else {
+            std::fs::remove_dir(e.path())
+        };
+    }
+}
+
 impl CpuGroup {
     fn around(pid: u32) -> Option<CpuGroup> {
-        let name = format!("vmscope-web-{}-{pid}", std::process::id());
+        let name = format!("{STALE_PREFIX}{}-{pid}", std::process::id());
         for (root, v1) in [
             ("/sys/fs/cgroup/cpuacct", true),
             ("/sys/fs/cgroup/unified", false),
@@ -579,6 +620,7 @@ impl CpuGroup {
             if !Path::new(root).join(probe).exists() {
                 continue;
             }
+            sweep_stale(Path::new(root), false);
             let dir = Path::new(root).join(&name);
             if std::fs::create_dir(&dir).is_err() {
                 continue;
@@ -963,8 +1005,11 @@ fn run_configs(
         let mut session = None;
         let (server, addr, facts) = match &cfg.spec {
             None => {
+                // Named by this process, so a run killed with SIGKILL leaves
+                // a directory the next run recognizes and removes.
+                sweep_stale(&std::env::temp_dir(), true);
                 let dir = tempfile::Builder::new()
-                    .prefix("vmscope-web-")
+                    .prefix(&format!("{STALE_PREFIX}{}-", std::process::id()))
                     .tempdir()
                     .map_err(|e| BenchError::Output {
                         what: "web root",
@@ -1070,6 +1115,7 @@ fn run_configs(
                     vmscope: opts.vmscope.clone(),
                     experiment: "web".into(),
                     stem: Some(record_stem(&cfg.label, rate)),
+                    force: false,
                 }),
                 ..drive_opts.clone()
             };

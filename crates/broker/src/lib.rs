@@ -80,7 +80,7 @@ pub enum BrokerError {
         source: ProtocolError,
     },
     /// No broker came up in time (and why, when it said).
-    #[error("no agent broker for {} within {timeout:?}{}", agent.display(), log_tail(log).map(|l| format!(": {l}")).unwrap_or_default())]
+    #[error("no agent broker for {} within {:.1} s{}", agent.display(), timeout.as_secs_f64(), log_tail(log).map(|l| format!(" (its log says: {l})")).unwrap_or_default())]
     NotStarted {
         agent: PathBuf,
         timeout: Duration,
@@ -145,13 +145,19 @@ fn sibling(p: &Path, ext: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Last line of a broker's log, if any.
+/// Last line of a broker's log, if any, without its time stamp and name
+/// (`[1795874457.720] vmscope agent broker: `): what a message quotes.
 fn log_tail(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(str::to_string)
+    text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
+        let l = match (l.starts_with('['), l.find("] ")) {
+            (true, Some(i)) => &l[i + 2..],
+            _ => l,
+        };
+        l.strip_prefix("vmscope agent broker: ")
+            .unwrap_or(l)
+            .to_string()
+    })
 }
 
 /// A connection to the broker of the VM whose agent listens on
@@ -352,23 +358,50 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
     if let Some(parent) = opts.listen.parent() {
         std::fs::create_dir_all(parent).map_err(io_err("cannot create", parent))?;
     }
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err("cannot open", &lock_path))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe {
-        libc::flock(
-            std::os::fd::AsRawFd::as_raw_fd(&lock),
-            libc::LOCK_EX | libc::LOCK_NB,
-        )
-    } != 0
-    {
-        blog!("another broker serves {}", opts.agent_socket.display());
-        return Ok(());
+    // The lock file is removed by the broker that holds it when it exits;
+    // one that was removed between our open and our flock is not the lock
+    // any more, so we take it again (the usual unlink-safe flock).
+    let lock = loop {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err("cannot open", &lock_path))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&lock),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } != 0
+        {
+            blog!("another broker serves {}", opts.agent_socket.display());
+            return Ok(());
+        }
+        use std::os::unix::fs::MetadataExt;
+        let held = lock
+            .metadata()
+            .map_err(io_err("cannot examine", &lock_path))?;
+        match std::fs::metadata(&lock_path) {
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => break lock,
+            _ => continue,
+        }
+    };
+    let result = serve_locked(opts);
+    // Nothing stays behind a broker that ended as it should (idle, or its
+    // VM gone): its log only matters when it failed. The lock file goes
+    // while it is still held (see the loop above).
+    if result.is_ok() {
+        let _ = std::fs::remove_file(sibling(&opts.listen, ".log"));
     }
+    let _ = std::fs::remove_file(&lock_path);
+    drop(lock);
+    result
+}
+
+/// [`serve`] once this broker holds the lock.
+fn serve_locked(opts: &BrokerOptions) -> Result<(), BrokerError> {
     // A socket file left by a broker that died is stale: we hold the lock.
     let _ = std::fs::remove_file(&opts.listen);
     let agent = UnixStream::connect(&opts.agent_socket)
@@ -437,7 +470,6 @@ pub fn serve(opts: &BrokerOptions) -> Result<(), BrokerError> {
         .map_err(io_err("cannot configure", &opts.listen))?;
     let result = accept_loop(&listener, &woken, &shared, opts);
     let _ = std::fs::remove_file(&opts.listen);
-    drop(lock);
     result
 }
 
@@ -507,7 +539,7 @@ fn accept_loop(
                 return Ok(());
             }
             if shared.gone.load(Ordering::Relaxed) {
-                blog!("the agent channel closed (VM gone): exiting");
+                blog!("the agent channel closed (the VM stopped, or its agent was restarted): exiting");
                 return Ok(());
             }
             // No client: until the idle deadline. Clients: until one

@@ -80,6 +80,11 @@ pub fn percent(s: &str) -> Result<f64, String> {
 /// (a bad file would otherwise leave kernel samples as raw addresses with
 /// only a note in the report). An empty file is a deliberate "no kernel
 /// symbols" and is accepted.
+/// `-o -`: standard output, as `import -` reads standard input.
+pub fn is_stdout(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
 pub fn check_kallsyms(path: &Path) -> anyhow::Result<()> {
     let k = vmscope_symbols::Kallsyms::from_path(path)
         .map_err(|e| anyhow::anyhow!("--kallsyms: {e}"))?;
@@ -208,7 +213,10 @@ pub fn open_session(
     if let Some(res) = &r.resolved {
         let place = match &r.copy {
             None => format!("stored in {}", path.display()),
-            Some((why, _)) => format!("in a temporary copy, since {why}"),
+            Some((why, _)) => format!(
+                "in a temporary copy, since {why}; to keep them, copy the session to a \
+                 writable place and read it there once, or record with --symbolize now"
+            ),
         };
         eprintln!(
             "vmscope: resolved the symbols the recording left for the first read: {} frames, \

@@ -362,6 +362,10 @@ pub struct OverheadArgs {
     /// annotated with its point and named in the results (`vmscope compare` reads them).
     #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
+    /// Replace files of those names in the --record and --out-dir directories that
+    /// vmscope did not write (its own earlier runs are replaced without it).
+    #[arg(long)]
+    force: bool,
     /// table, json (JSON lines) or csv.
     #[arg(long, value_enum, default_value = "table")]
     format: FormatArg,
@@ -400,6 +404,14 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    for (i, k) in kinds.iter().enumerate() {
+        if kinds[..i].contains(k) {
+            anyhow::bail!(
+                "--profilers: `{}` is given twice; name each profiler once (none is the baseline every other is set against)",
+                k.name()
+            );
+        }
+    }
     let opts = OverheadOptions {
         workload,
         vm: a.vm,
@@ -418,6 +430,7 @@ pub fn overhead(a: OverheadArgs) -> Result<ExitCode> {
         vmscope: std::env::current_exe()?,
         work_dir: a.out_dir,
         record: a.record,
+        force: a.force,
         format: a.format.into(),
         session: a.session,
         busy: a.sampling.busy(),

@@ -14,7 +14,7 @@ use vmscope_store::Session;
 )]
 pub struct CompareArgs {
     /// The base session, then one or more others.
-    #[arg(required = true, num_args = 2.., value_name = "BASE OTHER")]
+    #[arg(required = true, num_args = 1.., value_name = "SESSION")]
     pub files: Vec<PathBuf>,
     /// Throughput of each session, BASE first, comma-separated (any unit, the same for all).
     #[arg(long, value_name = "B,O…")]
@@ -48,6 +48,12 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
+    if args.files.len() < 2 {
+        anyhow::bail!(
+            "compare needs a base session and at least one other to set against it; \
+             give two or more session files (vmscope compare BASE.db OTHER.db ...)"
+        );
+    }
     let by: Vec<GroupKey> = parse_fields(&args.by)?;
     let view = match args.view.as_str() {
         "merged" => vmscope_store::View::Merged,
@@ -77,6 +83,16 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         Some(p) => Classes::from_file(p)?,
         None => Classes::builtin(),
     };
+    let inputs: Vec<&std::path::Path> = args.files.iter().map(PathBuf::as_path).collect();
+    let svg_opts = vmscope_store::output::OutputOptions::new(args.force, &inputs);
+    if let Some(p) = &args.svg {
+        // Before any work: a chart that could not be written is said now.
+        vmscope_store::output::check_output(
+            p,
+            vmscope_store::output::OutputKind::Artifact,
+            &svg_opts,
+        )?;
+    }
     let (sessions, _copies): (Vec<Session>, Vec<_>) = args
         .files
         .iter()
@@ -98,12 +114,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let c = compare(&sessions, &opts)?;
     if let Some(p) = &args.svg {
         // Checked and written atomically; never over one of the sessions.
-        let inputs: Vec<&std::path::Path> = args.files.iter().map(PathBuf::as_path).collect();
-        vmscope_store::output::write_artifact(
-            p,
-            &vmscope_store::output::OutputOptions::new(args.force, &inputs),
-            svg(&c).as_bytes(),
-        )?;
+        vmscope_store::output::write_artifact(p, &svg_opts, svg(&c).as_bytes())?;
     }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

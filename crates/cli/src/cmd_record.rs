@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_engine::record::{check_command, record, RecordOptions, Scope};
+use vmscope_model::text::visible;
 use vmscope_model::{EventSpec, SampleRate, DEFAULT_FREQUENCY};
 use vmscope_store::output::{OutputOptions, SessionOutput};
 use vmscope_symbols::SymbolizerOptions;
@@ -167,7 +168,11 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     })?;
     crate::signals::check("planning the session")?;
     for v in plan.fallbacks() {
-        eprintln!("vmscope: VM {}: profiled as {}", v.name, v.describe());
+        eprintln!(
+            "vmscope: VM {}: profiled as {}",
+            visible(&v.name),
+            visible(&v.describe())
+        );
     }
     let opts = RecordOptions {
         events: events.clone(),
@@ -227,7 +232,7 @@ pub fn run(args: RecordArgs) -> anyhow::Result<ExitCode> {
     };
     bar.finish_and_clear();
     for n in &summary.notes {
-        eprintln!("vmscope: {n}");
+        eprintln!("vmscope: {}", visible(n));
     }
     if args.strict && !summary.notes.is_empty() {
         anyhow::bail!("--strict: not every VM took part as asked (see above)");

@@ -36,7 +36,9 @@ pub struct ReportArgs {
     /// flamegraph, pprof and html need -o.
     #[arg(short = 'f', long, default_value = "table")]
     pub format: String,
-    /// Write to this file instead of standard output.
+    /// Write to this file instead of standard output (`-`: standard output,
+    /// for the binary formats too). An existing file is replaced only when
+    /// vmscope wrote it and it is unchanged since.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Replace -o FILE whatever regular file it is (never a device,
@@ -93,16 +95,18 @@ pub struct ReportArgs {
 /// (the target checked, a temporary file renamed over it on success, so an
 /// error leaves no half-written file), else to standard output.
 fn emit(args: &ReportArgs, bytes: &[u8]) -> anyhow::Result<()> {
-    if let Some(p) = &args.output {
+    if let Some(p) = args.output.as_ref().filter(|p| !crate::args::is_stdout(p)) {
         vmscope_store::output::write_artifact(
             p,
             &OutputOptions::new(args.force, &[args.file.as_path()]),
             bytes,
         )?;
     } else {
+        use anyhow::Context as _;
         let mut out = std::io::stdout().lock();
-        out.write_all(bytes)?;
-        out.flush()?;
+        out.write_all(bytes)
+            .and_then(|()| out.flush())
+            .context("writing the report to standard output")?;
     }
     Ok(())
 }
@@ -117,12 +121,47 @@ fn spinner(what: &str) -> indicatif::ProgressBar {
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     let format: ReportFormat = args.format.parse()?;
+    // What the call-path and side-by-side views can be written as, checked
+    // before any work: they are tables (a flame graph of a function's
+    // callers would silently be a text table in an .svg file).
+    let tabular = matches!(
+        format,
+        ReportFormat::Table | ReportFormat::Json | ReportFormat::Csv
+    );
+    if let (Some(sym), false) = (args.callers.as_ref().or(args.callees.as_ref()), tabular) {
+        let which = if args.callers.is_some() {
+            "--callers"
+        } else {
+            "--callees"
+        };
+        anyhow::bail!(
+            "{which} {sym} prints its call paths as a table, JSON or CSV, not as {}; \
+             drop --format {} (or use --format flamegraph without {which})",
+            args.format,
+            args.format
+        );
+    }
+    if args.side_by_side.is_some() && !matches!(format, ReportFormat::Table | ReportFormat::Json) {
+        anyhow::bail!(
+            "--side-by-side prints a table or JSON, not {}; drop --format {}",
+            args.format,
+            args.format
+        );
+    }
     let by = match &args.by {
         Some(s) => parse_fields(s)?,
         None => Vec::new(),
     };
     if args.depth == 0 {
         anyhow::bail!("--depth must be at least 1");
+    }
+    // The output is checked before any work (and again when written).
+    if let Some(p) = args.output.as_ref().filter(|p| !crate::args::is_stdout(p)) {
+        vmscope_store::output::check_output(
+            p,
+            vmscope_store::output::OutputKind::Artifact,
+            &OutputOptions::new(args.force, &[args.file.as_path()]),
+        )?;
     }
     let mut filter = Vec::new();
     if let Some(d) = &args.domain {
@@ -172,6 +211,13 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     }
     let slice =
         vmscope_report::slice::resolve(&session, args.time.as_deref(), args.cpu.as_deref())?;
+    if let Some(note) = args
+        .time
+        .as_deref()
+        .and_then(vmscope_report::slice::time_note)
+    {
+        eprintln!("vmscope: note: {note}");
+    }
     let opts = ReportOptions {
         by,
         event: args.event.clone(),
@@ -247,7 +293,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     }
     emit(&args, &buf)?;
     if let (Some(p), true) = (&args.output, needs_file) {
-        eprintln!("vmscope: wrote {} ({} bytes)", p.display(), buf.len());
+        if !crate::args::is_stdout(p) {
+            eprintln!("vmscope: wrote {} ({} bytes)", p.display(), buf.len());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -54,15 +54,25 @@ pub struct ServeArgs {
     no_overhead_budget: bool,
 }
 
+/// The longest `--profile-window`: the window is kept in memory.
+const MAX_PROFILE_WINDOW: u32 = 3600;
+
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
     crate::args::check_pids("--shared-io", &a.shared_io)?;
     let profile = if a.profile {
         Some(vmscope_serve::profile::ProfileOptions {
             frequency: a.profile_frequency,
             callchain: !a.profile_no_stacks,
-            window: u32::try_from(a.profile_window).map_err(|_| {
-                anyhow::anyhow!("--profile-window {}: too many seconds", a.profile_window)
-            })?,
+            window: u32::try_from(a.profile_window)
+                .ok()
+                .filter(|w| *w <= MAX_PROFILE_WINDOW)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--profile-window {}: at most {MAX_PROFILE_WINDOW} s (an hour): the window is held in memory; \
+                         for longer history scrape /debug/pprof/profile periodically",
+                        a.profile_window
+                    )
+                })?,
             roles: crate::args::vm_roles(&a.vm_roles)?,
             overhead_budget: if a.no_overhead_budget {
                 None
@@ -84,6 +94,12 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         profile,
     })?;
     eprintln!("vmscope serve: http://{}/metrics", server.local_addr());
+    for w in server.warnings() {
+        eprintln!(
+            "vmscope serve: warning: {}",
+            vmscope_model::text::visible(&w)
+        );
+    }
     if profiling {
         eprintln!(
             "vmscope serve: http://{}/debug/pprof/profile?seconds=N",

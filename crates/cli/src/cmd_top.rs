@@ -17,7 +17,7 @@ pub enum TopFormat {
 
 #[derive(Args)]
 #[command(
-    after_help = "Keys: q quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct"
+    after_help = "Keys: q (or Esc, Ctrl-C) quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct"
 )]
 pub struct TopArgs {
     /// Refresh interval (1s, 500ms, ...).
@@ -55,9 +55,20 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
     if a.freq == 0 {
         anyhow::bail!("-F must be a positive frequency in Hz");
     }
+    if a.count == Some(0) {
+        anyhow::bail!("-n 0 would print nothing: give at least 1 interval (or leave -n out)");
+    }
+    if !a.batch && (a.count.is_some() || matches!(a.format, TopFormat::Json)) {
+        anyhow::bail!(
+            "-n and --format are options of batch mode: add --batch (-b), or leave them out for the live view"
+        );
+    }
     if !a.batch && !std::io::stdout().is_terminal() {
         anyhow::bail!("the live view needs a terminal; use --batch for a pipe or a file");
     }
+    // SIGTERM and SIGHUP end the live view as q does (the terminal is
+    // given back), and batch mode after the frame in hand.
+    crate::signals::install();
     let mut source = LiveTop::start(LiveTopOptions {
         interval: a.interval,
         frequency: a.freq,
@@ -67,7 +78,10 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
     })
     .context("starting top")?;
     if !a.batch {
-        vmscope_top::run_interactive(Box::new(source))?;
+        vmscope_top::run_interactive(Box::new(source), crate::signals::stopped())?;
+        if let Some(s) = crate::signals::received() {
+            eprintln!("vmscope top: stopped by {}", crate::signals::name(s));
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let view = View {
@@ -76,7 +90,7 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
     };
     let stdout = std::io::stdout();
     let mut n = 0;
-    while a.count.is_none_or(|c| n < c) {
+    while a.count.is_none_or(|c| n < c) && crate::signals::received().is_none() {
         let frame = source.next_frame()?;
         let mut out = stdout.lock();
         match a.format {

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use vmscope_discover::{discover, DiscoverOptions, Disk, ThreadKind, Vm};
+use vmscope_model::text::{visible, visible_cut, NAME_WIDTH};
 
 /// How to print the VMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -85,7 +86,7 @@ pub fn run(args: VmsArgs) -> anyhow::Result<ExitCode> {
     if !args.no_libvirt {
         if let Some(line) = vmscope_discover::libvirt::annotate_from_env(&mut vms, qmp_timeout * 5)
         {
-            eprintln!("vmscope: {line}");
+            eprintln!("vmscope: {}", visible(&line));
         }
     }
     let mut out = std::io::stdout().lock();
@@ -101,7 +102,12 @@ pub fn run(args: VmsArgs) -> anyhow::Result<ExitCode> {
             let mut err = std::io::stderr().lock();
             for vm in &vms {
                 for w in &vm.warnings {
-                    writeln!(err, "vmscope: warning: {}: {w}", vm.name)?;
+                    writeln!(
+                        err,
+                        "vmscope: warning: {}: {}",
+                        visible_cut(&vm.name, NAME_WIDTH),
+                        visible(w)
+                    )?;
                 }
             }
         }
@@ -130,7 +136,7 @@ fn table(vms: &[Vm], query_qmp: bool) -> Table {
     }
     for vm in vms {
         let mut row = comfy_table::Row::from([
-            vm.name.clone(),
+            visible_cut(&vm.name, NAME_WIDTH).into_owned(),
             vm.pid.to_string(),
             vm.accel.as_str().to_string(),
             vcpus_cell(vm),
@@ -141,7 +147,11 @@ fn table(vms: &[Vm], query_qmp: bool) -> Table {
                 .map(disk_cell)
                 .collect::<Vec<_>>()
                 .join("\n"),
-            vm.taps.join("\n"),
+            vm.taps
+                .iter()
+                .map(|t| visible(t).into_owned())
+                .collect::<Vec<_>>()
+                .join("\n"),
             qmp_cell(vm, query_qmp),
         ]);
         if libvirt {
@@ -178,10 +188,10 @@ fn io_cell(vm: &Vm) -> String {
     for t in &vm.io_threads {
         let (order, label) = match t.kind {
             ThreadKind::MainLoop => (0, "main loop".to_string()),
-            ThreadKind::IoThread => (1, t.name.clone()),
+            ThreadKind::IoThread => (1, visible(&t.name).into_owned()),
             ThreadKind::Worker => (2, "worker".to_string()),
-            ThreadKind::Unknown => (4, format!("{} (role unknown)", t.name)),
-            ThreadKind::Vcpu | ThreadKind::Other => (3, t.name.clone()),
+            ThreadKind::Unknown => (4, format!("{} (role unknown)", visible(&t.name))),
+            ThreadKind::Vcpu | ThreadKind::Other => (3, visible(&t.name).into_owned()),
         };
         groups.entry((order, label)).or_default().push(t.tid);
     }
@@ -212,10 +222,10 @@ fn vhost_cell(vm: &Vm) -> String {
 /// `path [format,cache,aio,ro]`, then `<- backing` lines.
 fn disk_cell(d: &Disk) -> String {
     let what = match (&d.file, &d.protocol, &d.id) {
-        (Some(f), _, _) => f.display().to_string(),
-        (None, Some(p), Some(id)) => format!("{p}:{id}"),
-        (None, Some(p), None) => p.clone(),
-        (None, None, Some(id)) => id.clone(),
+        (Some(f), _, _) => visible(&f.display().to_string()).into_owned(),
+        (None, Some(p), Some(id)) => visible(&format!("{p}:{id}")).into_owned(),
+        (None, Some(p), None) => visible(p).into_owned(),
+        (None, None, Some(id)) => visible(id).into_owned(),
         (None, None, None) => "?".into(),
     };
     let mut attrs: Vec<&str> = Vec::new();
@@ -238,7 +248,7 @@ fn disk_cell(d: &Disk) -> String {
         format!("{what} [{}]", attrs.join(","))
     };
     for b in &d.backing {
-        s.push_str(&format!("\n  <- {}", b.display()));
+        s.push_str(&format!("\n  <- {}", visible(&b.display().to_string())));
     }
     s
 }
@@ -246,9 +256,11 @@ fn disk_cell(d: &Disk) -> String {
 fn qmp_cell(vm: &Vm, query_qmp: bool) -> String {
     match &vm.qmp {
         None => "-".into(),
-        Some(p) if vm.qmp_used || !query_qmp => p.display().to_string(),
-        Some(p) if vm.libvirt.is_some() => format!("{} (held by libvirtd)", p.display()),
-        Some(p) => format!("{} (no answer)", p.display()),
+        Some(p) if vm.qmp_used || !query_qmp => visible(&p.display().to_string()).into_owned(),
+        Some(p) if vm.libvirt.is_some() => {
+            format!("{} (held by libvirtd)", visible(&p.display().to_string()))
+        }
+        Some(p) => format!("{} (no answer)", visible(&p.display().to_string())),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use comfy_table::{Cell, Table};
 use vmscope_discover::Vm;
+use vmscope_model::text::{visible, visible_cut, NAME_WIDTH};
 
 /// Add the column's header to a table whose header is already set.
 pub fn add_header(t: &mut Table) {
@@ -17,7 +18,12 @@ pub fn add_header(t: &mut Table) {
 /// `name\nuuid\nstate`, or `-` for a VM libvirt does not know.
 pub fn cell(vm: &Vm) -> String {
     match &vm.libvirt {
-        Some(d) => format!("{}\n{}\n{}", d.name, d.uuid, d.state),
+        Some(d) => format!(
+            "{}\n{}\n{}",
+            visible_cut(&d.name, NAME_WIDTH),
+            visible(&d.uuid),
+            visible(&d.state)
+        ),
         None => "-".into(),
     }
 }

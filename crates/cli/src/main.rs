@@ -106,7 +106,11 @@ fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("vmscope: error: {}", error_line(&e));
+            // One line, whatever names (a VM's, a path's) the message holds.
+            eprintln!(
+                "vmscope: error: {}",
+                vmscope_model::text::visible(&error_line(&e))
+            );
             ExitCode::from(exit_code(&e))
         }
     }
@@ -170,10 +174,25 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     2
 }
 
-/// `vmscope ... | head` must exit quietly.
+/// `vmscope ... | head` must exit quietly: a broken pipe on standard output
+/// ends a command as success. Only there: a VM's QMP socket or an agent
+/// channel that breaks is a failure like any other (a `lab up` whose QEMU
+/// died once exited 0 here, with no word).
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    }) && stdout_closed()
+}
+
+/// Whether standard output is a pipe or socket nobody reads any more.
+fn stdout_closed() -> bool {
+    let mut p = libc::pollfd {
+        fd: 1,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd we own; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&raw mut p, 1, 0) };
+    n == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }

@@ -110,8 +110,36 @@ fn read_input(
                 path: PathBuf::from("standard input"),
                 source,
             };
+            // The magic first: a stream that can never be a perf.data
+            // (`yes`, `/dev/zero`) is refused at once, not spooled until
+            // the file system is full.
+            let mut head = [0u8; 8];
+            let mut got = 0;
+            let mut lock = stdin.lock();
+            while got < head.len() {
+                match std::io::Read::read(&mut lock, &mut head[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io(e)),
+                }
+            }
+            if got == 0 {
+                return Err(EngineError::Invalid(
+                    "standard input: not a perf.data file (empty file): pipe a perf.data into it \
+                     (perf record -o - ... | vmscope import -)"
+                        .into(),
+                ));
+            }
+            if !vmscope_perfdata::could_be_perf_data(&head[..got]) {
+                return Err(EngineError::Invalid(format!(
+                    "standard input: not a perf.data file (bad magic: it starts with {:?}, not PERFILE2)",
+                    String::from_utf8_lossy(&head[..got])
+                )));
+            }
             let mut spool = tempfile::tempfile().map_err(io)?;
-            std::io::copy(&mut stdin.lock(), &mut spool).map_err(io)?;
+            std::io::Write::write_all(&mut spool, &head[..got]).map_err(io)?;
+            std::io::copy(&mut lock, &mut spool).map_err(io)?;
             spool.rewind().map_err(io)?;
             Ok(vmscope_perfdata::import_reader_raw(
                 spool,

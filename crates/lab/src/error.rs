@@ -49,6 +49,12 @@ pub enum LabError {
     /// The guest agent binary could not be found.
     #[error("guest agent binary not found (looked at: {looked}); build it with: {build}")]
     AgentBinary { looked: String, build: String },
+    /// Another `lab up` or `lab down` of this lab is under way.
+    #[error("lab {lab} is being brought up or torn down by {holder}; wait for it to end (or stop it), then try again")]
+    Busy {
+        lab: String,
+        holder: vmscope_linux::files::LockHolder,
+    },
     /// No lab state exists under this name.
     #[error("lab '{name}' is not up (no state at {})", path.display())]
     NoSuchLab { name: String, path: PathBuf },
@@ -77,6 +83,14 @@ pub enum LabError {
     /// The state file is unreadable.
     #[error("lab state {}: {message}", path.display())]
     State { path: PathBuf, message: String },
+    /// `up` failed and tore down what it had made; the VMs' console and
+    /// QEMU logs were kept (when there were any) for the post-mortem.
+    #[error("lab {lab}: {cause}{}", logs.as_ref().map(|l| format!("; everything it made was removed, the VMs' console and QEMU logs are kept in {}", l.display())).unwrap_or_else(|| "; everything it made was removed".into()))]
+    UpFailed {
+        lab: String,
+        cause: Box<LabError>,
+        logs: Option<PathBuf>,
+    },
     /// A cancel request (a signal) stopped the work; see [`crate::cancel`].
     #[error("interrupted by {} while {during}", crate::cancel::signal_name(*signal))]
     Interrupted { signal: i32, during: String },

@@ -79,6 +79,24 @@ impl LabOptions {
     }
 }
 
+/// The lab's lock (`RUN_ROOT/NAME.lock`), held by `up` and `down` while
+/// they work, so two of them on one lab never run at once: the second
+/// fails at once, naming the first (two `lab up` of one spec once both
+/// claimed the same VM, or tore each other's lab down).
+fn lock(name: &str, opts: &LabOptions) -> Result<vmscope_linux::files::PidLock> {
+    std::fs::create_dir_all(&opts.run_root)
+        .map_err(|e| LabError::io("create run directory", &opts.run_root, e))?;
+    let path = opts.run_root.join(format!("{name}.lock"));
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    vmscope_linux::files::PidLock::acquire(&path, &command).map_err(|e| match e {
+        Ok(holder) => LabError::Busy {
+            lab: name.to_string(),
+            holder,
+        },
+        Err(source) => LabError::io("lock", &path, source),
+    })
+}
+
 /// State file path of lab `name`.
 pub fn state_path(opts: &LabOptions, name: &str) -> PathBuf {
     opts.run_dir(name).join("state.json")
@@ -177,6 +195,7 @@ pub(crate) struct Boot {
 /// every VM, pin threads and wait for every agent's hello. On failure the
 /// lab is torn down again and the error returned.
 pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
+    let _lock = lock(&spec.name, opts)?;
     let run_dir = opts.run_dir(&spec.name);
     let state_file = run_dir.join("state.json");
     let mut stale_own = Vec::new();
@@ -315,6 +334,9 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
                 },
             };
             opts.say(&spec.name, &format!("failed ({e}); tearing down"));
+            let logs = (!matches!(e, LabError::Interrupted { .. }))
+                .then(|| keep_logs(&st, &opts.run_root))
+                .flatten();
             let rep = state::teardown(&mut st);
             if !rep.errors.is_empty() {
                 return Err(LabError::Resource {
@@ -335,10 +357,38 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
                         }
                     ),
                 }),
-                e => Err(e),
+                e => Err(LabError::UpFailed {
+                    lab: spec.name.clone(),
+                    cause: Box::new(e),
+                    logs,
+                }),
             }
         }
     }
+}
+
+/// Copy each VM's console and QEMU logs out of the run directory that the
+/// teardown of a failed `up` removes, into `RUN_ROOT/LAB.failed/` (replaced
+/// by the next failure of that lab); its path, or `None` when there was
+/// nothing to keep.
+fn keep_logs(st: &LabState, run_root: &Path) -> Option<PathBuf> {
+    let dir = run_root.join(format!("{}.failed", st.name));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut kept = 0;
+    for v in &st.vms {
+        for (from, what) in [
+            (v.console_log.clone(), "console"),
+            (v.dir.join("qemu.log"), "qemu"),
+        ] {
+            if std::fs::metadata(&from).is_ok_and(|m| m.len() > 0)
+                && std::fs::create_dir_all(&dir).is_ok()
+                && std::fs::copy(&from, dir.join(format!("{}-{what}.log", v.name))).is_ok()
+            {
+                kept += 1;
+            }
+        }
+    }
+    (kept > 0).then_some(dir)
 }
 
 fn bring_up(
@@ -480,10 +530,12 @@ fn bring_up(
             Err(e) => {
                 vs.error = Some(e.to_string());
                 failed.push(vs.name.clone());
-                errors.push(format!(
-                    "{e} [console: {}]",
-                    qemu::log_tail(&vs.console_log, 3)
-                ));
+                let tail = qemu::log_tail(&vs.console_log, 3);
+                errors.push(if tail.is_empty() || e.to_string().contains("console") {
+                    e.to_string()
+                } else {
+                    format!("{e} [console: {tail}]")
+                });
             }
         }
     }
@@ -515,10 +567,13 @@ pub(crate) fn wait_hello(
         if !vm_running(vm) {
             return Err(LabError::Vm {
                 vm: vm.name.clone(),
-                message: format!(
-                    "QEMU exited while booting (console: {})",
-                    qemu::log_tail(&vm.console_log, 3)
-                ),
+                message: match qemu::log_tail(&vm.console_log, 3) {
+                    t if t.is_empty() => format!(
+                        "QEMU exited while booting, before its console said anything ({})",
+                        qemu::log_tail(&vm.dir.join("qemu.log"), 2)
+                    ),
+                    t => format!("QEMU exited while booting (console: {t})"),
+                },
             });
         }
         let left = timeout.saturating_sub(start.elapsed());
@@ -556,9 +611,15 @@ pub(crate) fn wait_hello(
     Err(LabError::Agent {
         vm: vm.name.clone(),
         message: format!(
-            "no hello within {timeout:?}{}",
+            "no hello within {:.1} s although QEMU runs: the guest may still be booting \
+             (raise --hello-timeout) or its agent did not start (console: {}){}",
+            timeout.as_secs_f64(),
+            match qemu::log_tail(&vm.console_log, 2) {
+                t if t.is_empty() => "nothing yet".to_string(),
+                t => t,
+            },
             last_err
-                .map(|e| format!(" (last: {e})"))
+                .map(|e| format!("; last attempt: {e}"))
                 .unwrap_or_default()
         ),
     })
@@ -606,6 +667,7 @@ fn pin_vm(vm: &VmSpec, vs: &mut VmState) -> Result<()> {
 /// Tear lab `name` down: every recorded process, tap, bridge, loop device,
 /// LV, file and the run directory. Missing resources are not errors.
 pub fn down(name: &str, opts: &LabOptions) -> Result<TeardownReport> {
+    let _lock = lock(name, opts)?;
     let path = state_path(opts, name);
     if !path.is_file() {
         return Err(LabError::NoSuchLab {

@@ -402,7 +402,8 @@ pub(crate) fn launch(
     sx.opts.say(
         &sx.spec.name,
         &format!(
-            "VM {}: creating libvirt domain {domain} on {uri} ({}, {} vCPUs, {} MiB)",
+            "VM {}: creating libvirt domain {domain} on {uri} ({}, {} vCPUs, {} MiB); \
+             libvirtd probes QEMU's capabilities the first time, which can take a minute",
             vm.name,
             sx.accel.name(),
             vm.vcpus,

@@ -338,7 +338,16 @@ impl Ctx<'_> {
             Some(s) => {
                 self.note(field, s);
                 let x = *s.get_ref();
-                if x < min || x > max {
+                if (1..min).contains(&x) && field.ends_with(".memory_mib") {
+                    Err(self.err(
+                        s.span(),
+                        field,
+                        format!(
+                            "{x} MiB is less than {min} MiB, the least a Debian cloud kernel \
+                             boots in (at 80 and 96 MiB it panics: \"System is deadlocked on memory\")"
+                        ),
+                    ))
+                } else if x < min || x > max {
                     Err(self.err(
                         s.span(),
                         field,
@@ -490,8 +499,13 @@ impl Ctx<'_> {
         }
         let count = self.count(&format!("{p}.count"), &vm.count, 1, 1, 256)? as usize;
         let vcpus = self.count(&format!("{p}.vcpus"), &vm.vcpus, 1, 1, 64)? as u32;
-        let memory_mib =
-            self.count(&format!("{p}.memory_mib"), &vm.memory_mib, 256, 64, 1 << 20)? as u32;
+        let memory_mib = self.count(
+            &format!("{p}.memory_mib"),
+            &vm.memory_mib,
+            256,
+            MIN_MEMORY_MIB,
+            1 << 20,
+        )? as u32;
         let iothreads = self.count(&format!("{p}.iothreads"), &vm.iothreads, 0, 0, 16)? as u32;
         let pin_vcpus = self.cpus(&format!("{p}.pin_vcpus"), &vm.pin_vcpus)?;
         if !pin_vcpus.is_empty() && pin_vcpus.len() != vcpus as usize {
@@ -802,16 +816,21 @@ fn parse_subnet(s: &str) -> Option<Subnet> {
     })
 }
 
+/// The least memory a lab VM may have: the built-in guest image (a Debian
+/// cloud kernel and a busybox initramfs) panics below it.
+pub const MIN_MEMORY_MIB: i64 = 128;
+
 const CACHE_MODES: [&str; 5] = ["none", "writeback", "writethrough", "directsync", "unsafe"];
 const AIO_MODES: [&str; 3] = ["threads", "native", "io_uring"];
 
 impl LabSpec {
     /// Read and parse a spec file.
     pub fn from_file(path: &Path) -> Result<LabSpec> {
-        let text = std::fs::read_to_string(path).map_err(|source| LabError::SpecRead {
-            file: path.to_path_buf(),
-            source,
-        })?;
+        let text = vmscope_linux::files::read_input(path, vmscope_linux::files::INPUT_FILE)
+            .map_err(|source| LabError::SpecRead {
+                file: path.to_path_buf(),
+                source,
+            })?;
         let mut spec = Self::parse(&text, path)?;
         // Relative paths in a spec are relative to the spec's directory.
         let base = path.parent().unwrap_or(Path::new("."));

@@ -249,6 +249,17 @@ impl LabState {
             path: self.path(),
             message: e.to_string(),
         })?;
+        if !self.run_dir.is_dir() {
+            return Err(LabError::State {
+                path: self.path(),
+                message: format!(
+                    "the lab's run directory {} was removed while lab {} was in use \
+                     (by hand, or by a lab down that did not hold the lab's lock)",
+                    self.run_dir.display(),
+                    self.name
+                ),
+            });
+        }
         crate::util::write_atomic(&self.path(), &data)
     }
 

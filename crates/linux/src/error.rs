@@ -28,7 +28,7 @@ pub enum LinuxError {
     TooManyFiles { opened: usize },
 
     /// EINVAL with a frequency above the kernel's limit.
-    #[error("sampling frequency {freq} Hz of event '{event}' is above kernel.perf_event_max_sample_rate = {max}; use a lower -F or raise that sysctl")]
+    #[error("sampling frequency {freq} Hz of event '{event}' is above kernel.perf_event_max_sample_rate = {max}; lower the sampling frequency or raise that sysctl")]
     FrequencyTooHigh { event: String, freq: u64, max: u64 },
 
     /// Any other perf_event_open failure.

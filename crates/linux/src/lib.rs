@@ -11,7 +11,9 @@
 //! - [`numa`]: NUMA nodes from `/sys`, threads' allowed CPUs and
 //!   processes' memory by node from `/proc` (`vmscope topo`);
 //! - [`sys`]: rooted `/sys` readers (online CPUs, interface counters) and
-//!   the record clock.
+//!   the record clock;
+//! - [`files`]: the bounded reader of files others wrote (kernel files and
+//!   copies of them, lab specs, class rules).
 //!
 //! Ring access (`ring`) and record decoding (`decode`) are private; both are
 //! unit-tested on hand-built bytes, so the live path and the tests share code.
@@ -19,6 +21,7 @@
 pub mod bpf_switch;
 mod decode;
 mod error;
+pub mod files;
 pub mod numa;
 pub mod procfs;
 pub mod recorder;

@@ -21,9 +21,11 @@ use vmscope_model::numa::{NodeMemory, NumaNode, Topology};
 type Result<T> = std::result::Result<T, LinuxError>;
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| LinuxError::Read {
-        path: path.to_path_buf(),
-        source,
+    crate::files::read_bounded_string(path, crate::files::LARGE_FILE).map_err(|source| {
+        LinuxError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 

@@ -4,6 +4,11 @@
 use crate::LinuxError;
 use std::path::Path;
 
+/// CPU numbers a CPU list may hold: below 65 536 (Linux builds for at most
+/// 8 192 CPUs), so that a hostile list such as `0-4294967295` (from a copied
+/// `/sys` tree under `--sys-root`) is refused instead of expanding to 16 GiB.
+pub const MAX_CPUS: u32 = 1 << 16;
+
 /// Parse a kernel CPU list such as `0-3,5,7-8` (trailing newline allowed).
 pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
     let mut cpus = Vec::new();
@@ -11,18 +16,37 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<u32>, String> {
     if s.is_empty() {
         return Err("empty CPU list".into());
     }
+    // Names in messages are cut: the list itself may be megabytes long.
+    let shown: String = if s.chars().count() > 64 {
+        s.chars().take(63).chain(['…']).collect()
+    } else {
+        s.to_string()
+    };
+    let s_shown = shown.as_str();
     for part in s.split(',') {
         let part = part.trim();
         let num = |t: &str| {
-            t.trim()
+            let n = t
+                .trim()
                 .parse::<u32>()
-                .map_err(|_| format!("bad CPU number '{t}' in '{s}'"))
+                .map_err(|_| format!("bad CPU number '{}' in '{s_shown}'", t.trim()))?;
+            if n >= MAX_CPUS {
+                return Err(format!(
+                    "CPU number {n} in '{s_shown}' is not below {MAX_CPUS} (the most CPUs a CPU list may name)"
+                ));
+            }
+            Ok(n)
         };
+        if cpus.len() > MAX_CPUS as usize {
+            return Err(format!(
+                "'{s_shown}' names more than {MAX_CPUS} CPUs (the most a CPU list may name)"
+            ));
+        }
         match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b) = (num(a)?, num(b)?);
                 if a > b {
-                    return Err(format!("bad CPU range '{part}' in '{s}'"));
+                    return Err(format!("bad CPU range '{a}-{b}' in '{s_shown}'"));
                 }
                 cpus.extend(a..=b);
             }
@@ -82,10 +106,12 @@ pub fn net_stats(sys_root: &Path, dev: &str) -> Result<NetStats, LinuxError> {
     let dir = sys_root.join("class/net").join(dev).join("statistics");
     let get = |name: &str| -> Result<u64, LinuxError> {
         let path = dir.join(name);
-        let text = std::fs::read_to_string(&path).map_err(|source| LinuxError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::files::read_bounded_string(&path, crate::files::SMALL_FILE).map_err(
+            |source| LinuxError::Read {
+                path: path.clone(),
+                source,
+            },
+        )?;
         text.trim().parse().map_err(|_| LinuxError::Parse {
             msg: format!("'{}' is not a counter", text.trim()),
             path,
@@ -102,10 +128,13 @@ pub fn net_stats(sys_root: &Path, dev: &str) -> Result<NetStats, LinuxError> {
 /// Online CPUs from `<sys_root>/devices/system/cpu/online` (e.g. `0-3,5`).
 pub fn online_cpus(sys_root: &Path) -> Result<Vec<u32>, LinuxError> {
     let path = sys_root.join("devices/system/cpu/online");
-    let text = std::fs::read_to_string(&path).map_err(|source| LinuxError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let text =
+        crate::files::read_bounded_string(&path, crate::files::SMALL_FILE).map_err(|source| {
+            LinuxError::Read {
+                path: path.clone(),
+                source,
+            }
+        })?;
     parse_cpu_list(&text).map_err(|msg| LinuxError::Parse { path, msg })
 }
 
@@ -223,6 +252,13 @@ mod tests {
         assert!(parse_cpu_list("").is_err());
         assert!(parse_cpu_list("3-1").is_err());
         assert!(parse_cpu_list("0-x").unwrap_err().contains("'x'"));
+        // Bounded: a hostile range is refused, not expanded.
+        let e = parse_cpu_list("0-4294967295").unwrap_err();
+        assert!(e.contains("4294967295") && e.contains("65536"), "{e}");
+        assert_eq!(parse_cpu_list("65535").unwrap(), vec![65535]);
+        let many = (0..70_000).map(|_| "1").collect::<Vec<_>>().join(",");
+        let e = parse_cpu_list(&many).unwrap_err();
+        assert!(e.contains("more than 65536") && e.len() < 200, "{e}");
     }
 
     #[test]

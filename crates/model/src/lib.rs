@@ -16,6 +16,7 @@ pub mod numa;
 pub mod process;
 pub mod profile;
 pub mod record;
+pub mod text;
 
 pub use attribution::{attribute, Attribution, ThreadMap, ThreadOwner, ThreadRole};
 pub use deferred::{DeferredFrame, RawDelta, RawFrame, RawRowKey, NO_STACK};

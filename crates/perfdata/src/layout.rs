@@ -24,6 +24,16 @@ const MAGIC_LE: &[u8; 8] = b"PERFILE2";
 const MAGIC_BE: &[u8; 8] = b"2ELIFREP";
 const MAGIC_V1: &[u8; 8] = b"PERFFILE";
 
+/// Whether `head` (the first 8 bytes of a stream, or fewer when it ended
+/// sooner) can begin a perf.data file or pipe stream of any version: what
+/// `import -` checks before it spools standard input.
+pub fn could_be_perf_data(head: &[u8]) -> bool {
+    let n = head.len().min(8);
+    [MAGIC_LE, MAGIC_BE, MAGIC_V1]
+        .iter()
+        .any(|m| n > 0 && head[..n] == m[..n])
+}
+
 const FEATURE_EVENT_DESC: u32 = 12;
 
 const RECORD_LOST_SAMPLES: u32 = 13;

@@ -26,6 +26,7 @@ mod sample;
 pub mod testutil;
 
 pub use error::PerfDataError;
+pub use layout::could_be_perf_data;
 
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;

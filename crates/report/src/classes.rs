@@ -30,16 +30,34 @@ use toml::Spanned;
 use vmscope_model::Context;
 
 /// A rules file that cannot be used: where and why.
-#[derive(Debug, thiserror::Error)]
-#[error("{}:{line}:{column}: {message}", path.display())]
+#[derive(Debug)]
 pub struct ClassError {
     pub path: PathBuf,
-    /// 1-based line of the offending text.
+    /// 1-based line of the offending text; 0 when the file could not be read.
     pub line: usize,
     /// 1-based column (in characters).
     pub column: usize,
     pub message: String,
 }
+
+impl std::fmt::Display for ClassError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path.display(), self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.path.display(),
+                self.line,
+                self.column,
+                self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for ClassError {}
 
 /// One rule: every given pattern must match.
 #[derive(Debug, Clone)]
@@ -313,12 +331,14 @@ impl Classes {
     /// The user's rules from a TOML file, then (unless `builtin = false`)
     /// the built-in ones.
     pub fn from_file(path: &Path) -> Result<Classes, ClassError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ClassError {
-            path: path.into(),
-            line: 1,
-            column: 1,
-            message: format!("cannot read the class rules: {e}"),
-        })?;
+        let text = vmscope_linux::files::read_input(path, vmscope_linux::files::INPUT_FILE)
+            .map_err(|e| ClassError {
+                path: path.into(),
+                // The file was not read: no line or column to point at.
+                line: 0,
+                column: 0,
+                message: format!("cannot read the class rules: {e}"),
+            })?;
         Classes::parse(&text, path)
     }
 

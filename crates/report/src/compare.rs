@@ -132,7 +132,13 @@ pub fn compare(sessions: &[Session], opts: &CompareOptions) -> Result<Comparison
     // Events by name in each session: (index, samples, count).
     let mut per: Vec<HashMap<String, (u32, u64, u64)>> = Vec::with_capacity(n);
     let mut order: Vec<String> = Vec::new();
-    for s in sessions {
+    for (s, name) in sessions.iter().zip(&names) {
+        if s.events()?.is_empty() {
+            return Err(ReportError::Compare(format!(
+                "{name} holds no samples (a session of intervals, written by stat -o or account -o): \
+                 compare sets recorded sessions (record, import) against each other; read it with vmscope report {name}"
+            )));
+        }
         let totals = s.totals(opts.view)?;
         let mut m = HashMap::new();
         for (i, e) in s.events()?.into_iter().enumerate() {

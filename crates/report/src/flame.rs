@@ -47,12 +47,25 @@ pub fn svg(
             "no samples in the selection (check --domain, --context, --time and --cpu)".into(),
         ));
     }
-    inferno::flamegraph::from_lines(&mut opts, folded.iter().map(String::as_str), out)
-        .map_err(|e| ReportError::Flame(e.to_string()))
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, folded.iter().map(String::as_str), &mut svg)
+        .map_err(|e| ReportError::Flame(e.to_string()))?;
+    // vmscope's marker after the XML declaration, so a later `-o` knows
+    // the file as its own (docs/architecture.md §7.1).
+    let at = svg.windows(2).position(|w| w == b"?>").map_or(0, |i| i + 2);
+    out.write_all(&svg[..at])?;
+    write!(out, "\n<!-- {} -->", vmscope_store::output::MARKER)?;
+    out.write_all(&svg[at..])?;
+    Ok(())
 }
 
 /// The flame graph of a built report (its stacks, first event).
 pub fn write(report: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
+    if report.events.is_empty() {
+        return Err(ReportError::NoSamples {
+            what: "a flame graph".into(),
+        });
+    }
     if !has_stacks(report) {
         return Err(ReportError::NoStacks {
             what: "a flame graph".into(),

@@ -258,7 +258,8 @@ pub fn write(
     let mut h = String::new();
     let _ = write!(
         h,
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>",
+        "<!DOCTYPE html>\n<!-- {} -->\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"generator\" content=\"vmscope\"><title>{}</title><style>{STYLE}</style></head><body>",
+        vmscope_store::output::MARKER,
         esc(&title)
     );
     let _ = writeln!(h, "<h1>{}</h1>", esc(&title));

@@ -46,6 +46,8 @@ pub enum ReportError {
     Classes(#[from] ClassError),
     #[error("{what} needs call stacks, and this session has none: record with -g (`vmscope record -g …`, or `perf record -g` before `vmscope import`) to get each sample's stack")]
     NoStacks { what: String },
+    #[error("{what} needs samples, and this session holds none: it is a session of intervals (stat -o, account -o); `vmscope report` prints them as a table, JSON or CSV")]
+    NoSamples { what: String },
     #[error("no call stack in this session holds the function '{0}' (names as `vmscope report --by symbol` prints them)")]
     NoSuchSymbol(String),
     #[error("{0}")]

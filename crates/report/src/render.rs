@@ -2,6 +2,7 @@
 
 use crate::{is_clock, CallGraph, Report, ReportError, ReportFormat};
 use std::io::Write;
+use vmscope_model::text::{visible, visible_cut, NAME_WIDTH};
 
 /// Write `report` in `format`.
 pub fn render(
@@ -243,7 +244,8 @@ pub fn header_lines(r: &Report) -> Vec<String> {
 
 fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
     for l in header_lines(r) {
-        writeln!(out, "{l}")?;
+        // Names from guests and VMs' owners print visibly, one line each.
+        writeln!(out, "{}", visible(&l))?;
     }
     writeln!(out, "#")?;
     crate::intervals::write_text(&r.intervals, out)?;
@@ -272,7 +274,13 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
             c.push(count_text(&e.name, row.event_count[i]));
             c.push(format!("{:.2}%", row.percent[i]));
         }
-        c.extend(row.values.iter().cloned());
+        c.extend(row.values.iter().zip(&r.fields).map(|(v, f)| {
+            if f == "domain" || f == "process" {
+                visible_cut(v, NAME_WIDTH).into_owned()
+            } else {
+                visible(v).into_owned()
+            }
+        }));
         cells.push(c);
     }
     let ncount = r.events.len() * 3;
@@ -305,7 +313,7 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
     }
     if r.rows.is_empty() {
         match &r.note {
-            Some(n) => writeln!(out, "(no samples: {n})")?,
+            Some(n) => writeln!(out, "(no samples: {})", visible(n))?,
             None => writeln!(out, "(no samples)")?,
         }
     }
@@ -333,7 +341,7 @@ fn csv_out(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
     }
     w.write_record(&header)?;
     for row in &r.rows {
-        let mut rec = row.values.clone();
+        let mut rec: Vec<String> = row.values.iter().map(|v| visible(v).into_owned()).collect();
         for (i, e) in r.events.iter().enumerate() {
             rec.push(row.samples[i].to_string());
             rec.push(if is_clock(&e.name) {
@@ -379,7 +387,7 @@ pub fn render_call_graph(
             ])?;
             for p in &g.paths {
                 w.write_record([
-                    p.path.join(arrow.trim()),
+                    visible(&p.path.join(arrow.trim())).into_owned(),
                     p.samples.to_string(),
                     count_text(&g.event, p.event_count),
                     format!("{:.4}", p.percent),
@@ -392,7 +400,7 @@ pub fn render_call_graph(
                 out,
                 "# {} of {} ({}): {} samples, {} {}, {:.2}% of the event's total (each sample once)",
                 g.direction,
-                g.symbol,
+                visible(&g.symbol),
                 g.event,
                 g.samples,
                 count_text(&g.event, g.event_count),
@@ -412,7 +420,7 @@ pub fn render_call_graph(
                         p.samples.to_string(),
                         count_text(&g.event, p.event_count),
                         format!("{:.2}%", p.percent),
-                        format!("{}{arrow}{}", g.symbol, p.path.join(arrow)),
+                        visible(&format!("{}{arrow}{}", g.symbol, p.path.join(arrow))).into_owned(),
                     ]
                 })
                 .collect();

@@ -70,6 +70,23 @@ pub fn parse_time(spec: &str) -> Result<(Option<f64>, Option<f64>), ReportError>
     Ok((a, b))
 }
 
+/// A note when `--time SPEC` is not in whole seconds: sessions count
+/// samples per second, so the slice is widened to the whole seconds that
+/// hold it, and the user should hear of it (the `# slice` header line alone
+/// was easy to miss).
+pub fn time_note(spec: &str) -> Option<String> {
+    let (a, b) = parse_time(spec).ok()?;
+    let whole = |v: Option<f64>| v.is_none_or(|v| v.fract() == 0.0);
+    if whole(a) && whole(b) {
+        return None;
+    }
+    let start = a.unwrap_or(0.0).floor();
+    let end = b.map_or_else(|| "the end".to_string(), |b| format!("{} s", b.ceil()));
+    Some(format!(
+        "--time {spec}: sessions count samples per whole second, so the slice is widened to {start} s - {end}"
+    ))
+}
+
 /// Parse `0,1` or `0-3,6`.
 pub fn parse_cpus(spec: &str) -> Result<Vec<u32>, ReportError> {
     let bad = |p: &str| {

@@ -108,8 +108,11 @@ pub struct StackLine {
 }
 
 /// A frame as collapsed-stack tools want it: no spaces, inlined frames
-/// annotated `_[i]` (flame graph colouring).
+/// annotated `_[i]` (flame graph colouring), control characters (a VM's or
+/// a guest process's name may hold a newline) shown as escapes so that a
+/// frame never ends its line.
 pub fn collapsed_frame(f: &str) -> String {
+    let f = vmscope_model::text::visible(f);
     match f.strip_suffix(INLINED_SUFFIX) {
         Some(name) => format!("{}_[i]", name.replace([' ', ';'], "_")),
         None => f.replace([' ', ';'], "_"),
@@ -308,6 +311,7 @@ mod tests {
         assert_eq!((lines[0].samples, lines[0].event_count), (6, 60));
         assert_eq!(collapsed_frame("inner (inlined)"), "inner_[i]");
         assert_eq!(collapsed_frame("CPU 0/TCG"), "CPU_0/TCG");
+        assert_eq!(collapsed_frame("vm\nnext;x"), "vm\\nnext_x");
         assert_eq!(vcpu_of_thread("CPU 12/KVM"), Some(12));
         assert_eq!(vcpu_of_thread("CPU x"), None);
     }

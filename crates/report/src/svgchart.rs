@@ -69,7 +69,8 @@ const BOTTOM: f64 = 80.0;
 fn frame(svg: &mut String, title: &str, y_label: &str, max: f64) -> (f64, f64) {
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12"><!-- {} -->"#,
+        vmscope_store::output::MARKER
     );
     let _ = write!(
         svg,

@@ -93,6 +93,14 @@ impl Server {
         })
     }
 
+    /// What `--profile` cannot see and why (for stderr at the start).
+    pub fn warnings(&self) -> Vec<String> {
+        self.rolling
+            .as_ref()
+            .map(|r| r.warnings())
+            .unwrap_or_default()
+    }
+
     /// The address bound (with the port the kernel chose for port 0).
     pub fn local_addr(&self) -> String {
         self.http.local_addr()
@@ -199,6 +207,7 @@ fn metrics(
             })
             .collect();
         totals.set_profilers(&profilers, r.budget());
+        totals.set_profile_state(r.state());
     }
     Ok(totals.encode())
 }

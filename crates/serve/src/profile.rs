@@ -100,6 +100,8 @@ struct Window {
     failed: Option<String>,
     /// What each profiler cost since the start.
     costs: Vec<ProfilerCost>,
+    /// Host kernel functions get names (`/proc/kallsyms` shows addresses).
+    kernel_symbols: bool,
 }
 
 /// The rolling recording and its window.
@@ -172,6 +174,13 @@ impl Rolling {
         )
         .map_err(err)?;
         note_armed(&mut meta, session.take_events());
+        // What would otherwise go unsaid: kernel addresses hidden from this
+        // process (a service without CAP_SYSLOG), VMs only the host samples
+        // (a broker that cannot be started under a read-only /run).
+        let kernel_symbols = !session
+            .warnings()
+            .iter()
+            .any(|w| w.contains("kallsyms") && w.contains("all addresses are zero"));
         let rolling = Arc::new(Rolling {
             window: Mutex::new(Window {
                 slices: VecDeque::new(),
@@ -181,6 +190,7 @@ impl Rolling {
                 cpus: session.cpus(),
                 failed: None,
                 costs: session.profiler_costs(),
+                kernel_symbols,
             }),
             grew: Condvar::new(),
             opts,
@@ -279,6 +289,41 @@ impl Rolling {
     /// since the recording started, with the rates it used.
     pub fn costs(&self) -> Vec<ProfilerCost> {
         self.lock().costs.clone()
+    }
+
+    /// What the recording can see: whether host kernel functions get names,
+    /// and each VM with whether its agent profiles it.
+    pub fn state(&self) -> vmscope_stat::metrics::ProfileState {
+        let w = self.lock();
+        vmscope_stat::metrics::ProfileState {
+            kernel_symbols: w.kernel_symbols,
+            vms_active: w
+                .domains
+                .iter()
+                .map(|(d, _)| (d.name.clone(), d.role == Role::Active))
+                .collect(),
+        }
+    }
+
+    /// Lines for the operator about what the recording cannot see, and
+    /// why: hidden kernel addresses, and each VM that is not active with
+    /// its reason and fix.
+    pub fn warnings(&self) -> Vec<String> {
+        let w = self.lock();
+        let mut out = Vec::new();
+        if !w.kernel_symbols {
+            out.push(
+                "/proc/kallsyms shows this process no addresses (kernel.kptr_restrict without \
+                 CAP_SYSLOG): host kernel functions will be raw addresses in profiles"
+                    .to_string(),
+            );
+        }
+        for (k, why) in &w.meta {
+            if let Some(vm) = k.strip_prefix("agent_") {
+                out.push(format!("VM {vm}: profiled as {why}"));
+            }
+        }
+        out
     }
 
     /// The overhead budget the recording keeps, as a fraction.

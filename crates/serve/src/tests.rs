@@ -95,3 +95,63 @@ fn a_used_port_is_named() {
     .to_string();
     assert!(e.contains(&addr) && e.contains("in use"), "{e}");
 }
+
+/// Issue 32 item 6: 260 connections that never send a byte (what any local
+/// user can open) do not keep a scrape out, and HEAD, a TLS handshake and
+/// an HTTP/0.9 request line are answered at once.
+#[test]
+fn a_scrape_is_answered_while_idle_connections_fill_the_server() {
+    let (addr, stop, h) = start();
+    let idle: Vec<TcpStream> = (0..260)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    // Let the server accept them all.
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let (status, body) = get(&addr, "GET", "/metrics", Duration::from_secs(5));
+        assert!(status.contains("200"), "{status}: {body}");
+        assert!(body.contains("# EOF"), "{body}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+    // HEAD: GET's status and length, no body.
+    let (status, body) = get(&addr, "HEAD", "/metrics", Duration::from_secs(5));
+    assert!(status.contains("200"), "{status}");
+    assert!(body.is_empty(), "a HEAD answer with a body: {body}");
+    // A TLS ClientHello and an HTTP/0.9 request line: 400 at once.
+    for (what, bytes) in [
+        (
+            "TLS",
+            b"\x16\x03\x01\x00\xc8\x01\x00\x00\xc4\x03\x03".to_vec(),
+        ),
+        ("HTTP/0.9", b"GET /metrics\r\n".to_vec()),
+    ] {
+        let t = std::time::Instant::now();
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.write_all(&bytes).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 400"), "{what}: {text:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{what}: {:?}",
+            t.elapsed()
+        );
+    }
+    // The silent connections were closed: by the room made for others, or
+    // after FIRST_BYTE_TIMEOUT.
+    std::thread::sleep(Duration::from_secs(6));
+    let closed = idle
+        .iter()
+        .filter(|s| {
+            let mut b = [0u8; 1];
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            matches!((&**s).read(&mut b), Ok(0))
+        })
+        .count();
+    assert_eq!(closed, idle.len(), "silent connections still open");
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}

@@ -4,6 +4,7 @@
 
 use crate::account::AccountInterval;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -11,8 +12,21 @@ use prometheus_client::registry::{Registry, Unit};
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
-type Labels = Vec<(String, String)>;
+type Labels = Vec<(String, LabelValue)>;
 type F64Counter = Counter<f64, AtomicU64>;
+
+/// A label value, escaped as the exposition formats require when encoded
+/// (`prometheus-client` writes values as they are, so one VM named with a
+/// `"`, `\` or a newline made the whole scrape unparsable).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct LabelValue(String);
+
+impl EncodeLabelValue for LabelValue {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        use std::fmt::Write;
+        encoder.write_str(&vmscope_model::text::label_value(&self.0))
+    }
+}
 
 /// Running totals since `serve` started, by label set.
 #[derive(Debug, Default)]
@@ -31,6 +45,19 @@ pub struct Totals {
     profiler_observed: BTreeMap<Labels, f64>,
     profiler_rate: BTreeMap<Labels, f64>,
     profiler_budget: Option<f64>,
+    /// `serve --profile`: whether host kernel functions get names, and
+    /// which VMs are profiled actively (what would otherwise fail silently:
+    /// a unit without CAP_SYSLOG, a broker that cannot be started).
+    profile_state: Option<ProfileState>,
+}
+
+/// What `serve --profile` can and cannot see, for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProfileState {
+    /// Host kernel functions are named (`/proc/kallsyms` shows addresses).
+    pub kernel_symbols: bool,
+    /// (VM, profiled actively by its agent).
+    pub vms_active: Vec<(String, bool)>,
 }
 
 /// What one profiler of `serve --profile` cost since it started.
@@ -49,7 +76,7 @@ pub struct ProfilerTotals {
 fn l(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.to_string(), LabelValue(v.to_string())))
         .collect()
 }
 
@@ -146,6 +173,11 @@ impl Totals {
         self.profiler_budget = budget;
     }
 
+    /// What the rolling profile can see now.
+    pub fn set_profile_state(&mut self, state: ProfileState) {
+        self.profile_state = Some(state);
+    }
+
     /// The exposition text (OpenMetrics, which Prometheus scrapes).
     pub fn encode(&self) -> String {
         let mut reg = Registry::default();
@@ -239,6 +271,26 @@ impl Totals {
                     g,
                 );
             }
+        }
+        if let Some(ps) = &self.profile_state {
+            let g = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            g.set(i64::from(ps.kernel_symbols));
+            reg.register(
+                "vmscope_profile_kernel_symbols",
+                "1 when serve --profile names host kernel functions; 0 when /proc/kallsyms hides their addresses from it (kernel.kptr_restrict without CAP_SYSLOG): kernel samples are raw addresses",
+                g,
+            );
+            let active = Family::<Labels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
+            for (vm, a) in &ps.vms_active {
+                active
+                    .get_or_create(&l(&[("domain", vm)]))
+                    .set(i64::from(*a));
+            }
+            reg.register(
+                "vmscope_profile_vm_active",
+                "1 when serve --profile samples a VM from inside (its agent), 0 when only the host samples it (passive: no guest functions); stderr says why",
+                active,
+            );
         }
         let mut s = String::new();
         // Writing into a String cannot fail.
@@ -411,5 +463,43 @@ mod tests {
         let mut off = Totals::new(false);
         off.add_vmstat(&iv, &names);
         assert!(!off.encode().contains("vmscope_cpu_domain"));
+    }
+
+    /// Issue 32 item 1: a VM named with a quote, a backslash and a newline
+    /// is one escaped label value, and every other series stays parsable.
+    #[test]
+    fn hostile_vm_names_are_escaped_label_values() {
+        let mut t = Totals::new(false);
+        t.set_profilers(
+            &[
+                ProfilerTotals {
+                    domain: "a\"b\\c\nd\x1b[31m".into(),
+                    cost_s: 0.5,
+                    observed_s: 10.0,
+                    rate_hz: 99,
+                },
+                ProfilerTotals {
+                    domain: "host".into(),
+                    cost_s: 0.25,
+                    observed_s: 10.0,
+                    rate_hz: 99,
+                },
+            ],
+            Some(0.01),
+        );
+        let s = t.encode();
+        assert!(
+            s.contains(
+                "vmscope_profiler_cpu_seconds_total{domain=\"a\\\"b\\\\c\\nd\x1b[31m\"} 0.5"
+            ),
+            "{s}"
+        );
+        // Every line is a comment or a sample whose label values are closed.
+        for line in s.lines() {
+            assert!(
+                line.starts_with('#') || line.ends_with(|c: char| c.is_ascii_digit()),
+                "broken line {line:?} in {s}"
+            );
+        }
     }
 }

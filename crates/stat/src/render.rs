@@ -6,6 +6,7 @@ use crate::account::AccountInterval;
 use crate::vmstat::{CpuRow, Source, StatInterval};
 use serde_json::json;
 use std::io::Write;
+use vmscope_model::text::{csv_field, visible, visible_cut, NAME_WIDTH};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,10 +60,10 @@ pub fn stat_interval(
     match f {
         IntervalFormat::Text => {
             for n in &s.notes {
-                writeln!(out, "# {n}")?;
+                writeln!(out, "# {}", visible(n))?;
             }
             if let Some(l) = &s.legend {
-                writeln!(out, "# legend: {l}")?;
+                writeln!(out, "# legend: {}", visible(l))?;
             }
             if s.lost > 0 {
                 let what = match s.source {
@@ -79,10 +80,10 @@ pub fn stat_interval(
         }
         IntervalFormat::Csv => {
             for n in &s.notes {
-                writeln!(out, "# {n}")?;
+                writeln!(out, "# {}", visible(n))?;
             }
             if let Some(l) = &s.legend {
-                writeln!(out, "# legend: {l}")?;
+                writeln!(out, "# legend: {}", visible(l))?;
             }
             for r in &s.rows {
                 let cells: Vec<String> = r
@@ -188,14 +189,14 @@ pub fn account_interval(
     match f {
         IntervalFormat::Text => {
             for n in &a.notes {
-                writeln!(out, "# {n}")?;
+                writeln!(out, "# {}", visible(n))?;
             }
             for v in &a.vms {
                 writeln!(
                     out,
                     "{:>8.2} {:<14} {:>9.4} {:>9.4} {:>9.4} {:>9.4} {:>8} {:>8} {:>11} {:>10.6} {:>9.4} {:>7.1}  {}",
                     a.time_s,
-                    format!("d{} {}", v.domain, v.name),
+                    format!("d{} {}", v.domain, visible_cut(&v.name, NAME_WIDTH)),
                     v.vcpu_run_s,
                     v.vcpu_runnable_s,
                     v.vcpu_blocked_s,
@@ -206,7 +207,7 @@ pub fn account_interval(
                     v.shared_io_s,
                     v.total_s,
                     crate::math::pct(v.total_s, a.interval_s),
-                    v.notes.join("; ")
+                    visible(&v.notes.join("; "))
                 )?;
             }
             writeln!(
@@ -233,7 +234,7 @@ pub fn account_interval(
                     "{:.3},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.6},{:.6},{:.2},\"{}\"",
                     a.time_s,
                     v.domain,
-                    v.name,
+                    csv_field(&v.name),
                     v.vcpu_run_s,
                     v.vcpu_runnable_s,
                     v.vcpu_blocked_s,
@@ -245,7 +246,7 @@ pub fn account_interval(
                     v.shared_io_s,
                     v.total_s,
                     crate::math::pct(v.total_s, a.interval_s),
-                    v.notes.join("; ").replace('"', "'")
+                    visible(&v.notes.join("; ")).replace('"', "'")
                 )?;
             }
             writeln!(

@@ -371,7 +371,12 @@ impl VmTracker {
     pub fn legend(&self) -> String {
         let mut s = String::from("d0=host");
         for d in &self.current {
-            s.push_str(&format!(" d{}={} (pid {})", d.id, d.name, d.pid));
+            s.push_str(&format!(
+                " d{}={} (pid {})",
+                d.id,
+                vmscope_model::text::visible_cut(&d.name, vmscope_model::text::NAME_WIDTH),
+                d.pid
+            ));
         }
         s
     }

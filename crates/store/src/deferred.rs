@@ -146,11 +146,7 @@ fn cannot_write(path: &Path, what: String) -> StoreError {
 /// resolve a session in place (a recording under way, a file it cannot
 /// write) resolves the copy.
 pub fn snapshot(path: &Path, dst: &Path) -> Result<()> {
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sql_err(path))?;
+    let conn = crate::open_read_only(path)?;
     conn.busy_timeout(BUSY_WAIT).map_err(sql_err(path))?;
     conn.execute("VACUUM INTO ?1", [dst.to_string_lossy()])
         .map_err(sql_err(path))?;
@@ -241,11 +237,7 @@ impl PendingSymbols {
     /// Whether the session at `path` has frames left to resolve, read
     /// without writing anything.
     pub fn pending_at(path: &Path) -> Result<bool> {
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sql_err(path))?;
+        let conn = crate::open_read_only(path)?;
         let has_meta: Option<String> = conn
             .query_row(
                 "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'",

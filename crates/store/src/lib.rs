@@ -35,6 +35,11 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path}: cannot read it: {source}")]
+    NotReadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: no such session file{}", hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default())]
     Missing { path: PathBuf, hint: Option<String> },
     #[error("{path}: not a vmscope session file ({reason})")]
@@ -94,12 +99,29 @@ impl StoreError {
 
 /// SQLite's own message, once (rusqlite's Display of a failure and its
 /// source repeat it, then add the generic text of the result code).
+/// SQLite's generic texts for what users meet are translated into what to
+/// check ("unable to open database file" says neither).
 fn sqlite_text(e: &rusqlite::Error) -> String {
+    use rusqlite::ErrorCode;
     match e {
-        rusqlite::Error::SqliteFailure(code, Some(msg)) if !msg.is_empty() => {
-            let _ = code;
-            msg.clone()
-        }
+        rusqlite::Error::SqliteFailure(code, msg) => match code.code {
+            ErrorCode::CannotOpen => "SQLite cannot open it or the files beside it (FILE-wal, \
+                 FILE-shm): the file or its directory is not readable or writable by this user, \
+                 or the file system is read-only"
+                .into(),
+            ErrorCode::ReadOnly => "it cannot be written here (a read-only file system, or a \
+                 file or directory of another user)"
+                .into(),
+            ErrorCode::PermissionDenied => "permission denied".into(),
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                "another process holds it locked; try again when it is done".into()
+            }
+            ErrorCode::NotADatabase => "not an SQLite database".into(),
+            _ => match msg {
+                Some(m) if !m.is_empty() => m.clone(),
+                _ => e.to_string(),
+            },
+        },
         other => other.to_string(),
     }
 }
@@ -978,6 +1000,42 @@ impl SessionWriter {
 
 /// `file:/abs/path?immutable=1`, the path percent-encoded as SQLite's URI
 /// syntax wants.
+/// A read-only connection to a session: plainly, or, where SQLite cannot
+/// make the WAL index beside it (a read-only file system, a directory of
+/// another user) and no WAL holds anything, as an immutable file, which
+/// needs none.
+pub(crate) fn open_read_only(path: &Path) -> Result<Connection> {
+    let plain = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|c| {
+        // Opening is lazy: the first read is what needs the WAL index.
+        c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))?;
+        Ok(c)
+    });
+    match plain {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            let wal_empty =
+                std::fs::metadata(format!("{}-wal", path.display())).map_or(true, |m| m.len() == 0);
+            if !wal_empty {
+                return Err(StoreError::Sql {
+                    path: path.to_path_buf(),
+                    error: e,
+                });
+            }
+            Connection::open_with_flags(
+                immutable_uri(path),
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_URI
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(sql_err(path))
+        }
+    }
+}
+
 fn immutable_uri(path: &Path) -> String {
     let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mut uri = String::from("file:");
@@ -1006,11 +1064,15 @@ impl Session {
                 hint: output::partial_note(path),
             });
         }
-        if path.is_dir() {
-            return Err(StoreError::NotASession {
-                path: path.to_path_buf(),
-                reason: "it is a directory".into(),
-            });
+        // A FIFO would block the open below until a writer came; a device
+        // or a directory is no session either.
+        if let Ok(m) = std::fs::metadata(path) {
+            if let Some(kind) = output::special_kind(&m) {
+                return Err(StoreError::NotASession {
+                    path: path.to_path_buf(),
+                    reason: format!("it is {kind}, not a regular file"),
+                });
+            }
         }
         // Check the header ourselves: SQLite's "file is not a database" is vague.
         let mut head = [0u8; 16];
@@ -1025,10 +1087,16 @@ impl Session {
                     reason: "not an SQLite database".into(),
                 })
             }
-            Err(_) => {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(StoreError::NotASession {
                     path: path.to_path_buf(),
                     reason: "file too short to be an SQLite database".into(),
+                })
+            }
+            Err(source) => {
+                return Err(StoreError::NotReadable {
+                    path: path.to_path_buf(),
+                    source,
                 })
             }
         }

@@ -18,6 +18,7 @@ pub use draw::{draw, MIN_HEIGHT, MIN_WIDTH};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::io::Write;
+use vmscope_model::text::{visible, visible_cut, NAME_WIDTH};
 
 /// Why `top` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -300,7 +301,7 @@ pub fn domain_line(d: &DomainView) -> String {
     };
     format!(
         "{:<16} {:<11} {:>7.1} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}",
-        d.name,
+        visible_cut(&d.name, NAME_WIDTH),
         d.role,
         d.cpu_pct,
         if vm { d.vcpus.to_string() } else { "-".into() },
@@ -321,7 +322,10 @@ pub fn domain_line(d: &DomainView) -> String {
 pub fn function_line(f: &FunctionView) -> String {
     format!(
         "    {:>5.1} %  {:<12} {:<16} {}",
-        f.pct, f.context, f.process, f.symbol
+        f.pct,
+        f.context,
+        visible_cut(&f.process, NAME_WIDTH),
+        visible(&f.symbol)
     )
 }
 
@@ -330,20 +334,24 @@ pub fn write_text(frame: &Frame, view: &View, out: &mut dyn Write) -> std::io::R
     writeln!(
         out,
         "vmscope top - {} - {:.1} s, {} CPUs, host busy {:.1} %, interval {:.2} s",
-        frame.hostname, frame.time_s, frame.cpus, frame.host_busy_pct, frame.interval_s
+        visible(&frame.hostname),
+        frame.time_s,
+        frame.cpus,
+        frame.host_busy_pct,
+        frame.interval_s
     )?;
     writeln!(out, "{}", domain_header())?;
     for d in view.order(frame) {
         writeln!(out, "{}", domain_line(d))?;
         if let Some(r) = &d.reason {
-            writeln!(out, "    ({r})")?;
+            writeln!(out, "    ({})", visible(r))?;
         }
         for f in view.functions_of(d) {
             writeln!(out, "{}", function_line(f))?;
         }
     }
     for n in &frame.notes {
-        writeln!(out, "note: {n}")?;
+        writeln!(out, "note: {}", visible(n))?;
     }
     writeln!(out)
 }
@@ -354,10 +362,14 @@ pub fn write_json(frame: &Frame, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out)
 }
 
-/// Run the interactive view until `q` (or Ctrl-C): frames come from
-/// `source` on a thread of their own (it waits for each interval), keys are
-/// read meanwhile, so the view answers within ~100 ms.
-pub fn run_interactive(mut source: Box<dyn FrameSource + Send>) -> Result<(), TopError> {
+/// Run the interactive view until `q` (or Ctrl-C, Escape, or `stop` set by
+/// a signal handler: SIGTERM must give the terminal back as `q` does):
+/// frames come from `source` on a thread of their own (it waits for each
+/// interval), keys are read meanwhile, so the view answers within ~100 ms.
+pub fn run_interactive(
+    mut source: Box<dyn FrameSource + Send>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), TopError> {
     use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
     use std::sync::mpsc::{channel, TryRecvError};
     let (tx, rx) = channel::<Result<Frame, TopError>>();
@@ -380,6 +392,9 @@ pub fn run_interactive(mut source: Box<dyn FrameSource + Send>) -> Result<(), To
     let mut terminal = ratatui::init();
     let result = (|| -> Result<(), TopError> {
         loop {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
             terminal.draw(|f| draw(f, &frame, &view))?;
             if event::poll(std::time::Duration::from_millis(100))? {
                 if let Event::Key(k) = event::read()? {

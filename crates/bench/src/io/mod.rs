@@ -867,7 +867,15 @@ fn sweep_targets(
         notes,
     };
     if let Some(dir) = &opts.charts {
-        outcome.charts = report::charts(dir, &outcome)?;
+        if outcome.sweep.block_sizes.len() > 1 || outcome.sweep.sizes.len() > 1 {
+            outcome.charts = report::charts(dir, &outcome)?;
+        } else {
+            outcome.notes.push(format!(
+                "no chart written to {}: one block size and one data size make no line \
+                 (give several --bs or --size values)",
+                dir.display()
+            ));
+        }
     }
     if let Sink::Json(j) = &mut sink {
         report::json_summaries(j, &outcome)?;

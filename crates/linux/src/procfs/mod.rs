@@ -43,7 +43,7 @@ fn parse_err(path: &Path, msg: impl Into<String>) -> LinuxError {
 }
 
 fn read_string(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(read_err(path))
+    crate::files::read_bounded_string(path, crate::files::LARGE_FILE).map_err(read_err(path))
 }
 
 /// A `/proc` tree rooted at `root` (normally `/proc`).
@@ -174,7 +174,8 @@ impl ProcRoot {
     /// and zombies.
     pub fn cmdline(&self, pid: u32) -> Result<Vec<String>> {
         let path = self.pid_path(pid, "cmdline");
-        let raw = fs::read(&path).map_err(read_err(&path))?;
+        let raw =
+            crate::files::read_bounded(&path, crate::files::SMALL_FILE).map_err(read_err(&path))?;
         Ok(split_cmdline(&raw))
     }
 
@@ -307,7 +308,7 @@ fn numeric_entries(dir: &Path) -> Result<Vec<u32>> {
 }
 
 fn read_comm(path: &Path) -> Result<String> {
-    let raw = fs::read(path).map_err(read_err(path))?;
+    let raw = crate::files::read_bounded(path, crate::files::SMALL_FILE).map_err(read_err(path))?;
     Ok(trim_comm(&raw))
 }
 
