@@ -369,6 +369,30 @@ fn an_idle_broker_exits_and_a_second_one_stands_down() {
     }
     s.broker.join().unwrap().unwrap();
     assert!(!s.listen.exists());
+    // Nothing of it stays (sweep row lk1): no lock, no log.
+    let left: Vec<_> = std::fs::read_dir(s._dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("broker.sock"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn a_broker_whose_vm_is_gone_leaves_no_lock_or_log_either() {
+    let s = setup(Duration::from_secs(60));
+    std::fs::write(s._dir.path().join("broker.sock.log"), "started\n").unwrap();
+    s.die.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + T;
+    while !s.broker.is_finished() {
+        assert!(Instant::now() < deadline, "the broker outlived its VM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.broker.join().unwrap().unwrap();
+    for f in ["broker.sock", "broker.sock.lock", "broker.sock.log"] {
+        assert!(!s._dir.path().join(f).exists(), "{f} stayed");
+    }
 }
 
 #[test]

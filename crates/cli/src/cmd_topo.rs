@@ -162,7 +162,12 @@ pub fn run(args: TopoArgs) -> anyhow::Result<ExitCode> {
             let mut err = std::io::stderr().lock();
             for vm in &report.vms {
                 for w in &vm.warnings {
-                    writeln!(err, "vmscope: warning: {}: {w}", vm.name)?;
+                    writeln!(
+                        err,
+                        "vmscope: warning: {}: {}",
+                        vmscope_model::text::visible_cut(&vm.name, vmscope_model::text::NAME_WIDTH),
+                        vmscope_model::text::visible(w)
+                    )?;
                 }
             }
         }
@@ -244,7 +249,8 @@ pub fn text(r: &TopoReport, sys_root: &std::path::Path) -> String {
             )
         };
         vms.add_row([
-            vm.name.clone(),
+            vmscope_model::text::visible_cut(&vm.name, vmscope_model::text::NAME_WIDTH)
+                .into_owned(),
             vm.pid.to_string(),
             lines(vm.vcpus.iter().map(vcpu), "unknown"),
             lines(vm.vcpus.iter().map(allowed), "unknown"),
@@ -265,7 +271,11 @@ pub fn text(r: &TopoReport, sys_root: &std::path::Path) -> String {
     }
     s.push_str(&format!("{vms}\n"));
     for vm in &r.vms {
-        s.push_str(&format!("{}: {}", vm.name, vm.summary));
+        s.push_str(&format!(
+            "{}: {}",
+            vmscope_model::text::visible_cut(&vm.name, vmscope_model::text::NAME_WIDTH),
+            vmscope_model::text::visible(&vm.summary)
+        ));
         if vm.skipped_numa_maps_lines > 0 {
             s.push_str(&format!(
                 " ({} malformed numa_maps line{} left out)",

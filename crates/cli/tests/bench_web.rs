@@ -305,3 +305,112 @@ fn lab_bench_web() {
         "{host:?}"
     );
 }
+
+/// Issue 32 item 5 (sweep row bn56): `bench web` killed with SIGKILL (no
+/// handler runs) leaves no httperf generating load (it dies with its
+/// parent), and the web root it leaves in the temporary directory is
+/// removed by the next run.
+#[test]
+fn bench_web_killed_leaves_no_load_and_its_next_run_sweeps() {
+    if !vmscope_testkit::require_root("cgroups and every process's CPU time")
+        || !vmscope_testkit::require_tools(&[("httperf", "httperf"), ("busybox", "busybox-static")])
+    {
+        return;
+    }
+    let port = free_port().to_string();
+    let run = |secs: &str| {
+        let mut c = vmscope();
+        c.args([
+            "bench",
+            "web",
+            "--config",
+            "host",
+            "--rate",
+            "20",
+            "--seconds",
+            secs,
+            "--timeout",
+            "2",
+            "--repeat",
+            "1",
+            "--max-repeat",
+            "1",
+            "--warmup",
+            "0",
+            "--no-charts",
+            "--no-account",
+            "--busy-retries",
+            "0",
+            "--port",
+            &port,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        c
+    };
+    let mut bench = run("30").spawn().unwrap();
+    let pid = bench.id();
+    let children = |name: &str| -> Vec<u32> {
+        let o = Command::new("pgrep")
+            .args(["-P", &pid.to_string(), name])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let httperf = loop {
+        if let Some(p) = children("httperf").first() {
+            break *p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "httperf never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let tmp = std::env::temp_dir();
+    let roots = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("vmscope-web-{pid}-"))
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    assert_eq!(roots().len(), 1, "the run's web root");
+    bench.kill().unwrap();
+    let _ = bench.wait();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{httperf}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{httperf}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "httperf {httperf} kept running after bench web was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left = roots();
+    assert_eq!(
+        left.len(),
+        1,
+        "SIGKILL leaves the web root (nothing can remove it)"
+    );
+    let st = run("1").status().unwrap();
+    assert!(st.success(), "the next run failed: {st}");
+    assert!(
+        !left[0].exists(),
+        "the next run left {} in place",
+        left[0].display()
+    );
+}

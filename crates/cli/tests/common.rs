@@ -287,3 +287,23 @@ pub fn start_fake_qemu(cmd: &mut Command) -> (Reap, u32, Option<std::process::Ch
         .expect("fake_qemu ready line");
     (reap, pid, stdin)
 }
+
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(19464)
+}
+
+/// The body of `GET path` from `addr` (HTTP/1.0), or `None`.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}

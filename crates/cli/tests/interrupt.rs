@@ -364,3 +364,91 @@ fn record_stat_account_and_serve_stop_cleanly_on_sigterm_and_sighup() {
     assert!(down.status.success());
     assert_eq!(leftovers(&env, lab), Vec::<String>::new());
 }
+
+/// Issue 32 item 5 (sweep row t28): `top` in a real terminal (tmux) stopped
+/// by SIGTERM gives the terminal back as `q` does: the shell after it finds
+/// it in canonical mode with echo on, and top says why it stopped.
+#[test]
+fn top_stopped_by_sigterm_restores_the_terminal() {
+    if !vmscope_testkit::require_root("perf_event_open system-wide")
+        || !vmscope_testkit::require_tools(&[("tmux", "tmux")])
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let stty = dir.path().join("stty.txt");
+    let log = dir.path().join("top.err");
+    let session = format!("vmscope-term-{}", std::process::id());
+    let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
+    let script = format!(
+        "{VMSCOPE} top -i 500ms 2>{}; stty -a > {}; sleep 60",
+        log.display(),
+        stty.display()
+    );
+    let st = tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "150",
+        "-y",
+        "40",
+        &script,
+    ]);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    struct Kill<'a>(&'a str);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux")
+                .args(["kill-session", "-t", self.0])
+                .output();
+        }
+    }
+    let _kill = Kill(&session);
+    // Wait until the live view is drawn, then SIGTERM top itself.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        let screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout)
+            .into_owned();
+        let pid = Command::new("pgrep")
+            .args(["-f", "-n", &format!("{VMSCOPE} top -i 500ms")])
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<i32>()
+                    .ok()
+            });
+        if let (true, Some(p)) = (screen.contains("vmscope top"), pid) {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top never drew its view:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    signal(pid, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::fs::metadata(&stty).map_or(true, |m| m.len() == 0) {
+        assert!(Instant::now() < deadline, "top did not end on SIGTERM");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let modes = std::fs::read_to_string(&stty).unwrap();
+    let words: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo"] {
+        assert!(
+            words.contains(&mode),
+            "the terminal was left without {mode}: {modes}"
+        );
+    }
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(said.contains("stopped by SIGTERM"), "{said}");
+}

@@ -368,6 +368,108 @@ size_mib = 8
     assert!(!vmscope_lab::state::alive(qemu_pid));
 }
 
+/// Issue 32 item 4 (sweep rows lb3, lb8, lbd1, lb6): while `lab up` of a
+/// lab works, a second `lab up` of the same spec and a `lab down` fail at
+/// once naming it, and the lab it brings up is whole; a `lab up` whose QEMU
+/// dies while it boots fails with exit 2 and one error line, removes
+/// everything, and keeps the VMs' logs.
+#[test]
+fn one_lab_up_at_a_time_and_a_vm_that_dies_fails_it() {
+    let env = need_lab!("lr");
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lab = "ci-lock";
+    let _ = vmscope(&env, &["down", lab]).output();
+    let _guard = DownOnDrop(&env, lab);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = write_spec(
+        tmp.path(),
+        lab,
+        "name = \"ci-lock\"\naccel = \"tcg\"\n\n[[vm]]\nname = \"l0\"\nvcpus = 1\nmemory_mib = 128\n",
+    );
+    let first = vmscope(&env, &["up", spec.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = common::Reap(first);
+    let lock = env.run.join(format!("{lab}.lock"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !lock.exists() {
+        assert!(Instant::now() < deadline, "lab up never took its lock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let holder = format!("by process {}", first.0.id());
+    for args in [vec!["up", spec.to_str().unwrap()], vec!["down", lab]] {
+        let out = vmscope(&env, &args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "lab {args:?}: {err}");
+        assert!(
+            err.contains("is being brought up or torn down") && err.contains(&holder),
+            "lab {args:?}: {err}"
+        );
+    }
+    let status = first.0.wait().unwrap();
+    assert!(status.success(), "the first lab up failed");
+    run_ok(&env, &["exec", "l0", "--", "true"]);
+    run_ok(&env, &["down", lab]);
+    assert_eq!(leftovers(&env, lab), Vec::<String>::new());
+    assert!(!lock.exists(), "the lab's lock file stayed");
+
+    // Two VMs; the second's QEMU is killed as soon as it runs.
+    let lab = "ci-dies";
+    let _ = vmscope(&env, &["down", lab]).output();
+    let _guard = DownOnDrop(&env, lab);
+    let spec = write_spec(
+        tmp.path(),
+        lab,
+        "name = \"ci-dies\"\naccel = \"tcg\"\n\n[[vm]]\nname = \"d0\"\nmemory_mib = 128\n\n[[vm]]\nname = \"d1\"\nmemory_mib = 128\n",
+    );
+    let up = vmscope(&env, &["up", spec.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state_file = env.run.join(lab).join("state.json");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let victim = loop {
+        assert!(Instant::now() < deadline, "QEMU of d1 never started");
+        if let Ok(st) = vmscope_lab::state::LabState::load(&state_file) {
+            if let Some(pid) = st.vms.iter().find(|v| v.name == "d1").and_then(|v| v.pid) {
+                break pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SAFETY: signals the lab's QEMU, found by its pid in the state file.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let out = up.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "lab up whose VM died: {err}");
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("vmscope: error:"))
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("everything it made was removed"), "{err}");
+    assert_eq!(leftovers(&env, lab), Vec::<String>::new());
+    // What the VMs had logged by then (d0's boot messages, often) is kept,
+    // and the error says where.
+    let kept = env.run.join(format!("{lab}.failed"));
+    if kept.exists() {
+        assert!(
+            std::fs::read_dir(&kept).unwrap().count() > 0,
+            "{} is empty",
+            kept.display()
+        );
+        assert!(err.contains(&kept.display().to_string()), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&kept);
+}
+
 #[test]
 fn bad_specs_fail_before_anything_starts() {
     let tmp = tempfile::tempdir().unwrap();

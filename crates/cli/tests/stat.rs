@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{fake_qemu, Reap};
+use common::{fake_qemu, free_port, http_get, Reap};
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -352,22 +352,6 @@ fn pidstat_avg(text: &str) -> Vec<(u32, f64)> {
         }
     }
     out
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(19464)
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
 
 #[test]

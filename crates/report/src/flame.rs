@@ -27,7 +27,13 @@ pub fn svg(
         .map(|l| {
             // Frame names keep their spaces (`vCPU 0`, `CPU 0/TCG`,
             // `f (inlined)`): inferno splits the count off at the last one.
-            format!("{} {}", l.frames, l.event_count)
+            // Control characters (a VM's name may hold any) are shown as
+            // escapes: XML may not hold them, nor a terminal see them.
+            format!(
+                "{} {}",
+                vmscope_model::text::visible(&l.frames),
+                l.event_count
+            )
         })
         .collect();
     let mut opts = inferno::flamegraph::Options::default();

@@ -96,22 +96,18 @@ impl Open {
                 .filter(|(_, c)| !c.head_read)
                 .min_by_key(|(_, c)| c.since)
                 .map(|(id, c)| (*id, c.peer));
-            match victim {
-                Some((id, vpeer)) => {
-                    if let Some(c) = self.conns.get(&id) {
-                        let _ = c.stream.shutdown(std::net::Shutdown::Both);
-                    }
-                    self.log(format!(
-                        "{MAX_CONNECTIONS} connections open: closed the oldest that had sent no request (from {vpeer}) to serve a new one"
-                    ));
-                }
-                None => {
-                    self.log(format!(
-                        "{MAX_CONNECTIONS} requests in progress: refused a new connection"
-                    ));
-                    return Err("too many requests in progress\n".into());
-                }
+            let Some((id, vpeer)) = victim else {
+                self.log(format!(
+                    "{MAX_CONNECTIONS} requests in progress: refused a new connection"
+                ));
+                return Err("too many requests in progress\n".into());
+            };
+            if let Some(c) = self.conns.get(&id) {
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
             }
+            self.log(format!(
+                "{MAX_CONNECTIONS} connections open: closed the oldest that had sent no request (from {vpeer}) to serve a new one"
+            ));
         }
         let id = self.next;
         self.next += 1;

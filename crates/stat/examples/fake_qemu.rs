@@ -6,9 +6,10 @@
 //!
 //! `rename N NAME` on stdin renames vCPU N's thread.
 //!
-//! `fake_qemu --vcpus 500 [--name NAME] [--tap IFNAME] [--period-ms 100]
-//! [--spin-us 0]`: prints `ready PID` once every thread is named, then runs
-//! until killed.
+//! `fake_qemu --vcpus 500 [--name NAME | --name-hex HEX] [--tap IFNAME]
+//! [--period-ms 100] [--spin-us 0]`: prints `ready PID` once every thread is
+//! named, then runs until killed. `--name-hex` gives the name as bytes (any
+//! bytes: QEMU takes them, and so must vmscope).
 
 use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
@@ -21,27 +22,42 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    // A name given as bytes may not be UTF-8: the child reads its
+    // arguments lossily.
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     if std::env::var_os("FAKE_QEMU_CHILD").is_none() {
+        use std::os::unix::ffi::OsStringExt;
         // Re-exec under QEMU's name, keeping the pid.
         let vcpus = arg(&args, "--vcpus").unwrap_or_else(|| "4".into());
-        let name = arg(&args, "--name").unwrap_or_else(|| "fake".into());
-        let mut qemu_args = vec![
-            "-name".to_string(),
-            format!("guest={name},debug-threads=on"),
+        let name: Vec<u8> = match arg(&args, "--name-hex") {
+            Some(hex) => (0..hex.len() / 2)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("--name-hex"))
+                .collect(),
+            None => arg(&args, "--name")
+                .unwrap_or_else(|| "fake".into())
+                .into_bytes(),
+        };
+        let mut guest = b"guest=".to_vec();
+        guest.extend_from_slice(&name);
+        guest.extend_from_slice(b",debug-threads=on");
+        let mut qemu_args: Vec<std::ffi::OsString> = vec![
+            "-name".into(),
+            std::ffi::OsString::from_vec(guest),
             "-smp".into(),
-            vcpus.clone(),
+            vcpus.clone().into(),
             "-accel".into(),
             "kvm".into(),
         ];
         if let Some(tap) = arg(&args, "--tap") {
             qemu_args.push("-netdev".into());
-            qemu_args.push(format!("tap,id=n0,ifname={tap},script=no,downscript=no"));
+            qemu_args.push(format!("tap,id=n0,ifname={tap},script=no,downscript=no").into());
         }
         for k in ["--period-ms", "--spin-us"] {
             if let Some(v) = arg(&args, k) {
                 qemu_args.push(k.into());
-                qemu_args.push(v);
+                qemu_args.push(v.into());
             }
         }
         let err = std::process::Command::new("/proc/self/exe")
