@@ -153,6 +153,12 @@ caps=$(key AmbientCapabilities)
 [ "$(key CapabilityBoundingSet)" = "$caps" ] || fail "bounding set and ambient capabilities differ"
 [ "$(key NoNewPrivileges)" = yes ] || fail "NoNewPrivileges is not yes"
 [ -f "$env_file" ] || fail "EnvironmentFile $env_file not installed"
+# --profile starts a broker per VM under /run/vmscope/brokers: the unit must
+# make it writable (ProtectSystem=strict), or every VM turns passive.
+grep -qw 'vmscope/brokers' <<<"$(key RuntimeDirectory)" ||
+  fail "the unit does not make /run/vmscope/brokers writable (RuntimeDirectory)"
+[ "$(key RuntimeDirectoryPreserve)" = yes ] ||
+  fail "RuntimeDirectoryPreserve is not yes (lab state under /run/vmscope would go with the service)"
 echo "ExecStart=$exec_start; EnvironmentFile=$env_file; capabilities: $caps"
 setpriv_caps=$(for c in $caps; do c=${c#CAP_}; printf ',+%s' "${c,,}"; done)
 
