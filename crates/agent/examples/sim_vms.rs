@@ -55,8 +55,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vmscope_protocol::{
-    capability, encode_response_on, row_context, AgentHello, Decoder, ErrorKind, ProfileRow,
-    ProfilerCost, Request, Response, KALLSYMS_CHUNK, MAX_PROFILE_EVENTS, MAX_PROFILE_FREQUENCY,
+    capability, encode_response_on, row_context, AgentHello, Decoder, DeltaCost, ErrorKind,
+    ProfileRow, Request, Response, KALLSYMS_CHUNK, MAX_PROFILE_EVENTS, MAX_PROFILE_FREQUENCY,
     PROTOCOL_VERSION,
 };
 
@@ -368,7 +368,7 @@ impl Session {
             .collect();
         self.seq += 1;
         let cpu_now = thread_cpu_ns();
-        let cost = ProfilerCost {
+        let cost = DeltaCost {
             cost_ns: cpu_now.saturating_sub(self.thread_cpu_ns),
             capacity_ns: (now - self.last_cut).as_nanos() as u64 * self.generated.len() as u64,
             rate_hz: self.frequency,

@@ -30,7 +30,7 @@ use vmscope_linux::{clock_monotonic_ns, LinuxError, Recorder, RingOptions, Targe
 use vmscope_model::budget::RateController;
 use vmscope_model::{Context, EventSpec, Profile, ThreadMap};
 use vmscope_protocol::{
-    row_context, ErrorKind, ProfileRow, ProfilerCost, Response, MAX_ERROR_MESSAGE, MAX_IMAGE,
+    row_context, DeltaCost, ErrorKind, ProfileRow, Response, MAX_ERROR_MESSAGE, MAX_IMAGE,
     MAX_PROCESS_NAME, MAX_PROFILE_ROWS, MAX_STACK, MAX_SYMBOL,
 };
 use vmscope_symbols::{KeptFiles, Symbolizer, SymbolizerOptions};
@@ -257,7 +257,7 @@ impl Pending {
     }
 
     /// The next `profile_data`: the busiest rows that fit, the rest kept.
-    fn cut(&mut self, done: bool, cost: Option<ProfilerCost>) -> Response {
+    fn cut(&mut self, done: bool, cost: Option<DeltaCost>) -> Response {
         let mut all: Vec<(RowKey, (u64, u64))> = self.rows.drain().collect();
         all.sort_by_key(|r| std::cmp::Reverse(r.1 .0));
         let mut rows = Vec::new();
@@ -310,9 +310,9 @@ struct Meter {
 impl Meter {
     /// The cost since the last step (`samples`: taken so far), and the
     /// next rate under the budget (applied to `rec` here).
-    fn step(&mut self, rec: &mut Recorder, samples: u64) -> ProfilerCost {
+    fn step(&mut self, rec: &mut Recorder, samples: u64) -> DeltaCost {
         let (cost_s, capacity_s) = self.cost.step(samples);
-        let step = ProfilerCost {
+        let step = DeltaCost {
             cost_ns: (cost_s * 1e9) as u64,
             capacity_ns: (capacity_s * 1e9) as u64,
             rate_hz: self.rate_hz,

@@ -8,7 +8,7 @@
 //! usage: io_engine FILE [ROUNDS=7] [SIZE=512M]
 
 use std::process::Command;
-use vmscope_bench::peers::{self, Tool};
+use vmscope_bench::peers::{self, IoTool};
 use vmscope_bench::units::{iec, parse_size};
 use vmscope_workload::io::{self, IoSpec, Mode};
 
@@ -52,7 +52,7 @@ fn main() {
         |t, mode, bs| {
             io::drop_caches().map_err(|e| format!("drop caches (root?): {e}"))?;
             let count = size / bs;
-            if t == Tool::Engine {
+            if t == IoTool::Engine {
                 io::run(&IoSpec {
                     path: path.to_path_buf(),
                     mode,
@@ -64,7 +64,7 @@ fn main() {
                 .map(|r| r.bytes_per_s())
                 .map_err(|e| e.to_string())
             } else {
-                let exe = if t == Tool::Dd { &dd } else { &fio };
+                let exe = if t == IoTool::Dd { &dd } else { &fio };
                 peers::peer_speed(t, exe, mode, file, bs, count, &mut local)
             }
         },

@@ -1,5 +1,4 @@
-//! The sampling loop the network, web, scaling and overhead benchmarks
-//! share (`bench io` has its own, older copy of the same rules):
+//! The sampling loop every benchmark runs on:
 //!
 //! - points run in interleaved, shuffled rounds ([`crate::schedule::Plan`]):
 //!   warm-ups discarded, at least `repeat` samples, then more until the 95 %
@@ -18,7 +17,6 @@
 
 use crate::guest::VmFailure;
 use crate::hygiene::{BusyRule, LoadSample};
-use crate::netlab::Check;
 use crate::output::{CsvRows, Format, JsonLines};
 use crate::profiler;
 use crate::progress::Progress;
@@ -48,23 +46,30 @@ pub trait Experiment {
     fn value(&self, s: &Self::Sample) -> f64;
     /// The host's other load during the run.
     fn load(&self, s: &Self::Sample) -> LoadSample;
+    /// Why every kept sample of this kind is suspect whatever the load
+    /// (`bench io --no-drop-caches`: the caches were not dropped).
+    fn flag(&self, _s: &Self::Sample) -> Option<String> {
+        None
+    }
     /// The rows of kept sample `n` (1-based) of point `i`.
     fn rows(&self, i: usize, n: u32, s: &Self::Sample, flag: Option<String>) -> Vec<Row>;
 }
 
-/// Where rows go while the run goes on.
+/// Where rows go while the run goes on. Every variant holds the run's
+/// output, so [`finish`] can print the text report on it afterwards.
 pub enum Sink<'a, 'w> {
-    None,
+    /// A table is printed at the end; nothing while the run goes on.
+    None(&'a mut (dyn Write + 'w)),
     Json(JsonLines<&'a mut (dyn Write + 'w)>),
     Csv(Box<CsvRows<&'a mut (dyn Write + 'w)>>),
 }
 
-impl Sink<'_, '_> {
+impl<'a, 'w> Sink<'a, 'w> {
     pub fn row(&mut self, r: &Row) -> std::io::Result<()> {
         match self {
             Sink::Json(j) => j.write(r),
             Sink::Csv(c) => c.write(r),
-            Sink::None => Ok(()),
+            Sink::None(_) => Ok(()),
         }
     }
 
@@ -76,9 +81,7 @@ impl Sink<'_, '_> {
             _ => Ok(()),
         }
     }
-}
 
-impl<'a, 'w> Sink<'a, 'w> {
     /// The sink of `format`: JSON lines, CSV with `config_keys` as
     /// columns, or none (a table is printed at the end).
     pub fn for_format(
@@ -89,86 +92,104 @@ impl<'a, 'w> Sink<'a, 'w> {
         Ok(match format {
             Format::Json => Sink::Json(JsonLines::new(out)),
             Format::Csv => Sink::Csv(Box::new(CsvRows::new(out, config_keys)?)),
-            Format::Table => Sink::None,
+            Format::Table => Sink::None(out),
         })
     }
 
-    /// The records after the samples (JSON lines only): each point's
-    /// summary, the checks, the charts written and the notes.
-    pub fn trailer(
-        &mut self,
-        summaries: impl IntoIterator<Item = serde_json::Value>,
-        checks: &[Check],
-        charts: &[PathBuf],
-        notes: &[String],
-    ) -> std::io::Result<()> {
-        if !matches!(self, Sink::Json(_)) {
-            return Ok(());
-        }
-        for s in summaries {
-            self.record(&s)?;
-        }
-        for c in checks {
-            self.record(&c.json())?;
-        }
-        for c in charts {
-            self.record(&serde_json::json!({"type": "chart", "path": c}))?;
-        }
-        for n in notes {
-            self.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
-        Ok(())
+    /// The output back, rows flushed.
+    pub fn into_out(self) -> std::io::Result<&'a mut (dyn Write + 'w)> {
+        Ok(match self {
+            Sink::None(o) => o,
+            Sink::Json(j) => j.into_inner(),
+            Sink::Csv(c) => c.into_inner()?,
+        })
     }
 }
 
-/// The text report where the format wants one: the table on `out`; with
-/// CSV on stdout, on stderr unless quiet; none with JSON lines.
-pub fn present(
-    format: Format,
-    quiet: bool,
-    out: &mut dyn Write,
+/// What every run reports after its samples: a summary record per point,
+/// other records (checks, `type: check`; splits), the charts written, the notes.
+#[derive(Debug, Default)]
+pub struct Ending {
+    pub summaries: Vec<serde_json::Value>,
+    pub records: Vec<serde_json::Value>,
+    pub charts: Vec<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+/// The end of every run, one way for all five experiments: the trailer
+/// records (JSON lines only), the text report where the format wants one
+/// (`print`: the table on the output; with CSV on stdout, on stderr unless
+/// quiet; none with JSON lines), and every row into the session file
+/// prepared before the run (`-o`), annotated with `command` (`bench net`)
+/// and the command line.
+#[allow(clippy::too_many_arguments)]
+pub fn finish(
+    mut sink: Sink<'_, '_>,
+    output: &crate::options::Output,
+    session: Option<vmscope_store::output::SessionOutput>,
+    command: &str,
+    rows: &[Row],
+    end: &Ending,
     print: impl Fn(&mut dyn Write) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    match format {
-        Format::Json => Ok(()),
+) -> Result<(), BenchError> {
+    if matches!(sink, Sink::Json(_)) {
+        for s in &end.summaries {
+            sink.record(s)?;
+        }
+        for c in &end.records {
+            sink.record(c)?;
+        }
+        for c in &end.charts {
+            sink.record(&serde_json::json!({"type": "chart", "path": c}))?;
+        }
+        for n in &end.notes {
+            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
+        }
+    }
+    let out = sink.into_out()?;
+    match output.format {
+        Format::Json => {}
         Format::Csv => {
-            if !quiet {
+            if !output.quiet {
                 let _ = print(&mut std::io::stderr());
             }
-            Ok(())
         }
-        Format::Table => print(out),
+        Format::Table => print(out)?,
     }
-}
-
-/// Every row into the session output prepared before the run (`-o`,
-/// [`crate::session::prepare_output`]), annotated with the command
-/// (`bench net`) and its command line.
-pub fn store_session(
-    output: Option<vmscope_store::output::SessionOutput>,
-    command: &str,
-    command_line: &str,
-    rows: &[Row],
-) -> Result<(), BenchError> {
-    if let Some(o) = output {
+    if let Some(o) = session {
         crate::session::store_rows(
             o,
             rows,
             &[
                 ("command", command.to_string()),
-                ("command_line", command_line.to_string()),
+                ("command_line", output.command_line.clone()),
             ],
         )?;
     }
     Ok(())
 }
 
-/// The statistics every summary record carries: n, mean, ci95 (null for
-/// one sample), cv, min, median, max, the stop rule's verdict, flagged
-/// samples and why the point failed.
-pub fn summary_stats<S>(r: &PointOutcome<S>) -> serde_json::Map<String, serde_json::Value> {
-    let s = r.summary();
-    let v = serde_json::json!({
+/// The summary record of one point, the same fields for every experiment:
+/// experiment, point, config, config hash, metric and unit, n, mean, ci95
+/// (null for one sample), cv, min, median, max, the stop rule's verdict,
+/// flagged samples, why the point failed, its manifest, its profiled run
+/// (session, or why it failed); then `extra`, the experiment's own fields.
+pub fn summary(
+    point: &crate::row::Point,
+    metric: &str,
+    unit: &str,
+    s: Option<crate::stats::Summary>,
+    outcome: PointState<'_>,
+    extra: serde_json::Value,
+) -> serde_json::Value {
+    let mut m = serde_json::json!({
+        "type": "summary",
+        "experiment": point.experiment,
+        "point": point.name,
+        "config": point.config,
+        "config_hash": point.config_hash,
+        "metric": metric,
+        "unit": unit,
         "n": s.map(|s| s.n).unwrap_or(0),
         "mean": s.map(|s| s.mean),
         "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
@@ -176,13 +197,38 @@ pub fn summary_stats<S>(r: &PointOutcome<S>) -> serde_json::Map<String, serde_js
         "min": s.map(|s| s.min),
         "median": s.map(|s| s.median),
         "max": s.map(|s| s.max),
-        "verdict": r.verdict,
-        "flagged_samples": r.flagged(),
-        "failed": r.failed,
+        "verdict": outcome.verdict,
+        "flagged_samples": outcome.flagged,
+        "failed": outcome.failed,
+        "manifest": point.manifest,
+        "session": outcome.session,
+        "record_error": outcome.record_error,
     });
-    match v {
-        serde_json::Value::Object(m) => m,
-        _ => unreachable!("a JSON object literal"),
+    if let (serde_json::Value::Object(m), serde_json::Value::Object(x)) = (&mut m, extra) {
+        m.extend(x);
+    }
+    m
+}
+
+/// What [`summary`] needs of a point's outcome.
+pub struct PointState<'a> {
+    pub verdict: Verdict,
+    pub flagged: usize,
+    pub failed: Option<&'a str>,
+    pub session: Option<&'a std::path::Path>,
+    pub record_error: Option<&'a str>,
+}
+
+impl<S> PointOutcome<S> {
+    /// Its state, for [`summary`].
+    pub fn state(&self) -> PointState<'_> {
+        PointState {
+            verdict: self.verdict,
+            flagged: self.flagged(),
+            failed: self.failed.as_deref(),
+            session: self.session.as_deref(),
+            record_error: self.record_error.as_deref(),
+        }
     }
 }
 
@@ -351,6 +397,10 @@ pub fn drive<E: Experiment>(
                             ));
                             continue;
                         }
+                        let flag = match (flag, e.flag(&s)) {
+                            (Some(f), Some(g)) => Some(format!("{f}; {g}")),
+                            (f, g) => f.or(g),
+                        };
                         break Ok(Some((s, flag)));
                     }
                     Ok(_) => break Ok(None),
@@ -408,59 +458,72 @@ pub fn drive<E: Experiment>(
         })
         .collect();
     if let Some(rec) = &opts.record {
-        std::fs::create_dir_all(&rec.dir).map_err(|err| BenchError::Output {
-            what: "--record directory",
-            path: rec.dir.clone(),
-            message: err.to_string(),
-        })?;
-        for (i, o) in out.iter_mut().enumerate() {
-            if o.failed.is_some() {
-                continue;
-            }
-            progress.set_message(format!("{}: profiled run", e.name(i)));
-            let path = rec.path(i);
-            let spec = profiler::Spec {
-                kind: profiler::Kind::Active,
-                freq: rec.freq,
-                vms: Vec::new(),
-                output: path.clone(),
-                vmscope: rec.vmscope.clone(),
-                ready_timeout: Duration::from_secs(60),
-                strict: false,
-                force: rec.force,
-            };
-            let r = profiler::start(&spec)
-                .map_err(VmFailure::Failed)
-                .and_then(|p| {
-                    let s = e.run(i, Step::Sample);
-                    let stopped = p.stop().map_err(VmFailure::Failed);
-                    Ok((s?, stopped?))
-                });
-            match r {
-                Ok((s, _)) => {
-                    if let Ok(sess) = vmscope_store::Session::open(&path) {
-                        let _ = sess.annotate("bench_experiment", &rec.experiment);
-                        let _ = sess.annotate("bench_point", &e.name(i));
-                        let _ = sess.annotate("bench_config_hash", &e.hash(i));
-                        let _ = sess.annotate("bench_value", &e.value(&s).to_string());
-                    }
-                    progress.note(&format!(
-                        "{}: profiled run stored in {}",
-                        e.name(i),
-                        path.display()
-                    ));
-                    o.session = Some(path);
-                    o.profiled = Some(s);
-                }
-                Err(err) => {
-                    progress.note(&format!("{}: profiled run failed: {err}", e.name(i)));
-                    o.record_error = Some(err.to_string());
-                }
-            }
-            progress.inc();
-        }
+        profiled_runs(e, rec, &mut out, progress)?;
     }
     Ok((out, rows_all))
+}
+
+/// `--record`: after its samples, each point that did not fail runs once
+/// more under `vmscope record -a` (VMs active), its session annotated with
+/// the point; that run is not one of its samples.
+fn profiled_runs<E: Experiment>(
+    e: &mut E,
+    rec: &RecordPoints,
+    out: &mut [PointOutcome<E::Sample>],
+    progress: &Progress,
+) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&rec.dir).map_err(|err| BenchError::Output {
+        what: "--record directory",
+        path: rec.dir.clone(),
+        message: err.to_string(),
+    })?;
+    for (i, o) in out.iter_mut().enumerate() {
+        if o.failed.is_some() {
+            continue;
+        }
+        progress.set_message(format!("{}: profiled run", e.name(i)));
+        let path = rec.path(i);
+        let spec = profiler::Spec {
+            kind: profiler::Kind::Active,
+            freq: rec.freq,
+            vms: Vec::new(),
+            output: path.clone(),
+            vmscope: rec.vmscope.clone(),
+            ready_timeout: Duration::from_secs(60),
+            strict: false,
+            force: rec.force,
+        };
+        let r = profiler::start(&spec)
+            .map_err(VmFailure::Failed)
+            .and_then(|p| {
+                let s = e.run(i, Step::Sample);
+                let stopped = p.stop().map_err(VmFailure::Failed);
+                Ok((s?, stopped?))
+            });
+        match r {
+            Ok((s, _)) => {
+                if let Ok(sess) = vmscope_store::Session::open(&path) {
+                    let _ = sess.annotate("bench_experiment", &rec.experiment);
+                    let _ = sess.annotate("bench_point", &e.name(i));
+                    let _ = sess.annotate("bench_config_hash", &e.hash(i));
+                    let _ = sess.annotate("bench_value", &e.value(&s).to_string());
+                }
+                progress.note(&format!(
+                    "{}: profiled run stored in {}",
+                    e.name(i),
+                    path.display()
+                ));
+                o.session = Some(path);
+                o.profiled = Some(s);
+            }
+            Err(err) => {
+                progress.note(&format!("{}: profiled run failed: {err}", e.name(i)));
+                o.record_error = Some(err.to_string());
+            }
+        }
+        progress.inc();
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -586,7 +649,8 @@ mod tests {
             record: None,
             cancel,
         };
-        let mut sink = Sink::None;
+        let mut null = std::io::sink();
+        let mut sink = Sink::None(&mut null);
         let Err(err) = drive(&mut f, &opts, &[], &mut sink, &Progress::new(0, true)) else {
             panic!("a cancelled run goes on");
         };

@@ -1,5 +1,4 @@
-//! Commands in lab VMs for the network, web, scaling and overhead
-//! benchmarks: one agent connection per [`Guest`] (through the VM's broker,
+//! Commands in lab VMs for every benchmark: one agent connection per [`Guest`] (through the VM's broker,
 //! so recordings and other tools use the VM at the same time), reopened
 //! when it breaks; a QEMU that is gone is told apart from a command that
 //! failed ([`VmFailure`]); [`Guest::spawn`] runs a long command on its own
@@ -7,13 +6,29 @@
 //! [`Guest::install`] copies a host program and the libraries it loads
 //! into the guest (peer tools such as iperf3).
 
-pub use crate::io::runner::VmFailure;
 use serde::de::DeserializeOwned;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vmscope_lab::VmState;
 use vmscope_protocol::AgentClient;
+
+/// Why a VM command failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmFailure {
+    /// The VM's QEMU is gone: every later point of the VM fails too.
+    Dead(String),
+    /// This command failed; the VM still runs.
+    Failed(String),
+}
+
+impl std::fmt::Display for VmFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmFailure::Dead(m) | VmFailure::Failed(m) => f.write_str(m),
+        }
+    }
+}
 
 /// The agent's path inside lab guests.
 pub use vmscope_lab::image::GUEST_AGENT_PATH as AGENT;

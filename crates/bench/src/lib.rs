@@ -1,25 +1,36 @@
-//! Benchmarks with sound statistics (docs/architecture.md §8), and the experiments built
-//! on them.
+//! The five experiments of the papers, rerun with sound statistics
+//! (docs/architecture.md §8), and the kit they share.
 //!
-//! Shared by every benchmark (storage here; network, web and scaling reuse
-//! them):
-//! - [`stats`]: mean, Student's-t 95 % interval, CV, the stop rule
-//!   ("until the interval is within X % of the mean, or a cap");
-//! - [`schedule`]: the interleaved, adaptive sampling plan (warm-ups
-//!   discarded, every configuration once per round in a shuffled order);
-//! - [`hygiene`]: dropping caches, and busy-host detection from `/proc/stat`;
+//! Every experiment implements [`driver::Experiment`] (its points, one run
+//! of a point, the rows of a sample) and runs on [`driver::drive`]:
+//! interleaved shuffled rounds with warm-ups, the stop rule on the 95 %
+//! interval, busy samples redone then flagged, a dead VM failing only its
+//! own points, rows streamed, `--record` profiled runs; it ends with
+//! [`driver::finish`] (the trailer, the text report, the session file).
+//! Its options flatten the shared ones of [`options`] (sampling, output,
+//! lab, recording), checked by one code path before anything starts.
+//!
+//! The kit:
+//! - [`stats`]: mean, Student's-t 95 % interval, CV, the stop rule;
+//!   [`schedule`]: the interleaved, adaptive sampling plan;
+//! - [`hygiene`]: dropping caches, busy-host detection from `/proc/stat`;
 //! - [`manifest`] and [`row`]: what every result row carries (metric,
 //!   value, base unit, configuration and its hash, manifest);
 //! - [`output`]: tables with units in every header, JSON lines, CSV;
-//!   [`units`]: sizes and rates (MiB/s and MB/s both, labelled);
-//! - [`chart`]: line charts on log-2 axes, SVG and PNG (plotters);
-//! - [`progress`]: the progress bar (indicatif);
-//! - [`session`]: result rows into a session file's `bench_samples`;
-//! - [`peers`]: GNU dd and fio driven like the engine, for side-by-side
-//!   agreement (tests and `bench/io-engine`).
+//!   [`units`]: sizes and rates; [`chart`]: line charts (SVG, PNG);
+//!   [`progress`]: the progress bar; [`session`]: rows into a session file;
+//! - [`lab_session`]: the lab a run brings up or reuses; [`guest`]: commands
+//!   in lab VMs through their agents; [`cpu`]: the host's CPU around a
+//!   sample, per VM (the accountant); [`netlab`]: taps, bridges and yes/no
+//!   checks; [`profiler`]: profilers run around a sample;
+//! - [`peers`]: GNU dd and fio driven like the I/O engine, for side-by-side
+//!   agreement (tests and `bench/io-engine`); [`httperf`]: httperf's
+//!   command line and report.
 //!
-//! Experiments: [`io`], giacobbi2011's storage method on the host and in
-//! lab VMs, with the host CPU each backend costs (cherkasova2005).
+//! Experiments: [`io`] (giacobbi2011's storage method, with the host CPU
+//! each backend costs: cherkasova2005), [`net`] (menon2005's network
+//! experiment), [`web`] (menon2005 Fig 7), [`scale`] (theurer2006's
+//! scaling) and [`overhead`] (theurer2006 Fig 2: what profiling costs).
 
 pub mod chart;
 pub mod cpu;
@@ -29,10 +40,11 @@ pub mod guest;
 pub mod httperf;
 pub mod hygiene;
 pub mod io;
-pub mod lab_specs;
+pub mod lab_session;
 pub mod manifest;
 pub mod net;
 pub mod netlab;
+pub mod options;
 pub mod output;
 pub mod overhead;
 pub mod peers;

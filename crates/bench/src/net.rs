@@ -21,18 +21,19 @@
 
 use crate::chart::{bytes_tick, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
-use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, RecordPoints, Sink};
+use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
-use crate::hygiene::{BusyRule, LoadSample};
-use crate::io::labs::LabSession;
+use crate::hygiene::LoadSample;
+use crate::lab_session::LabSession;
 use crate::manifest::Manifest;
 pub use crate::netlab::Check;
 use crate::netlab::{host_ip, no_tap, tap_ip};
-use crate::output::{table, Format};
+use crate::options::{LabChoice, Output, Recording, Sampling};
+use crate::output::table;
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{finite, StopRule, Summary};
+use crate::stats::{finite, Summary};
 use crate::units::short_iec;
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -41,8 +42,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use vmscope_lab::{LabOptions, LabState, VmState};
-use vmscope_workload::net::{self as engine, NetRun, RecvSpec, SendSpec};
+use vmscope_lab::{LabState, VmState};
+use vmscope_workload::net::{NetRun, RecvSpec, SendSpec};
 
 /// The receive buffers of menon2005 Figs 1-2.
 pub const DEFAULT_RECV_BUF: &str = "1k..256k";
@@ -63,28 +64,16 @@ pub struct NetOptions {
     pub port: u16,
     /// Run iperf3 on every path too.
     pub peer: bool,
-    pub repeat: usize,
-    pub max_repeat: usize,
-    pub rel_ci: f64,
-    pub warmup: usize,
-    pub lab: Option<String>,
-    pub lab_name: Option<String>,
-    pub lab_options: LabOptions,
-    pub keep_lab: bool,
-    pub format: Format,
-    pub charts: Option<PathBuf>,
-    pub session: Option<PathBuf>,
-    pub record: Option<PathBuf>,
-    pub record_freq: u64,
-    /// The `vmscope` binary (for `--record`).
-    pub vmscope: PathBuf,
+    /// Run the accountant around every sample.
     pub account: bool,
-    pub busy: BusyRule,
-    pub busy_retries: usize,
-    pub seed: u64,
-    pub quiet: bool,
-    pub command_line: String,
+    pub sampling: Sampling,
+    pub output: Output,
+    pub lab: LabChoice,
+    pub record: Recording,
 }
+
+/// `bench net`'s repeats when none are given (at least, at most).
+pub const DEFAULT_REPEAT: (usize, usize) = (3, 10);
 
 impl Default for NetOptions {
     fn default() -> Self {
@@ -96,26 +85,11 @@ impl Default for NetOptions {
             seconds: 10.0,
             port: 5301,
             peer: true,
-            repeat: 3,
-            max_repeat: 10,
-            rel_ci: 0.05,
-            warmup: 1,
-            lab: None,
-            lab_name: None,
-            lab_options: LabOptions::default(),
-            keep_lab: false,
-            format: Format::Table,
-            charts: None,
-            session: None,
-            record: None,
-            record_freq: 999,
-            vmscope: PathBuf::from("vmscope"),
             account: true,
-            busy: BusyRule::default(),
-            busy_retries: 2,
-            seed: 1,
-            quiet: false,
-            command_line: String::new(),
+            sampling: Sampling::default(),
+            output: Output::default(),
+            lab: LabChoice::default(),
+            record: Recording::default(),
         }
     }
 }
@@ -130,16 +104,16 @@ pub enum End {
 
 /// Which tool moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Tool {
+pub enum NetTool {
     Vmscope,
     Iperf3,
 }
 
-impl Tool {
+impl NetTool {
     pub fn name(self) -> &'static str {
         match self {
-            Tool::Vmscope => "vmscope",
-            Tool::Iperf3 => "iperf3",
+            NetTool::Vmscope => "vmscope",
+            NetTool::Iperf3 => "iperf3",
         }
     }
 }
@@ -158,7 +132,7 @@ pub struct NetPath {
 #[derive(Debug, Clone)]
 pub struct NetPoint {
     pub path: usize,
-    pub tool: Tool,
+    pub tool: NetTool,
     pub buf: u64,
     pub point: Point,
 }
@@ -274,9 +248,11 @@ impl NetExperiment {
         };
         let host_recv = match p.receiver {
             End::Host => {
-                let l = engine::bind(to).map_err(failed)?;
+                let l = vmscope_workload::net::bind(to).map_err(failed)?;
                 let s = recv_spec.clone();
-                Some(std::thread::spawn(move || engine::recv_on(l, &s)))
+                Some(std::thread::spawn(move || {
+                    vmscope_workload::net::recv_on(l, &s)
+                }))
             }
             End::Vm(_) => None,
         };
@@ -302,7 +278,7 @@ impl NetExperiment {
             End::Host => None,
         };
         let sent = match p.sender {
-            End::Host => engine::send(&SendSpec {
+            End::Host => vmscope_workload::net::send(&SendSpec {
                 to,
                 streams,
                 duration: Duration::from_secs_f64(secs),
@@ -395,7 +371,7 @@ impl NetExperiment {
                     .map_err(|e| failed(format!("starting {exe_s}: {e}")))?;
                 host_server = Some(child);
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
-                while !engine::is_listening(self.opts.port) {
+                while !vmscope_workload::net::is_listening(self.opts.port) {
                     if std::time::Instant::now() > deadline {
                         return Err(failed("the host's iperf3 server does not listen"));
                     }
@@ -519,8 +495,8 @@ impl Experiment for NetExperiment {
         let path = self.paths[pt.path].clone();
         self.check_alive(&path)?;
         let r = match pt.tool {
-            Tool::Vmscope => self.run_vmscope(&path, pt.buf),
-            Tool::Iperf3 => self.run_iperf3(&path),
+            NetTool::Vmscope => self.run_vmscope(&path, pt.buf),
+            NetTool::Iperf3 => self.run_iperf3(&path),
         };
         match r {
             // A VM that died mid-sample is dead, not a failed command.
@@ -591,7 +567,7 @@ impl NetOutcome {
 
 use vmscope_lab::util::which;
 
-/// Runs `bench net`; results go to `out` in `opts.format`.
+/// Runs `bench net`; results go to `out` in `opts.output.format`.
 pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchError> {
     if opts.recv_bufs.is_empty() {
         return Err(BenchError::bad("--recv-buf is empty"));
@@ -618,86 +594,37 @@ pub fn run(opts: &NetOptions, out: &mut dyn Write) -> Result<NetOutcome, BenchEr
             opts.seconds
         )));
     }
-    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
-        return Err(BenchError::bad(format!(
-            "--repeat {} must be at least 1 and at most --max-repeat {}",
-            opts.repeat, opts.max_repeat
-        )));
-    }
-    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
-        return Err(BenchError::bad(format!(
-            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
-            opts.rel_ci
-        )));
-    }
-    if opts.lab.is_none() && opts.paths.is_empty() {
+    opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?;
+    opts.record.check()?;
+    if opts.lab.spec.is_none() && opts.paths.is_empty() {
         return Err(BenchError::bad(
             "name a --lab (such as guest-same-cpu) or a --path SENDER:RECEIVER of running lab VMs",
         ));
     }
-    let spec = opts
-        .lab
-        .as_deref()
-        .map(|a| crate::lab_specs::load(a, opts.lab_name.as_deref()))
-        .transpose()?;
+    let spec = opts.lab.load()?;
     // The port must be free on the host before anything starts.
-    engine::check_port(SocketAddr::from(([0, 0, 0, 0], opts.port)))
+    vmscope_workload::net::check_port(SocketAddr::from(([0, 0, 0, 0], opts.port)))
         .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
     // -o is checked and locked before anything runs.
-    let session_out =
-        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
-    let progress = Progress::new(0, opts.quiet);
+    let opened = opts.output.open()?;
+    let progress = &opened.progress;
+    let session = opened.session;
     LabSession::run_within(
         spec.as_ref(),
-        &opts.lab_options,
-        opts.keep_lab,
-        &progress,
-        |lab| run_in(opts, lab, session_out, &progress, out),
+        &opts.lab.options,
+        opts.lab.keep,
+        progress,
+        |lab| run_in(opts, lab, session, progress, out),
     )
 }
 
-/// The guest of VM `name`: from the labs known so far, else any running
-/// lab; it must run and have a tap NIC.
-fn resolve_vm(
-    opts: &NetOptions,
-    labs: &mut Vec<LabState>,
-    guests: &mut Vec<Guest>,
-    name: &str,
-) -> Result<usize, BenchError> {
-    if let Some(i) = guests.iter().position(|g| g.name() == name) {
-        return Ok(i);
-    }
-    let (st, vm) = match labs
-        .iter()
-        .find_map(|l| l.vm(name).ok().map(|v| (l.clone(), v.clone())))
-    {
-        Some(x) => x,
-        None => vmscope_lab::find_vm(&opts.lab_options, None, name)
-            .map_err(|e| BenchError::bad(format!("--path: VM {name}: {e}")))?,
-    };
-    if !vmscope_lab::vm_running(&vm) {
-        return Err(BenchError::bad(format!(
-            "VM {name} of lab {} is not running",
-            st.name
-        )));
-    }
-    if tap_ip(&vm).is_none() {
-        return Err(BenchError::bad(no_tap(name, &st.name)));
-    }
-    if !labs.iter().any(|l| l.name == st.name) {
-        labs.push(st);
-    }
-    guests.push(Guest::new(&vm));
-    Ok(guests.len() - 1)
-}
+/// The paths of a run, the guests they use and the labs those live in.
+type Ends = (Vec<NetPath>, Vec<Guest>, Vec<LabState>);
 
-fn run_in(
-    opts: &NetOptions,
-    lab: Option<&LabState>,
-    session_out: Option<vmscope_store::output::SessionOutput>,
-    progress: &Progress,
-    out: &mut dyn Write,
-) -> Result<NetOutcome, BenchError> {
+/// The paths to measure (`--path`, or every tap VM of the lab to and from
+/// the host and its first two tap VMs to each other), the guests they use
+/// and the labs those live in.
+fn resolve_paths(opts: &NetOptions, lab: Option<&LabState>) -> Result<Ends, BenchError> {
     // The ends: VMs by name (in the lab, else any running lab).
     let mut guests: Vec<Guest> = Vec::new();
     let mut labs: Vec<LabState> = lab.into_iter().cloned().collect();
@@ -769,6 +696,101 @@ fn run_in(
             to,
         });
     }
+    Ok((paths, guests, labs))
+}
+
+/// Every (path, tool, receive buffer) point and its row identity.
+fn make_points(
+    opts: &NetOptions,
+    paths: &[NetPath],
+    accel: Option<&str>,
+    peer: bool,
+) -> Vec<NetPoint> {
+    let host_manifest = Manifest::host(&opts.output.command_line);
+    let mut points = Vec::new();
+    for (pi, p) in paths.iter().enumerate() {
+        let mut facts: Vec<(&str, String)> = Vec::new();
+        if let Some(a) = accel {
+            facts.push(("accel", a.to_string()));
+        }
+        let manifest = Arc::new(host_manifest.with(&facts));
+        let mut tools = vec![NetTool::Vmscope];
+        if peer {
+            tools.push(NetTool::Iperf3);
+        }
+        for tool in tools {
+            let bufs: Vec<u64> = match tool {
+                NetTool::Vmscope => opts.recv_bufs.clone(),
+                NetTool::Iperf3 => vec![PEER_BUF],
+            };
+            for buf in bufs {
+                let config: BTreeMap<String, String> = [
+                    ("path", p.name.clone()),
+                    ("tool", tool.name().to_string()),
+                    ("recv_buf", buf.to_string()),
+                    ("streams", opts.streams.to_string()),
+                    ("seconds", opts.seconds.to_string()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                let name = format!("{} {} buf={}", p.name, tool.name(), short_iec(buf));
+                points.push(NetPoint {
+                    path: pi,
+                    tool,
+                    buf,
+                    point: Point::new("net", name, config, manifest.clone(), &["accel"]),
+                });
+            }
+        }
+    }
+
+    points
+}
+
+/// The guest of VM `name`: from the labs known so far, else any running
+/// lab; it must run and have a tap NIC.
+fn resolve_vm(
+    opts: &NetOptions,
+    labs: &mut Vec<LabState>,
+    guests: &mut Vec<Guest>,
+    name: &str,
+) -> Result<usize, BenchError> {
+    if let Some(i) = guests.iter().position(|g| g.name() == name) {
+        return Ok(i);
+    }
+    let (st, vm) = match labs
+        .iter()
+        .find_map(|l| l.vm(name).ok().map(|v| (l.clone(), v.clone())))
+    {
+        Some(x) => x,
+        None => vmscope_lab::find_vm(&opts.lab.options, None, name)
+            .map_err(|e| BenchError::bad(format!("--path: VM {name}: {e}")))?,
+    };
+    if !vmscope_lab::vm_running(&vm) {
+        return Err(BenchError::bad(format!(
+            "VM {name} of lab {} is not running",
+            st.name
+        )));
+    }
+    if tap_ip(&vm).is_none() {
+        return Err(BenchError::bad(no_tap(name, &st.name)));
+    }
+    if !labs.iter().any(|l| l.name == st.name) {
+        labs.push(st);
+    }
+    guests.push(Guest::new(&vm));
+    Ok(guests.len() - 1)
+}
+
+fn run_in(
+    opts: &NetOptions,
+    lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
+    progress: &Progress,
+    out: &mut dyn Write,
+) -> Result<NetOutcome, BenchError> {
+    let (paths, mut guests, labs) = resolve_paths(opts, lab)?;
     let accel = labs.first().map(|l| l.accel.clone());
 
     let mut notes = Vec::new();
@@ -799,45 +821,7 @@ fn run_in(
         }
     }
 
-    let host_manifest = Manifest::host(&opts.command_line);
-    let mut points = Vec::new();
-    for (pi, p) in paths.iter().enumerate() {
-        let mut facts: Vec<(&str, String)> = Vec::new();
-        if let Some(a) = &accel {
-            facts.push(("accel", a.clone()));
-        }
-        let manifest = Arc::new(host_manifest.with(&facts));
-        let mut tools = vec![Tool::Vmscope];
-        if peer {
-            tools.push(Tool::Iperf3);
-        }
-        for tool in tools {
-            let bufs: Vec<u64> = match tool {
-                Tool::Vmscope => opts.recv_bufs.clone(),
-                Tool::Iperf3 => vec![PEER_BUF],
-            };
-            for buf in bufs {
-                let config: BTreeMap<String, String> = [
-                    ("path", p.name.clone()),
-                    ("tool", tool.name().to_string()),
-                    ("recv_buf", buf.to_string()),
-                    ("streams", opts.streams.to_string()),
-                    ("seconds", opts.seconds.to_string()),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect();
-                let name = format!("{} {} buf={}", p.name, tool.name(), short_iec(buf));
-                points.push(NetPoint {
-                    path: pi,
-                    tool,
-                    buf,
-                    point: Point::new("net", name, config, manifest.clone(), &["accel"]),
-                });
-            }
-        }
-    }
-
+    let points = make_points(opts, &paths, accel.as_deref(), peer);
     let mut e = NetExperiment {
         opts: opts.clone(),
         guests,
@@ -847,25 +831,18 @@ fn run_in(
         iperf3,
     };
     let drive_opts = DriveOptions {
-        record: opts.record.as_ref().map(|d| RecordPoints {
-            dir: d.clone(),
-            freq: opts.record_freq,
-            vmscope: opts.vmscope.clone(),
-            experiment: "net".into(),
-            stem: None,
-            force: false,
-        }),
+        record: opts.record.points("net", None, opts.output.force),
         ..DriveOptions::sampling(
-            opts.warmup,
-            StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
-            opts.seed,
-            opts.busy,
-            opts.busy_retries,
-            opts.lab_options.cancel.clone(),
+            opts.sampling.warmup,
+            opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?,
+            opts.sampling.seed,
+            opts.sampling.busy,
+            opts.sampling.busy_retries,
+            opts.lab.options.cancel.clone(),
         )
     };
     let mut sink = Sink::for_format(
-        opts.format,
+        opts.output.format,
         &mut *out,
         &["path", "tool", "recv_buf", "streams", "seconds"],
     )?;
@@ -880,57 +857,56 @@ fn run_in(
         notes,
     };
     outcome.checks = agreement(&outcome);
-    if let Some(dir) = &opts.charts {
+    if let Some(dir) = &opts.output.charts {
         outcome.charts = charts(dir, &outcome)?;
     }
-    sink.trailer(
-        outcome
+    let end = driver::Ending {
+        summaries: outcome
             .points
             .iter()
             .zip(&outcome.results)
-            .map(|(pt, r)| summary_json(pt, r)),
-        &outcome.checks,
-        &outcome.charts,
-        &outcome.notes,
+            .map(|(pt, r)| summary_json(pt, r))
+            .collect(),
+        records: outcome.checks.iter().map(Check::json).collect(),
+        charts: outcome.charts.clone(),
+        notes: outcome.notes.clone(),
+    };
+    driver::finish(
+        sink,
+        &opts.output,
+        session_out,
+        "bench net",
+        &rows,
+        &end,
+        |w| print_text(w, &outcome),
     )?;
-    drop(sink);
-    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
-    driver::store_session(session_out, "bench net", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
 fn summary_json(pt: &NetPoint, r: &PointOutcome<NetSample>) -> serde_json::Value {
-    let mut m = driver::summary_stats(r);
-    let more = serde_json::json!({
-        "type": "summary",
-        "experiment": "net",
-        "point": pt.point.name,
-        "config": pt.point.config,
-        "config_hash": pt.point.config_hash,
-        "metric": "throughput",
-        "unit": "bytes/s",
-        "sender_cpu_s": mean_of(r, |x| x.send.as_ref().map_or(0.0, NetRun::cpu_s)),
-        "receiver_cpu_s": mean_of(r, |x| x.recv.as_ref().map_or(0.0, NetRun::cpu_s)),
-        "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
-        "host_cpu_s": mean_of(r, NetSample::host_cpu_s),
-        "host_cpu_per_gbit": mean_of(r, NetSample::host_cpu_per_gbit),
-        "vm_vcpu_s": mean_of(r, NetSample::vm_vcpu_s),
-        "vm_io_charge_s": mean_of(r, NetSample::vm_io_charge_s),
-        "session": r.session,
-        "record_error": r.record_error,
-        "manifest": pt.point.manifest,
-    });
-    if let serde_json::Value::Object(o) = more {
-        m.extend(o);
-    }
-    serde_json::Value::Object(m)
+    driver::summary(
+        &pt.point,
+        "throughput",
+        "bytes/s",
+        r.summary(),
+        r.state(),
+        serde_json::json!({
+            "sender_cpu_s": mean_of(r, |x| x.send.as_ref().map_or(0.0, NetRun::cpu_s)),
+            "receiver_cpu_s": mean_of(r, |x| x.recv.as_ref().map_or(0.0, NetRun::cpu_s)),
+            "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
+            "host_cpu_s": mean_of(r, NetSample::host_cpu_s),
+            "host_cpu_per_gbit": mean_of(r, NetSample::host_cpu_per_gbit),
+            "vm_vcpu_s": mean_of(r, NetSample::vm_vcpu_s),
+            "vm_io_charge_s": mean_of(r, NetSample::vm_io_charge_s),
+        }),
+    )
 }
 
 /// The engine at 64 KiB against iperf3 on each path.
 fn agreement(o: &NetOutcome) -> Vec<Check> {
     let mut out = Vec::new();
     for (pi, p) in o.paths.iter().enumerate() {
-        let find = |tool: Tool| {
+        let find = |tool: NetTool| {
             o.points
                 .iter()
                 .zip(&o.results)
@@ -939,7 +915,7 @@ fn agreement(o: &NetOutcome) -> Vec<Check> {
                 })
                 .and_then(|(_, r)| r.summary())
         };
-        let (Some(a), Some(b)) = (find(Tool::Vmscope), find(Tool::Iperf3)) else {
+        let (Some(a), Some(b)) = (find(NetTool::Vmscope), find(NetTool::Iperf3)) else {
             continue;
         };
         if b.mean <= 0.0 {
@@ -975,7 +951,7 @@ fn charts(dir: &Path, o: &NetOutcome) -> Result<Vec<PathBuf>, BenchError> {
             .points
             .iter()
             .zip(&o.results)
-            .filter(|(pt, _)| pt.path == pi && pt.tool == Tool::Vmscope)
+            .filter(|(pt, _)| pt.path == pi && pt.tool == NetTool::Vmscope)
             .filter_map(|(pt, r)| {
                 let s = r.summary()?;
                 Some(SeriesPoint::of(pt.buf as f64, &s, 8e-6))
@@ -1010,7 +986,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
     let mut t = table(
         &[
             "Path",
-            "Tool",
+            "NetTool",
             "Recv buf (B)",
             "Throughput (Mbit/s)",
             "±95 % (Mbit/s)",
@@ -1029,7 +1005,7 @@ fn print_text(out: &mut dyn Write, o: &NetOutcome) -> std::io::Result<()> {
         let p = &o.paths[pt.path];
         let s: Option<Summary> = r.summary();
         let f = crate::output::fixed;
-        let is_engine = pt.tool == Tool::Vmscope;
+        let is_engine = pt.tool == NetTool::Vmscope;
         let has_vm = !matches!((&p.sender, &p.receiver), (End::Host, End::Host));
         let accounted = r.samples.iter().any(|x| x.host.accounted);
         let mut note = r.failed.clone().unwrap_or_default();
@@ -1105,7 +1081,10 @@ mod tests {
             }
         };
         let base = NetOptions {
-            quiet: true,
+            output: crate::options::Output {
+                quiet: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(bad(base.clone()).contains("--lab"));
@@ -1125,7 +1104,10 @@ mod tests {
         })
         .contains("--recv-buf"));
         assert!(bad(NetOptions {
-            lab: Some("no-such-lab".into()),
+            lab: crate::options::LabChoice {
+                spec: Some("no-such-lab".into()),
+                ..Default::default()
+            },
             ..base.clone()
         })
         .contains("no-such-lab"));
@@ -1134,7 +1116,10 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let m = bad(NetOptions {
             port,
-            lab: Some("guest-same-cpu".into()),
+            lab: crate::options::LabChoice {
+                spec: Some("guest-same-cpu".into()),
+                ..Default::default()
+            },
             ..base.clone()
         });
         assert!(m.contains("in use") && m.contains(&port.to_string()), "{m}");

@@ -42,6 +42,11 @@ impl<W: Write> JsonLines<W> {
         self.out.write_all(b"\n")?;
         self.out.flush()
     }
+
+    /// The writer back.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
 }
 
 /// CSV of result rows. Columns: `experiment, point, sample, metric, value,
@@ -98,6 +103,13 @@ impl<W: Write> CsvRows<W> {
         rec.push(serde_json::to_string(&*r.manifest).unwrap_or_default());
         self.out.write_record(&rec).map_err(csv_io)?;
         self.out.flush()
+    }
+
+    /// The writer back, flushed.
+    pub fn into_inner(self) -> std::io::Result<W> {
+        self.out
+            .into_inner()
+            .map_err(|e| std::io::Error::other(e.to_string()))
     }
 }
 

@@ -18,22 +18,22 @@
 
 use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
-use crate::hygiene::{BusyRule, LoadMark, LoadProbe, LoadSample};
+use crate::hygiene::{LoadMark, LoadProbe, LoadSample};
+use crate::lab_session::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{table, Format};
+use crate::options::{LabChoice, Output, Recording, Sampling};
+use crate::output::table;
 use crate::profiler::{self, Kind, Stopped};
-use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{StopRule, Summary};
+use crate::stats::Summary;
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmscope_lab::LabOptions;
-use vmscope_workload::scale::{self as engine, ScaleRun, ScaleSpec, Workload};
+use vmscope_workload::scale::{ScaleRun, ScaleSpec, Workload};
 
 /// Everything `bench overhead` is asked to do.
 #[derive(Debug, Clone)]
@@ -47,31 +47,25 @@ pub struct OverheadOptions {
     pub delay: f64,
     pub buffer: u64,
     pub kinds: Vec<Kind>,
+    /// Sampling frequency of every profiler, Hz.
     pub freq: u64,
-    pub repeat: usize,
-    pub max_repeat: usize,
-    pub rel_ci: f64,
-    pub warmup: usize,
-    pub lab_options: LabOptions,
-    /// The `vmscope` binary the profiled runs start.
-    pub vmscope: PathBuf,
-    /// Sessions and perf.data files go here.
+    /// Sessions and perf.data files of the profiled runs go here (reused
+    /// run after run).
     pub work_dir: PathBuf,
+    pub sampling: Sampling,
+    /// No charts: `output.charts` is not used.
+    pub output: Output,
+    /// Where labs live (for `vm`), the cancel flag.
+    pub lab: LabChoice,
     /// `--record DIR`: every kept sample's profiled run stays in DIR as
     /// `overhead-PROFILER-N.db` (perf: `.data`), annotated with its point
-    /// and named in the results (the work directory's files are reused).
-    pub record: Option<PathBuf>,
-    /// Replace files in the --record and work directories that vmscope
-    /// did not write.
-    pub force: bool,
-    pub format: Format,
-    pub session: Option<PathBuf>,
-    pub busy: BusyRule,
-    pub busy_retries: usize,
-    pub seed: u64,
-    pub quiet: bool,
-    pub command_line: String,
+    /// and named in the results; `record.vmscope` is the binary the
+    /// profiled runs start, at `freq` (`record.freq` is not used).
+    pub record: Recording,
 }
+
+/// `bench overhead`'s repeats when none are given (at least, at most).
+pub const DEFAULT_REPEAT: (usize, usize) = (3, 10);
 
 impl Default for OverheadOptions {
     fn default() -> Self {
@@ -81,25 +75,14 @@ impl Default for OverheadOptions {
             threads: 1,
             seconds: 5.0,
             delay: 10.0,
-            buffer: engine::DEFAULT_BUFFER,
+            buffer: vmscope_workload::scale::DEFAULT_BUFFER,
             kinds: Kind::ALL.to_vec(),
             freq: 1000,
-            repeat: 3,
-            max_repeat: 10,
-            rel_ci: 0.05,
-            warmup: 1,
-            lab_options: LabOptions::default(),
-            vmscope: PathBuf::from("vmscope"),
             work_dir: std::env::temp_dir().join("vmscope-bench-overhead"),
-            record: None,
-            force: false,
-            format: Format::Table,
-            session: None,
-            busy: BusyRule::default(),
-            busy_retries: 2,
-            seed: 1,
-            quiet: false,
-            command_line: String::new(),
+            sampling: Sampling::default(),
+            output: Output::default(),
+            lab: LabChoice::default(),
+            record: Recording::default(),
         }
     }
 }
@@ -150,7 +133,7 @@ impl OverheadExperiment {
         }
         self.runs += 1;
         let ext = if kind == Kind::Perf { "data" } else { "db" };
-        let kept = match (&self.opts.record, step) {
+        let kept = match (&self.opts.record.dir, step) {
             (Some(dir), Step::Sample) => {
                 Some(dir.join(format!("overhead-{}-{}.{ext}", kind.name(), self.runs)))
             }
@@ -167,10 +150,10 @@ impl OverheadExperiment {
             freq: self.opts.freq,
             vms: Vec::new(),
             output,
-            vmscope: self.opts.vmscope.clone(),
+            vmscope: self.opts.record.vmscope.clone(),
             ready_timeout: Duration::from_secs(120),
             strict: false,
-            force: self.opts.force,
+            force: self.opts.output.force,
         })
         .map_err(|e| failed(format!("{kind}: {e}")))?;
         Ok((Some(r), t0.elapsed().as_secs_f64(), kept))
@@ -291,7 +274,7 @@ impl Experiment for OverheadExperiment {
         } else {
             let mark = self.probe.mark(&own);
             let (p, ready, kept) = self.start(kind, step)?;
-            let run = engine::run(&ScaleSpec {
+            let run = vmscope_workload::scale::run(&ScaleSpec {
                 workload: self.opts.workload,
                 threads: self.opts.threads,
                 duration: Duration::from_secs_f64(self.opts.seconds),
@@ -495,7 +478,7 @@ impl Split {
     }
 }
 
-/// Runs `bench overhead`; results go to `out` in `opts.format`.
+/// Runs `bench overhead`; results go to `out` in `opts.output.format`.
 pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcome, BenchError> {
     if !opts.kinds.contains(&Kind::None) {
         return Err(BenchError::bad(
@@ -511,23 +494,22 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
             opts.seconds
         )));
     }
-    if opts.threads == 0 || opts.threads > engine::MAX_THREADS {
+    if opts.threads == 0 || opts.threads > vmscope_workload::scale::MAX_THREADS {
         return Err(BenchError::bad(format!(
             "--threads {} must be 1 to {}",
             opts.threads,
-            engine::MAX_THREADS
+            vmscope_workload::scale::MAX_THREADS
         )));
     }
-    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
+    opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?;
+    let max_rate = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    if opts.freq == 0 || opts.freq > max_rate {
         return Err(BenchError::bad(format!(
-            "--repeat {} must be at least 1 and at most --max-repeat {}",
-            opts.repeat, opts.max_repeat
-        )));
-    }
-    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
-        return Err(BenchError::bad(format!(
-            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
-            opts.rel_ci
+            "--freq {} must be a positive frequency in Hz, at most kernel.perf_event_max_sample_rate = {max_rate}",
+            opts.freq
         )));
     }
     if opts.kinds.contains(&Kind::Perf) && vmscope_testkit_free_which("perf").is_none() {
@@ -536,12 +518,78 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         ));
     }
     // -o is checked and locked before anything runs.
-    let session_out =
-        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
+    let spec = opts.lab.load()?;
+    let opened = opts.output.open()?;
+    let progress = &opened.progress;
+    let session = opened.session;
+    LabSession::run_within(
+        spec.as_ref(),
+        &opts.lab.options,
+        opts.lab.keep,
+        progress,
+        |lab| run_in(opts, lab, session, progress, out),
+    )
+}
+
+/// The work and `--record` directories made, and what the runs will
+/// write there checked against what the directories hold (store::output's
+/// rules): before any sample.
+fn check_dirs(opts: &OverheadOptions) -> Result<(), BenchError> {
+    std::fs::create_dir_all(&opts.work_dir).map_err(|e| BenchError::Output {
+        what: "work directory",
+        path: opts.work_dir.clone(),
+        message: e.to_string(),
+    })?;
+    if let Some(dir) = &opts.record.dir {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
+            what: "--record directory",
+            path: dir.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    // Before any sample: what the runs write may replace what the
+    // directories hold under those names (store::output's rules).
+    let names = |prefix: &'static str| {
+        move |n: &str| {
+            Kind::ALL.iter().any(|k| {
+                profiler::numbered(n, &format!("{prefix}{}", k.name()), &["db", "data", "log"])
+            })
+        }
+    };
+    for (what, dir, prefix) in [
+        ("--record directory", opts.record.dir.as_ref(), "overhead-"),
+        ("work directory (--work-dir)", Some(&opts.work_dir), ""),
+    ] {
+        if let Some(dir) = dir {
+            profiler::check_dir(dir, names(prefix), opts.output.force).map_err(|message| {
+                BenchError::Output {
+                    what,
+                    path: dir.clone(),
+                    message,
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The run in `lab` (`--lab`'s, when given): the workload in `--vm`, or in
+/// the lab's first VM, or on the host.
+fn run_in(
+    opts: &OverheadOptions,
+    lab: Option<&vmscope_lab::LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
+    progress: &crate::progress::Progress,
+    out: &mut dyn Write,
+) -> Result<OverheadOutcome, BenchError> {
     let mut notes = Vec::new();
-    let (guest, accel) = match &opts.vm {
+    let vm = opts
+        .vm
+        .clone()
+        .or_else(|| lab.and_then(|l| l.vms.first()).map(|v| v.name.clone()));
+    let (guest, accel) = match &vm {
         Some(name) => {
-            let (st, vm) = vmscope_lab::find_vm(&opts.lab_options, None, name)
+            let (st, vm) = vmscope_lab::find_vm(&opts.lab.options, None, name)
                 .map_err(|e| BenchError::bad(format!("--vm {name}: {e}")))?;
             if !vmscope_lab::vm_running(&vm) {
                 return Err(BenchError::bad(format!(
@@ -560,50 +608,13 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         }
         None => (None, None),
     };
-    std::fs::create_dir_all(&opts.work_dir).map_err(|e| BenchError::Output {
-        what: "work directory",
-        path: opts.work_dir.clone(),
-        message: e.to_string(),
-    })?;
-    if let Some(dir) = &opts.record {
-        std::fs::create_dir_all(dir).map_err(|e| BenchError::Output {
-            what: "--record directory",
-            path: dir.clone(),
-            message: e.to_string(),
-        })?;
-    }
-    // Before any sample: what the runs write may replace what the
-    // directories hold under those names (store::output's rules).
-    let names = |prefix: &'static str| {
-        move |n: &str| {
-            Kind::ALL.iter().any(|k| {
-                profiler::numbered(n, &format!("{prefix}{}", k.name()), &["db", "data", "log"])
-            })
-        }
-    };
-    for (what, dir, prefix) in [
-        ("--record directory", opts.record.as_ref(), "overhead-"),
-        ("work directory (--out-dir)", Some(&opts.work_dir), ""),
-    ] {
-        if let Some(dir) = dir {
-            profiler::check_dir(dir, names(prefix), opts.force).map_err(|message| {
-                BenchError::Output {
-                    what,
-                    path: dir.clone(),
-                    message,
-                }
-            })?;
-        }
-    }
+    check_dirs(opts)?;
     let mut facts: Vec<(&str, String)> = Vec::new();
     if let Some(a) = &accel {
         facts.push(("accel", a.clone()));
     }
-    let manifest = Arc::new(Manifest::host(&opts.command_line).with(&facts));
-    let place = opts
-        .vm
-        .clone()
-        .map_or("host".to_string(), |v| format!("vm:{v}"));
+    let manifest = Arc::new(Manifest::host(&opts.output.command_line).with(&facts));
+    let place = vm.clone().map_or("host".to_string(), |v| format!("vm:{v}"));
     let points: Vec<(Kind, Point)> = opts
         .kinds
         .iter()
@@ -638,23 +649,22 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         probe: LoadProbe::default(),
         runs: 0,
     };
-    let progress = Progress::new(0, opts.quiet);
     let drive_opts = DriveOptions::sampling(
-        opts.warmup,
-        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
-        opts.seed,
-        opts.busy,
-        opts.busy_retries,
-        opts.lab_options.cancel.clone(),
+        opts.sampling.warmup,
+        opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?,
+        opts.sampling.seed,
+        opts.sampling.busy,
+        opts.sampling.busy_retries,
+        opts.lab.options.cancel.clone(),
     );
     let mut sink = Sink::for_format(
-        opts.format,
+        opts.output.format,
         &mut *out,
         &[
             "workload", "where", "threads", "seconds", "profiler", "freq",
         ],
     )?;
-    let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, &progress)?;
+    let (results, rows) = driver::drive(&mut e, &drive_opts, &[], &mut sink, progress)?;
     progress.finish();
     let outcome = OverheadOutcome {
         accel,
@@ -663,51 +673,50 @@ pub fn run(opts: &OverheadOptions, out: &mut dyn Write) -> Result<OverheadOutcom
         notes,
     };
     let u = format!("{}/s", opts.workload.work_unit());
-    if let Sink::Json(_) = &sink {
-        for ((k, p), r) in e.points.iter().zip(&outcome.results) {
-            let s = r.summary();
-            let prof = |f: &dyn Fn(&Stopped) -> f64| profiler_mean(r, |x| Some(f(x)));
-            sink.record(&serde_json::json!({
-                "type": "summary",
-                "experiment": "overhead",
-                "point": p.name,
-                "config": p.config,
-                "config_hash": p.config_hash,
-                "profiler": k.name(),
-                "describe": k.describe(opts.freq),
-                "metric": "throughput",
-                "unit": u,
-                "n": s.map(|s| s.n).unwrap_or(0),
-                "mean": s.map(|s| s.mean),
-                "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-                "cv": s.map(|s| s.cv),
-                "loss": outcome.loss(*k).map(|l| l.loss),
-                "loss_ci95": outcome.loss(*k).and_then(|l| l.ci95.is_finite().then_some(l.ci95)),
-                "profiler_cpu_s": prof(&|x| x.cpu_s),
-                "profiler_samples": prof(&|x| x.samples as f64),
-                "profiler_lost": prof(&|x| x.lost as f64),
-                "guest_samples": prof(&|x| x.guest_samples as f64),
-                "verdict": r.verdict,
-                "flagged_samples": r.flagged(),
-                "failed": r.failed,
-                "manifest": p.manifest,
-                "recordings": r.samples.iter().filter_map(|x| x.recording.clone()).collect::<Vec<_>>(),
-            }))?;
-        }
-        if let Some(sp) = outcome.split() {
-            sink.record(
-                &serde_json::json!({"type": "split", "experiment": "overhead", "split": sp}),
-            )?;
-        }
-        for n in &outcome.notes {
-            sink.record(&serde_json::json!({"type": "note", "message": n}))?;
-        }
+    let mut records: Vec<serde_json::Value> = Vec::new();
+    if let Some(sp) = outcome.split() {
+        records.push(serde_json::json!({"type": "split", "experiment": "overhead", "split": sp}));
     }
-    drop(sink);
-    driver::present(opts.format, opts.quiet, out, |w| {
-        print_text(w, &e.points, &outcome, opts)
-    })?;
-    driver::store_session(session_out, "bench overhead", &opts.command_line, &rows)?;
+    let end = driver::Ending {
+        summaries: e
+            .points
+            .iter()
+            .zip(&outcome.results)
+            .map(|((k, p), r)| {
+                let prof = |f: &dyn Fn(&Stopped) -> f64| profiler_mean(r, |x| Some(f(x)));
+                driver::summary(
+                    p,
+                    "throughput",
+                    &u,
+                    r.summary(),
+                    r.state(),
+                    serde_json::json!({
+                        "profiler": k.name(),
+                        "describe": k.describe(opts.freq),
+                        "loss": outcome.loss(*k).map(|l| l.loss),
+                        "loss_ci95": outcome.loss(*k).and_then(|l| l.ci95.is_finite().then_some(l.ci95)),
+                        "profiler_cpu_s": prof(&|x| x.cpu_s),
+                        "profiler_samples": prof(&|x| x.samples as f64),
+                        "profiler_lost": prof(&|x| x.lost as f64),
+                        "guest_samples": prof(&|x| x.guest_samples as f64),
+                        "recordings": r.samples.iter().filter_map(|x| x.recording.clone()).collect::<Vec<_>>(),
+                    }),
+                )
+            })
+            .collect(),
+        records,
+        charts: Vec::new(),
+        notes: outcome.notes.clone(),
+    };
+    driver::finish(
+        sink,
+        &opts.output,
+        session_out,
+        "bench overhead",
+        &rows,
+        &end,
+        |w| print_text(w, &e.points, &outcome, opts),
+    )?;
     Ok(outcome)
 }
 
@@ -781,7 +790,7 @@ fn print_text(
     if let Some(sp) = o.split() {
         writeln!(out, "split: {}", sp.describe())?;
     }
-    if let Some(dir) = &opts.record {
+    if let Some(dir) = &opts.record.dir {
         let n: usize = o
             .results
             .iter()
@@ -843,7 +852,10 @@ mod tests {
             other => panic!("{:?}", other.err()),
         };
         let o = OverheadOptions {
-            quiet: true,
+            output: crate::options::Output {
+                quiet: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(bad(OverheadOptions {

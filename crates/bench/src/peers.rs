@@ -36,20 +36,20 @@ use vmscope_workload::io::{IoRun, Mode};
 /// One of the three tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Tool {
+pub enum IoTool {
     Engine,
     Dd,
     Fio,
 }
 
-impl Tool {
-    pub const ALL: [Tool; 3] = [Tool::Engine, Tool::Dd, Tool::Fio];
+impl IoTool {
+    pub const ALL: [IoTool; 3] = [IoTool::Engine, IoTool::Dd, IoTool::Fio];
 
     pub fn name(self) -> &'static str {
         match self {
-            Tool::Engine => "engine",
-            Tool::Dd => "dd",
-            Tool::Fio => "fio",
+            IoTool::Engine => "engine",
+            IoTool::Dd => "dd",
+            IoTool::Fio => "fio",
         }
     }
 }
@@ -57,10 +57,10 @@ impl Tool {
 /// The command line of `tool` for one run: `count` blocks of `bs` bytes
 /// at offset 0 of `path`. `exe` is the program (the engine is
 /// `vmscope-agent`, run as `vmscope-agent io run ...`).
-pub fn argv(tool: Tool, exe: &str, mode: Mode, path: &str, bs: u64, count: u64) -> Vec<String> {
+pub fn argv(tool: IoTool, exe: &str, mode: Mode, path: &str, bs: u64, count: u64) -> Vec<String> {
     let s = |x: &str| x.to_string();
     match tool {
-        Tool::Engine => vec![
+        IoTool::Engine => vec![
             s(exe),
             s("io"),
             s("run"),
@@ -69,7 +69,7 @@ pub fn argv(tool: Tool, exe: &str, mode: Mode, path: &str, bs: u64, count: u64) 
             format!("bs={bs}"),
             format!("count={count}"),
         ],
-        Tool::Dd => {
+        IoTool::Dd => {
             let mut v = vec![s(exe)];
             if mode.writes() {
                 v.extend([s("if=/dev/zero"), format!("of={path}")]);
@@ -86,7 +86,7 @@ pub fn argv(tool: Tool, exe: &str, mode: Mode, path: &str, bs: u64, count: u64) 
             }
             v
         }
-        Tool::Fio => {
+        IoTool::Fio => {
             let mut v = vec![
                 s(exe),
                 s("--name=vmscope"),
@@ -140,15 +140,15 @@ pub fn dd_write_speed(bytes: f64, total: f64, zeros: f64) -> Result<f64, String>
 
 /// Bytes per second from a tool's output (stdout for the engine and fio,
 /// stderr for dd), or why it cannot be read.
-pub fn parse(tool: Tool, mode: Mode, stdout: &str, stderr: &str) -> Result<f64, String> {
+pub fn parse(tool: IoTool, mode: Mode, stdout: &str, stderr: &str) -> Result<f64, String> {
     match tool {
-        Tool::Engine => {
+        IoTool::Engine => {
             let r: IoRun = serde_json::from_str(stdout.trim())
                 .map_err(|e| format!("engine output is not its JSON line ({e}): {stdout:.200}"))?;
             Ok(r.bytes_per_s())
         }
-        Tool::Dd => parse_dd(stderr),
-        Tool::Fio => parse_fio(stdout, mode),
+        IoTool::Dd => parse_dd(stderr),
+        IoTool::Fio => parse_fio(stdout, mode),
     }
 }
 
@@ -200,7 +200,7 @@ pub fn parse_fio(stdout: &str, mode: Mode) -> Result<f64, String> {
 /// a guest, and returns its stdout and stderr), as bytes/s; a dd write
 /// also runs [`dd_zero_argv`] and reports [`dd_write_speed`].
 pub fn peer_speed<E>(
-    tool: Tool,
+    tool: IoTool,
     exe: &str,
     mode: Mode,
     path: &str,
@@ -213,11 +213,11 @@ where
 {
     let (o, e) = exec(&argv(tool, exe, mode, path, bs, count))?;
     let speed = parse(tool, mode, &o, &e)?;
-    if tool != Tool::Dd || !mode.writes() {
+    if tool != IoTool::Dd || !mode.writes() {
         return Ok(speed);
     }
     let (zo, ze) = exec(&dd_zero_argv(exe, bs, count))?;
-    let zeros = parse(Tool::Dd, Mode::BufferedRead, &zo, &ze)?;
+    let zeros = parse(IoTool::Dd, Mode::BufferedRead, &zo, &ze)?;
     dd_write_speed((bs * count) as f64, speed, zeros)
 }
 
@@ -234,18 +234,18 @@ pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
 
 /// Runs interleaved rounds: each round runs every tool once, in an order
 /// shuffled by `seed`, through `run` (which returns bytes/s). Returns each
-/// tool's speeds, one per round, in [`Tool::ALL`] order.
+/// tool's speeds, one per round, in [`IoTool::ALL`] order.
 pub fn rounds<F>(n: usize, seed: u64, mut run: F) -> Result<[Vec<f64>; 3], String>
 where
-    F: FnMut(Tool) -> Result<f64, String>,
+    F: FnMut(IoTool) -> Result<f64, String>,
 {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut out: [Vec<f64>; 3] = Default::default();
     for _ in 0..n {
-        let mut order = Tool::ALL;
+        let mut order = IoTool::ALL;
         rng.shuffle(&mut order);
         for t in order {
-            let i = Tool::ALL.iter().position(|x| *x == t).unwrap_or(0);
+            let i = IoTool::ALL.iter().position(|x| *x == t).unwrap_or(0);
             out[i].push(run(t)?);
         }
     }
@@ -349,11 +349,11 @@ pub fn agree<F>(
     block_sizes: &[u64],
     rounds_per_attempt: usize,
     attempts: usize,
-    tolerance: impl Fn(Mode, Tool) -> f64,
+    tolerance: impl Fn(Mode, IoTool) -> f64,
     mut run: F,
 ) -> Result<Vec<Agreement>, String>
 where
-    F: FnMut(Tool, Mode, u64) -> Result<f64, String>,
+    F: FnMut(IoTool, Mode, u64) -> Result<f64, String>,
 {
     let mut out = Vec::new();
     for &mode in modes {
@@ -384,7 +384,7 @@ where
                 // writes) still bounds the range: its reading is
                 // independent of the engine's, only biased.
                 let ok = |r: f64, tol: f64| r.is_finite() && r > 0.0 && r.ln().abs() <= tol.ln_1p();
-                let (td, tf) = (tolerance(mode, Tool::Dd), tolerance(mode, Tool::Fio));
+                let (td, tf) = (tolerance(mode, IoTool::Dd), tolerance(mode, IoTool::Fio));
                 let strict = ok(a.engine_dd, td) && ok(a.engine_fio, tf);
                 let tol = td.min(tf);
                 let between = tol.is_finite() && {
@@ -436,7 +436,7 @@ mod tests {
 
     #[test]
     fn command_lines() {
-        let dd = argv(Tool::Dd, "dd", Mode::DirectRead, "/f", 65536, 16);
+        let dd = argv(IoTool::Dd, "dd", Mode::DirectRead, "/f", 65536, 16);
         assert_eq!(
             dd,
             [
@@ -448,9 +448,9 @@ mod tests {
                 "iflag=direct"
             ]
         );
-        let dd = argv(Tool::Dd, "dd", Mode::BufferedWrite, "/f", 4096, 2);
+        let dd = argv(IoTool::Dd, "dd", Mode::BufferedWrite, "/f", 4096, 2);
         assert!(dd.contains(&"conv=notrunc,fdatasync".to_string()) && dd[1] == "if=/dev/zero");
-        let fio = argv(Tool::Fio, "fio", Mode::DirectWrite, "/f", 1 << 20, 4);
+        let fio = argv(IoTool::Fio, "fio", Mode::DirectWrite, "/f", 1 << 20, 4);
         for a in [
             "--rw=write",
             "--bs=1048576",
@@ -461,12 +461,12 @@ mod tests {
         ] {
             assert!(fio.contains(&a.to_string()), "{a} in {fio:?}");
         }
-        let fio = argv(Tool::Fio, "fio", Mode::BufferedWrite, "/f", 4096, 4);
+        let fio = argv(IoTool::Fio, "fio", Mode::BufferedWrite, "/f", 4096, 4);
         assert!(
             fio.contains(&"--end_fsync=1".to_string()) && fio.contains(&"--direct=0".to_string())
         );
         let e = argv(
-            Tool::Engine,
+            IoTool::Engine,
             "/usr/bin/vmscope-agent",
             Mode::DirectRead,
             "/dev/vda",
@@ -488,7 +488,7 @@ mod tests {
         assert!(parse_fio(fio, Mode::DirectWrite).is_err());
         let e = r#"{"path":"/f","mode":"direct-read","block_size":4096,"offset":0,"blocks":2,"partial":0,"bytes":8192,"wall_s":0.5,"sync_s":0.0,"user_s":0.0,"sys_s":0.0}"#;
         assert_eq!(
-            parse(Tool::Engine, Mode::DirectRead, e, "").unwrap(),
+            parse(IoTool::Engine, Mode::DirectRead, e, "").unwrap(),
             16384.0
         );
         assert!((median_ratio(&[2.0, 3.0, 10.0], &[1.0, 3.0, 1.0]) - 2.0).abs() < 1e-12);
@@ -508,16 +508,16 @@ mod tests {
         let r = rounds(4, 3, |t| {
             calls.push(t);
             Ok(match t {
-                Tool::Engine => 1.0,
-                Tool::Dd => 2.0,
-                Tool::Fio => 3.0,
+                IoTool::Engine => 1.0,
+                IoTool::Dd => 2.0,
+                IoTool::Fio => 3.0,
             })
         })
         .unwrap();
         assert_eq!(r[0], vec![1.0; 4]);
         assert_eq!(r[2], vec![3.0; 4]);
         assert_eq!(calls.len(), 12);
-        assert!(calls.chunks(3).any(|c| c[0] != Tool::Engine), "{calls:?}");
+        assert!(calls.chunks(3).any(|c| c[0] != IoTool::Engine), "{calls:?}");
         assert!(rounds(1, 1, |_| Err("boom".into())).is_err());
     }
 
@@ -534,7 +534,7 @@ mod tests {
             |t, _, _| {
                 calls += 1;
                 Ok(match (t, calls <= 9) {
-                    (Tool::Engine, true) => 110.0,
+                    (IoTool::Engine, true) => 110.0,
                     _ => 100.0,
                 })
             },
@@ -550,7 +550,7 @@ mod tests {
             3,
             3,
             |_, _| 0.05,
-            |t, _, _| Ok(if t == Tool::Engine { 130.0 } else { 100.0 }),
+            |t, _, _| Ok(if t == IoTool::Engine { 130.0 } else { 100.0 }),
         )
         .unwrap();
         assert_eq!(a.len(), 2);
@@ -567,9 +567,9 @@ mod tests {
             |_, _| 0.05,
             |t, _, _| {
                 Ok(match t {
-                    Tool::Engine => 115.0,
-                    Tool::Dd => 100.0,
-                    Tool::Fio => 130.0,
+                    IoTool::Engine => 115.0,
+                    IoTool::Dd => 100.0,
+                    IoTool::Fio => 130.0,
                 })
             },
         )
@@ -583,9 +583,9 @@ mod tests {
             |_, _| 0.05,
             |t, _, _| {
                 Ok(match t {
-                    Tool::Engine => 150.0,
-                    Tool::Dd => 100.0,
-                    Tool::Fio => 130.0,
+                    IoTool::Engine => 150.0,
+                    IoTool::Dd => 100.0,
+                    IoTool::Fio => 130.0,
                 })
             },
         )
@@ -593,8 +593,8 @@ mod tests {
         assert!(!a[0].within, "{a:?}");
         // A peer not held to a tolerance (dd's writes) still bounds the
         // range; outside it the engine fails.
-        let dd_free = |m: Mode, t: Tool| {
-            if t == Tool::Dd && m.writes() {
+        let dd_free = |m: Mode, t: IoTool| {
+            if t == IoTool::Dd && m.writes() {
                 f64::INFINITY
             } else {
                 0.05
@@ -622,7 +622,7 @@ mod tests {
             |t, _, _| {
                 let (e, f) = noisy[(i / 3) % 7];
                 i += 1;
-                Ok(if t == Tool::Engine { e } else { f })
+                Ok(if t == IoTool::Engine { e } else { f })
             },
         )
         .unwrap();
@@ -634,7 +634,7 @@ mod tests {
             7,
             1,
             |_, _| 0.05,
-            |t, _, _| Ok(if t == Tool::Engine { 88.0 } else { 100.0 }),
+            |t, _, _| Ok(if t == IoTool::Engine { 88.0 } else { 100.0 }),
         )
         .unwrap();
         assert!(!a[0].within && a[0].beyond == [7, 7], "{a:?}");
@@ -643,9 +643,9 @@ mod tests {
         for (engine, ok) in [(115.0, true), (60.0, false), (150.0, false)] {
             let a = agree(&[Mode::DirectWrite], &[4096], 3, 1, dd_free, |t, _, _| {
                 Ok(match t {
-                    Tool::Engine => engine,
-                    Tool::Dd => 80.0,
-                    Tool::Fio => 130.0,
+                    IoTool::Engine => engine,
+                    IoTool::Dd => 80.0,
+                    IoTool::Fio => 130.0,
                 })
             })
             .unwrap();

@@ -272,6 +272,20 @@ pub fn start(spec: &Spec) -> Result<Running, String> {
         _ctl: None,
     };
     let deadline = Instant::now() + spec.ready_timeout;
+    wait_sampling(&mut r, spec, fifos, deadline)?;
+    r.started = Instant::now();
+    Ok(r)
+}
+
+/// Waits until the started profiler samples: perf acknowledges `enable`
+/// on its control FIFO, or vmscope's session holds its first samples. A
+/// profiler that exits or misses the deadline is killed and said.
+fn wait_sampling(
+    r: &mut Running,
+    spec: &Spec,
+    fifos: Option<tempfile::TempDir>,
+    deadline: Instant,
+) -> Result<(), String> {
     match (&fifos, spec.kind) {
         (Some(dir), Kind::Perf) => {
             let ctl = dir.path().join("ctl");
@@ -338,8 +352,7 @@ pub fn start(spec: &Spec) -> Result<Running, String> {
             std::thread::sleep(Duration::from_millis(100));
         },
     }
-    r.started = Instant::now();
-    Ok(r)
+    Ok(())
 }
 
 /// The names of every QEMU VM on this host (discovery without QMP).

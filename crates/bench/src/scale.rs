@@ -19,22 +19,23 @@ use crate::chart::{fmt_num, LineChart, Series, SeriesPoint};
 use crate::cpu::{CpuProbe, HostCpu};
 use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
-use crate::hygiene::{BusyRule, LoadSample};
-use crate::io::labs::LabSession;
+use crate::hygiene::LoadSample;
+use crate::lab_session::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{table, Format};
+use crate::options::{LabChoice, Output, Recording, Sampling};
+use crate::output::table;
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{finite, StopRule, Summary};
+use crate::stats::{finite, Summary};
 use crate::BenchError;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use vmscope_lab::{LabOptions, LabSpec, LabState};
-use vmscope_workload::scale::{self as engine, ScaleRun, ScaleSpec, Workload};
+use vmscope_lab::{LabSpec, LabState};
+use vmscope_workload::scale::{ScaleRun, ScaleSpec, Workload};
 
 /// theurer's four modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -76,32 +77,18 @@ pub struct ScaleOptions {
     pub seconds: f64,
     /// memwrite: bytes per thread.
     pub buffer: u64,
-    pub repeat: usize,
-    pub max_repeat: usize,
-    pub rel_ci: f64,
-    pub warmup: usize,
-    pub lab: Option<String>,
-    pub lab_name: Option<String>,
-    pub lab_options: LabOptions,
-    pub keep_lab: bool,
     /// The agent binary run as the host's processes.
     pub agent: PathBuf,
-    /// `--record DIR`: after its samples, each point runs once more under
-    /// `vmscope record -a` (VMs active), stored as DIR/scale-N.db.
-    pub record: Option<PathBuf>,
-    /// Sampling frequency of `--record`, Hz.
-    pub record_freq: u64,
-    /// The `vmscope` binary `--record` starts.
-    pub vmscope: PathBuf,
-    pub format: Format,
-    pub charts: Option<PathBuf>,
-    pub session: Option<PathBuf>,
-    pub busy: BusyRule,
-    pub busy_retries: usize,
-    pub seed: u64,
-    pub quiet: bool,
-    pub command_line: String,
+    pub sampling: Sampling,
+    pub output: Output,
+    /// `--lab`: a lab of VMs for the in-VM modes; without it one is
+    /// generated for --max (named `scale`, or `--lab-name`).
+    pub lab: LabChoice,
+    pub record: Recording,
 }
+
+/// `bench scale`'s repeats when none are given (at least, at most).
+pub const DEFAULT_REPEAT: (usize, usize) = (3, 10);
 
 impl Default for ScaleOptions {
     fn default() -> Self {
@@ -110,27 +97,12 @@ impl Default for ScaleOptions {
             modes: Mode::ALL.to_vec(),
             max: std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
             seconds: 5.0,
-            buffer: engine::DEFAULT_BUFFER,
-            repeat: 3,
-            max_repeat: 10,
-            rel_ci: 0.05,
-            warmup: 1,
-            lab: None,
-            lab_name: None,
-            lab_options: LabOptions::default(),
-            keep_lab: false,
+            buffer: vmscope_workload::scale::DEFAULT_BUFFER,
             agent: PathBuf::from("vmscope-agent"),
-            record: None,
-            record_freq: 999,
-            vmscope: PathBuf::from("vmscope"),
-            format: Format::Table,
-            charts: None,
-            session: None,
-            busy: BusyRule::default(),
-            busy_retries: 2,
-            seed: 1,
-            quiet: false,
-            command_line: String::new(),
+            sampling: Sampling::default(),
+            output: Output::default(),
+            lab: LabChoice::default(),
+            record: Recording::default(),
         }
     }
 }
@@ -260,7 +232,9 @@ impl Experiment for ScaleExperiment {
         }
         let mark = self.probe.mark(&pids);
         let runs: Vec<ScaleRun> = match p.mode {
-            Mode::HostThreads => vec![engine::run(&self.spec(p.n)).map_err(failed)?],
+            Mode::HostThreads => {
+                vec![vmscope_workload::scale::run(&self.spec(p.n)).map_err(failed)?]
+            }
             Mode::HostProcs => {
                 let argv = self.agent_argv(&self.opts.agent.display().to_string(), 1);
                 let children: Vec<_> = (0..p.n)
@@ -417,7 +391,7 @@ impl ScaleOutcome {
     }
 }
 
-/// Runs `bench scale`; results go to `out` in `opts.format`.
+/// Runs `bench scale`; results go to `out` in `opts.output.format`.
 pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, BenchError> {
     if opts.max == 0 || opts.max > 64 {
         return Err(BenchError::bad(format!(
@@ -434,19 +408,11 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
             opts.seconds
         )));
     }
-    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
-        return Err(BenchError::bad(format!(
-            "--repeat {} must be at least 1 and at most --max-repeat {}",
-            opts.repeat, opts.max_repeat
-        )));
-    }
-    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
-        return Err(BenchError::bad(format!(
-            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
-            opts.rel_ci
-        )));
-    }
-    if opts.workload == Workload::MemWrite && !(4096..=engine::MAX_BUFFER).contains(&opts.buffer) {
+    opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?;
+    opts.record.check()?;
+    if opts.workload == Workload::MemWrite
+        && !(4096..=vmscope_workload::scale::MAX_BUFFER).contains(&opts.buffer)
+    {
         return Err(BenchError::bad(format!(
             "--size {} must be 4 KiB to 16 GiB per thread",
             opts.buffer
@@ -461,9 +427,9 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
     }
     let needs_lab = opts.modes.iter().any(|m| m.in_vms());
     let spec = if needs_lab {
-        let name = opts.lab_name.clone().unwrap_or_else(|| "scale".into());
-        Some(if let Some(a) = &opts.lab {
-            crate::lab_specs::load(a, opts.lab_name.as_deref())?
+        let name = opts.lab.name.clone().unwrap_or_else(|| "scale".into());
+        Some(if let Some(spec) = opts.lab.load()? {
+            spec
         } else {
             let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
             if !vmscope_lab::names::valid_name(&name) {
@@ -480,25 +446,24 @@ pub fn run(opts: &ScaleOptions, out: &mut dyn Write) -> Result<ScaleOutcome, Ben
         None
     };
     // -o is checked and locked before anything runs.
-    let session_out =
-        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
-    let progress = Progress::new(0, opts.quiet);
+    let opened = opts.output.open()?;
+    let progress = &opened.progress;
+    let session = opened.session;
     LabSession::run_within(
         spec.as_ref(),
-        &opts.lab_options,
-        opts.keep_lab,
-        &progress,
-        |lab| run_in(opts, lab, session_out, &progress, out),
+        &opts.lab.options,
+        opts.lab.keep,
+        progress,
+        |lab| run_in(opts, lab, session, progress, out),
     )
 }
 
-fn run_in(
+/// The lab's VMs of one vCPU (the vms mode, by name) and its VM of at
+/// least `--max` vCPUs (the vcpus mode), with notes on what they allow.
+fn lab_guests(
     opts: &ScaleOptions,
     lab: Option<&LabState>,
-    session_out: Option<vmscope_store::output::SessionOutput>,
-    progress: &Progress,
-    out: &mut dyn Write,
-) -> Result<ScaleOutcome, BenchError> {
+) -> (Vec<Guest>, Option<Guest>, Vec<String>) {
     let mut notes = Vec::new();
     let (mut small, mut big) = (Vec::new(), None);
     if let Some(l) = lab {
@@ -533,8 +498,19 @@ fn run_in(
             ));
         }
     }
+    (small, big, notes)
+}
+
+fn run_in(
+    opts: &ScaleOptions,
+    lab: Option<&LabState>,
+    session_out: Option<vmscope_store::output::SessionOutput>,
+    progress: &Progress,
+    out: &mut dyn Write,
+) -> Result<ScaleOutcome, BenchError> {
+    let (small, big, notes) = lab_guests(opts, lab);
     let accel = lab.map(|l| l.accel.clone());
-    let host_manifest = Manifest::host(&opts.command_line);
+    let host_manifest = Manifest::host(&opts.output.command_line);
     let mut facts: Vec<(&str, String)> = Vec::new();
     if let Some(a) = &accel {
         facts.push(("accel", a.clone()));
@@ -584,25 +560,18 @@ fn run_in(
         probe: CpuProbe::new(false),
     };
     let drive_opts = DriveOptions {
-        record: opts.record.as_ref().map(|d| driver::RecordPoints {
-            dir: d.clone(),
-            freq: opts.record_freq,
-            vmscope: opts.vmscope.clone(),
-            experiment: "scale".into(),
-            stem: None,
-            force: false,
-        }),
+        record: opts.record.points("scale", None, opts.output.force),
         ..DriveOptions::sampling(
-            opts.warmup,
-            StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
-            opts.seed,
-            opts.busy,
-            opts.busy_retries,
-            opts.lab_options.cancel.clone(),
+            opts.sampling.warmup,
+            opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?,
+            opts.sampling.seed,
+            opts.sampling.busy,
+            opts.sampling.busy_retries,
+            opts.lab.options.cancel.clone(),
         )
     };
     let mut sink = Sink::for_format(
-        opts.format,
+        opts.output.format,
         &mut *out,
         &["workload", "mode", "n", "seconds", "buffer"],
     )?;
@@ -614,51 +583,47 @@ fn run_in(
         charts: Vec::new(),
         notes,
     };
-    if let Some(dir) = &opts.charts {
+    if let Some(dir) = &opts.output.charts {
         outcome.charts = charts(dir, &outcome, opts.workload)?;
     }
     let unit = format!("{}/s", opts.workload.work_unit());
-    let summaries: Vec<serde_json::Value> = outcome
-        .points
-        .iter()
-        .zip(&outcome.results)
-        .map(|(p, r)| {
-            let s = r.summary();
-            serde_json::json!({
-                "type": "summary",
-                "experiment": "scale",
-                "point": p.point.name,
-                "config": p.point.config,
-                "config_hash": p.point.config_hash,
-                "metric": "throughput",
-                "unit": unit,
-                "n": s.map(|s| s.n).unwrap_or(0),
-                "mean": s.map(|s| s.mean),
-                "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-                "cv": s.map(|s| s.cv),
-                "scaling": outcome.scaling(p.mode, p.n),
-                "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
-                "work_per_host_cpu_s": mean_of(r, ScaleSample::work_per_cpu_s),
-                "verdict": r.verdict,
-                "flagged_samples": r.flagged(),
-                "failed": r.failed,
-                "manifest": p.point.manifest,
-                "session": r.session,
-                "record_error": r.record_error,
+    let end = driver::Ending {
+        summaries: outcome
+            .points
+            .iter()
+            .zip(&outcome.results)
+            .map(|(p, r)| {
+                driver::summary(
+                    &p.point,
+                    "throughput",
+                    &unit,
+                    r.summary(),
+                    r.state(),
+                    serde_json::json!({
+                        "scaling": outcome.scaling(p.mode, p.n),
+                        "host_busy_s": mean_of(r, |x| x.host.load.host_busy_s),
+                        "work_per_host_cpu_s": mean_of(r, ScaleSample::work_per_cpu_s),
+                    }),
+                )
             })
-        })
-        .collect();
-    sink.trailer(
-        summaries,
-        &outcome.checks(),
-        &outcome.charts,
-        &outcome.notes,
+            .collect(),
+        records: outcome
+            .checks()
+            .iter()
+            .map(crate::netlab::Check::json)
+            .collect(),
+        charts: outcome.charts.clone(),
+        notes: outcome.notes.clone(),
+    };
+    driver::finish(
+        sink,
+        &opts.output,
+        session_out,
+        "bench scale",
+        &rows,
+        &end,
+        |w| print_text(w, &outcome, opts.workload),
     )?;
-    drop(sink);
-    driver::present(opts.format, opts.quiet, out, |w| {
-        print_text(w, &outcome, opts.workload)
-    })?;
-    driver::store_session(session_out, "bench scale", &opts.command_line, &rows)?;
     Ok(outcome)
 }
 
@@ -827,12 +792,18 @@ mod tests {
             modes: vec![Mode::HostThreads],
             max: 2,
             seconds: 0.2,
-            repeat: 2,
-            max_repeat: 2,
-            warmup: 0,
-            format: Format::Json,
-            quiet: true,
-            busy_retries: 0,
+            sampling: crate::options::Sampling {
+                repeat: Some(2),
+                max_repeat: Some(2),
+                warmup: 0,
+                busy_retries: 0,
+                ..Default::default()
+            },
+            output: crate::options::Output {
+                format: crate::output::Format::Json,
+                quiet: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut buf = Vec::new();

@@ -27,15 +27,16 @@ use crate::cpu::{CpuProbe, HostCpu};
 use crate::driver::{self, mean_of, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure};
 use crate::httperf;
-use crate::hygiene::{BusyRule, LoadSample};
-use crate::io::labs::LabSession;
+use crate::hygiene::LoadSample;
+use crate::lab_session::LabSession;
 use crate::manifest::Manifest;
 use crate::netlab::{no_tap, tap_ip, Check};
-use crate::output::{table, Format};
+use crate::options::{LabChoice, Output, Recording, Sampling};
+use crate::output::table;
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
 use crate::schedule::Step;
-use crate::stats::{finite, StopRule};
+use crate::stats::finite;
 use crate::units::short_iec;
 use crate::BenchError;
 use std::collections::BTreeMap;
@@ -46,7 +47,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vmscope_lab::spec::NicKind;
-use vmscope_lab::{LabOptions, LabSpec};
+use vmscope_lab::LabSpec;
 
 /// The configurations of menon2005 Fig 7 this machine can run.
 pub const DEFAULT_CONFIGS: &str = "host,guest-same-cpu,guest-separate-cpu";
@@ -60,7 +61,8 @@ const GUEST_ROOT: &str = "/tmp/vmscope-web";
 /// Everything `bench web` is asked to do.
 #[derive(Debug, Clone)]
 pub struct WebOptions {
-    /// `host`, or a lab spec (built-in name or file) with a tap NIC.
+    /// The configurations (`--lab`): `host`, or a lab spec (built-in name
+    /// or file) with a tap NIC.
     pub configs: Vec<String>,
     /// Offered rates, requests/s, ascending.
     pub rates: Vec<u32>,
@@ -73,31 +75,21 @@ pub struct WebOptions {
     pub follow: f64,
     /// The httperf program; `None`: found on PATH.
     pub httperf: Option<PathBuf>,
-    pub repeat: usize,
-    pub max_repeat: usize,
-    pub rel_ci: f64,
-    pub warmup: usize,
-    /// Labs run as `PREFIX-SPECNAME`.
-    pub lab_prefix: Option<String>,
-    pub lab_options: LabOptions,
-    pub keep_lab: bool,
-    pub format: Format,
-    pub charts: Option<PathBuf>,
-    pub session: Option<PathBuf>,
+    /// Run the accountant around every sample.
+    pub account: bool,
+    pub sampling: Sampling,
+    pub output: Output,
+    /// Where labs live, whether to keep them; `lab.name` (`--lab-name`)
+    /// prefixes every lab's name (`NAME-SPECNAME`), since a run has
+    /// several; `lab.spec` is not used (the labs are `configs`).
+    pub lab: LabChoice,
     /// `--record DIR`: after its samples, each point runs once more under
     /// `vmscope record -a` (VMs active), stored as DIR/web-CONFIG-RATE-1.db.
-    pub record: Option<PathBuf>,
-    /// Sampling frequency of `--record`, Hz.
-    pub record_freq: u64,
-    /// The `vmscope` binary `--record` starts.
-    pub vmscope: PathBuf,
-    pub account: bool,
-    pub busy: BusyRule,
-    pub busy_retries: usize,
-    pub seed: u64,
-    pub quiet: bool,
-    pub command_line: String,
+    pub record: Recording,
 }
+
+/// `bench web`'s repeats when none are given (at least, at most).
+pub const DEFAULT_REPEAT: (usize, usize) = (3, 6);
 
 impl Default for WebOptions {
     fn default() -> Self {
@@ -110,25 +102,11 @@ impl Default for WebOptions {
             port: 8080,
             follow: DEFAULT_FOLLOW,
             httperf: None,
-            repeat: 3,
-            max_repeat: 6,
-            rel_ci: 0.05,
-            warmup: 1,
-            lab_prefix: None,
-            lab_options: LabOptions::default(),
-            keep_lab: false,
-            format: Format::Table,
-            charts: None,
-            session: None,
-            record: None,
-            record_freq: 999,
-            vmscope: PathBuf::from("vmscope"),
             account: true,
-            busy: BusyRule::default(),
-            busy_retries: 2,
-            seed: 1,
-            quiet: false,
-            command_line: String::new(),
+            sampling: Sampling::default(),
+            output: Output::default(),
+            lab: LabChoice::default(),
+            record: Recording::default(),
         }
     }
 }
@@ -806,7 +784,9 @@ impl WebOutcome {
 
 fn check_bad(opts: &WebOptions) -> Result<(), BenchError> {
     if opts.configs.is_empty() {
-        return Err(BenchError::bad("--config is empty"));
+        return Err(BenchError::bad(
+            "--lab is empty: give host and/or lab specs",
+        ));
     }
     if opts.rates.is_empty() {
         return Err(BenchError::bad("--rate is empty"));
@@ -838,18 +818,8 @@ fn check_bad(opts: &WebOptions) -> Result<(), BenchError> {
     if opts.port == 0 {
         return Err(BenchError::bad("--port 0: name a TCP port"));
     }
-    if opts.repeat == 0 || opts.max_repeat < opts.repeat {
-        return Err(BenchError::bad(format!(
-            "--repeat {} must be at least 1 and at most --max-repeat {}",
-            opts.repeat, opts.max_repeat
-        )));
-    }
-    if !(opts.rel_ci > 0.0 && opts.rel_ci < 1.0) {
-        return Err(BenchError::bad(format!(
-            "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
-            opts.rel_ci
-        )));
-    }
+    opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?;
+    opts.record.check()?;
     Ok(())
 }
 
@@ -859,7 +829,7 @@ fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
     let mut out: Vec<WebConfig> = Vec::new();
     for c in &opts.configs {
         if out.iter().any(|x| &x.label == c) {
-            return Err(BenchError::bad(format!("--config {c} is given twice")));
+            return Err(BenchError::bad(format!("--lab {c} is given twice")));
         }
         if c == "host" {
             out.push(WebConfig {
@@ -868,24 +838,23 @@ fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
             });
             continue;
         }
-        let mut spec = crate::lab_specs::load(c, None)
-            .map_err(|e| BenchError::bad(format!("--config {c}: {e}")))?;
+        let mut spec = crate::options::load_lab(c, None)?;
         let label = spec.name.clone();
         let vm = spec
             .vms
             .first()
-            .ok_or_else(|| BenchError::bad(format!("--config {c}: lab {} has no VM", spec.name)))?;
+            .ok_or_else(|| BenchError::bad(format!("--lab {c}: lab {} has no VM", spec.name)))?;
         if !vm.nics.iter().any(|n| n.kind == NicKind::Tap) {
             return Err(BenchError::bad(format!(
-                "--config {c}: {}",
+                "--lab {c}: {}",
                 no_tap(&vm.name, &spec.name)
             )));
         }
-        if let Some(p) = &opts.lab_prefix {
+        if let Some(p) = &opts.lab.name {
             let name = format!("{p}-{}", spec.name);
             if !vmscope_lab::names::valid_name(&name) {
                 return Err(BenchError::bad(format!(
-                    "--lab-prefix {p}: lab name {name} is not valid (letters, digits, '-' and \
+                    "--lab-name {p}: lab name {name} is not valid (letters, digits, '-' and \
                      '_', at most 32 characters)"
                 )));
             }
@@ -899,7 +868,7 @@ fn configs(opts: &WebOptions) -> Result<Vec<WebConfig>, BenchError> {
     Ok(out)
 }
 
-/// Runs `bench web`; results go to `out` in `opts.format`.
+/// Runs `bench web`; results go to `out` in `opts.output.format`.
 pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchError> {
     check_bad(opts)?;
     let configs = configs(opts)?;
@@ -930,20 +899,197 @@ pub fn run(opts: &WebOptions, out: &mut dyn Write) -> Result<WebOutcome, BenchEr
             .map_err(|e| BenchError::bad(format!("--port {}: {e}", opts.port)))?;
     }
     // -o is checked and locked before anything runs.
-    let session_out =
-        crate::session::prepare_optional(opts.session.as_deref(), false, &opts.command_line)?;
-    let progress = Progress::new(0, opts.quiet);
+    let opened = opts.output.open()?;
     let r = run_configs(
         opts,
         &configs,
         &httperf,
         busybox,
-        session_out,
-        &progress,
+        opened.session,
+        &opened.progress,
         out,
     );
-    progress.finish();
+    opened.progress.finish();
     r
+}
+
+/// Where httperf runs for `cfg` (host CPUs none of the VM's pinned
+/// threads use), said in a note.
+fn placement_of(cfg: &WebConfig, host_cpus: usize, notes: &mut Vec<String>) -> ClientCpus {
+    let placement = cfg
+        .spec
+        .as_ref()
+        .and_then(|spec| {
+            spec.vms
+                .iter()
+                .find(|v| v.nics.iter().any(|n| n.kind == NicKind::Tap))
+        })
+        .map(|vm| client_cpus(vm, host_cpus))
+        .unwrap_or_default();
+    if cfg.spec.is_some() {
+        notes.push(match (&placement.shares, placement.cpus.as_slice()) {
+            (Some(why), _) => format!("{}: {why}", cfg.label),
+            (None, cpus) => format!(
+                "{}: httperf pinned to CPU {}, which none of the VM's threads use",
+                cfg.label,
+                cpu_list(cpus)
+            ),
+        });
+    }
+    placement
+}
+
+/// A configuration's server, its address, and the facts of its manifest.
+type Served = (Server, IpAddr, Vec<(&'static str, String)>);
+
+/// The host's configuration: busybox httpd on 127.0.0.1, serving a file
+/// in a web root named by this process (a run killed with SIGKILL leaves
+/// one the next run recognizes and removes).
+fn host_server(
+    opts: &WebOptions,
+    busybox: Option<PathBuf>,
+    uri: &str,
+    notes: &mut Vec<String>,
+) -> Result<Served, BenchError> {
+    // Named by this process, so a run killed with SIGKILL leaves
+    // a directory the next run recognizes and removes.
+    sweep_stale(&std::env::temp_dir(), true);
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{STALE_PREFIX}{}-", std::process::id()))
+        .tempdir()
+        .map_err(|e| BenchError::Output {
+            what: "web root",
+            path: std::env::temp_dir(),
+            message: e.to_string(),
+        })?;
+    let f = dir.path().join(uri.trim_start_matches('/'));
+    std::fs::write(&f, vec![b'x'; opts.file_size as usize]).map_err(|e| BenchError::Output {
+        what: "served file",
+        path: f.clone(),
+        message: e.to_string(),
+    })?;
+    notes.push(
+        "host: busybox httpd on 127.0.0.1 shares the host's CPUs with httperf (no \
+         separate client machine here)"
+            .into(),
+    );
+    Ok((
+        Server::Host {
+            busybox: busybox.expect("checked with the host config"),
+            dir,
+        },
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        vec![("server", "busybox httpd (host)".to_string())],
+    ))
+}
+
+/// What TCG means for the numbers, when the labs ran under it.
+fn tcg_note(accel: Option<&str>) -> Option<String> {
+    accel.filter(|a| *a != "kvm").map(|a| {
+        format!(
+            "accel {a}: QEMU emulates every guest instruction (TCG), so a VM's web throughput \
+             is far below what KVM reaches; compare configurations with each other, not with \
+             published figures"
+        )
+    })
+}
+
+/// A note for every rate httperf itself could not offer.
+fn generator_notes(outcome: &mut WebOutcome) {
+    for (pt, (r, f)) in outcome
+        .points
+        .iter()
+        .zip(outcome.results.iter().zip(&outcome.follow))
+    {
+        if *f == Follow::GeneratorLimited {
+            outcome.notes.push(format!(
+                "{}: httperf could not offer {} req/s (its request rate {:.1} req/s{}): the \
+                 generator, not the server, is the limit at this rate",
+                outcome.configs[pt.config].label,
+                pt.rate,
+                mean_of(r, |s| s.run.request_rate).unwrap_or(0.0),
+                if r.samples.iter().any(|s| s.run.errors.fd_unavail > 0) {
+                    ", fd-unavail errors"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+}
+
+/// What the sweep collected so far, every configuration's points in order.
+#[derive(Default)]
+struct Collected {
+    points: Vec<WebPoint>,
+    results: Vec<PointOutcome<WebSample>>,
+    follow: Vec<Follow>,
+    rows: Vec<Row>,
+}
+
+impl Collected {
+    /// A point that could not run, and why.
+    fn fail(&mut self, pt: WebPoint, why: String) {
+        self.points.push(pt);
+        self.results.push(failed_outcome(why));
+        self.follow.push(Follow::Failed);
+    }
+}
+
+/// One configuration's rates in ascending order, each on the driver's
+/// loop, until the reply rate stops following (or httperf cannot offer
+/// the rate, or the VM died).
+#[allow(clippy::too_many_arguments)]
+fn sweep_rates(
+    opts: &WebOptions,
+    (ci, cfg): (usize, &WebConfig),
+    host_manifest: &Manifest,
+    facts: &[(&str, String)],
+    runner: &mut Runner<'_>,
+    drive_opts: &DriveOptions,
+    sink: &mut Sink<'_, '_>,
+    progress: &Progress,
+    got: &mut Collected,
+) -> Result<(), BenchError> {
+    for &rate in &opts.rates {
+        let pt = web_point(opts, cfg, ci, rate, host_manifest, facts);
+        runner.points.push(pt.clone());
+        let index = runner.points.len() - 1;
+        let mut one = OnePoint {
+            runner: &mut *runner,
+            index,
+        };
+        let point_opts = DriveOptions {
+            record: opts.record.points(
+                "web",
+                Some(record_stem(&cfg.label, rate)),
+                opts.output.force,
+            ),
+            ..drive_opts.clone()
+        };
+        let (mut r, rows) = driver::drive(&mut one, &point_opts, &[], sink, progress)?;
+        got.rows.extend(rows);
+        let r = r.remove(0);
+        let f = judge(&r, rate, opts.follow);
+        got.points.push(pt);
+        got.follow.push(f);
+        let dead = matches!(&runner.server, Server::Vm { guest } if guest.dead().is_some());
+        got.results.push(r);
+        match f {
+            Follows if !dead => continue,
+            Follows | Failed => {}
+            Saturated => progress.note(&format!(
+                "{}: the reply rate stopped following at {rate} req/s",
+                cfg.label
+            )),
+            GeneratorLimited => progress.note(&format!(
+                "{}: httperf could not offer {rate} req/s; higher rates are not tried",
+                cfg.label
+            )),
+        }
+        break;
+    }
+    Ok(())
 }
 
 fn run_configs(
@@ -955,24 +1101,21 @@ fn run_configs(
     progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<WebOutcome, BenchError> {
-    let host_manifest = Manifest::host(&opts.command_line);
+    let host_manifest = Manifest::host(&opts.output.command_line);
     let mut probe = CpuProbe::new(opts.account);
-    let mut all_points: Vec<WebPoint> = Vec::new();
-    let mut results: Vec<PointOutcome<WebSample>> = Vec::new();
-    let mut follow: Vec<Follow> = Vec::new();
-    let mut rows_all: Vec<Row> = Vec::new();
+    let mut got = Collected::default();
     let mut notes: Vec<String> = Vec::new();
     let mut accel: Option<String> = None;
     let drive_opts = DriveOptions::sampling(
-        opts.warmup,
-        StopRule::new(opts.repeat, opts.max_repeat, opts.rel_ci),
-        opts.seed,
-        opts.busy,
-        opts.busy_retries,
-        opts.lab_options.cancel.clone(),
+        opts.sampling.warmup,
+        opts.sampling.rule(DEFAULT_REPEAT.0, DEFAULT_REPEAT.1)?,
+        opts.sampling.seed,
+        opts.sampling.busy,
+        opts.sampling.busy_retries,
+        opts.lab.options.cancel.clone(),
     );
     let mut sink = Sink::for_format(
-        opts.format,
+        opts.output.format,
         &mut *out,
         &["config", "rate", "file_size", "seconds", "timeout"],
     )?;
@@ -980,66 +1123,14 @@ fn run_configs(
     let host_cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut client: Vec<ClientCpus> = Vec::new();
     for (ci, cfg) in configs.iter().enumerate() {
-        let placement = cfg
-            .spec
-            .as_ref()
-            .and_then(|spec| {
-                spec.vms
-                    .iter()
-                    .find(|v| v.nics.iter().any(|n| n.kind == NicKind::Tap))
-            })
-            .map(|vm| client_cpus(vm, host_cpus))
-            .unwrap_or_default();
-        if cfg.spec.is_some() {
-            notes.push(match (&placement.shares, placement.cpus.as_slice()) {
-                (Some(why), _) => format!("{}: {why}", cfg.label),
-                (None, cpus) => format!(
-                    "{}: httperf pinned to CPU {}, which none of the VM's threads use",
-                    cfg.label,
-                    cpu_list(cpus)
-                ),
-            });
-        }
+        let placement = placement_of(cfg, host_cpus, &mut notes);
         client.push(placement.clone());
         // The configuration's server, and the lab it runs in.
         let mut session = None;
         let (server, addr, facts) = match &cfg.spec {
-            None => {
-                // Named by this process, so a run killed with SIGKILL leaves
-                // a directory the next run recognizes and removes.
-                sweep_stale(&std::env::temp_dir(), true);
-                let dir = tempfile::Builder::new()
-                    .prefix(&format!("{STALE_PREFIX}{}-", std::process::id()))
-                    .tempdir()
-                    .map_err(|e| BenchError::Output {
-                        what: "web root",
-                        path: std::env::temp_dir(),
-                        message: e.to_string(),
-                    })?;
-                let f = dir.path().join(uri.trim_start_matches('/'));
-                std::fs::write(&f, vec![b'x'; opts.file_size as usize]).map_err(|e| {
-                    BenchError::Output {
-                        what: "served file",
-                        path: f.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
-                notes.push(
-                    "host: busybox httpd on 127.0.0.1 shares the host's CPUs with httperf (no \
-                     separate client machine here)"
-                        .into(),
-                );
-                (
-                    Server::Host {
-                        busybox: busybox.clone().expect("checked with the host config"),
-                        dir,
-                    },
-                    IpAddr::V4(Ipv4Addr::LOCALHOST),
-                    vec![("server", "busybox httpd (host)".to_string())],
-                )
-            }
+            None => host_server(opts, busybox.clone(), &uri, &mut notes)?,
             Some(spec) => {
-                let s = LabSession::open_shown(spec, &opts.lab_options, opts.keep_lab, progress)?;
+                let s = LabSession::open_shown(spec, &opts.lab.options, opts.lab.keep, progress)?;
                 let st = s.state.clone();
                 session = Some(s);
                 accel.get_or_insert(st.accel.clone());
@@ -1067,9 +1158,7 @@ fn run_configs(
                         };
                         progress.note(&format!("{}: {why}", cfg.label));
                         let pt = web_point(opts, cfg, ci, opts.rates[0], &host_manifest, &[]);
-                        all_points.push(pt);
-                        results.push(failed_outcome(why));
-                        follow.push(Follow::Failed);
+                        got.fail(pt, why);
                         if let Some(s) = session {
                             s.close()?;
                         }
@@ -1100,105 +1189,57 @@ fn run_configs(
             points: Vec::new(),
             client_cpus: placement.cpus.clone(),
         };
-        for &rate in &opts.rates {
-            let pt = web_point(opts, cfg, ci, rate, &host_manifest, &facts);
-            runner.points.push(pt.clone());
-            let index = runner.points.len() - 1;
-            let mut one = OnePoint {
-                runner: &mut runner,
-                index,
-            };
-            let point_opts = DriveOptions {
-                record: opts.record.as_ref().map(|d| driver::RecordPoints {
-                    dir: d.clone(),
-                    freq: opts.record_freq,
-                    vmscope: opts.vmscope.clone(),
-                    experiment: "web".into(),
-                    stem: Some(record_stem(&cfg.label, rate)),
-                    force: false,
-                }),
-                ..drive_opts.clone()
-            };
-            let (mut r, rows) = driver::drive(&mut one, &point_opts, &[], &mut sink, progress)?;
-            rows_all.extend(rows);
-            let r = r.remove(0);
-            let f = judge(&r, rate, opts.follow);
-            all_points.push(pt);
-            follow.push(f);
-            let dead = matches!(&runner.server, Server::Vm { guest } if guest.dead().is_some());
-            results.push(r);
-            match f {
-                Follows if !dead => continue,
-                Follows | Failed => {}
-                Saturated => progress.note(&format!(
-                    "{}: the reply rate stopped following at {rate} req/s",
-                    cfg.label
-                )),
-                GeneratorLimited => progress.note(&format!(
-                    "{}: httperf could not offer {rate} req/s; higher rates are not tried",
-                    cfg.label
-                )),
-            }
-            break;
-        }
+        sweep_rates(
+            opts,
+            (ci, cfg),
+            &host_manifest,
+            &facts,
+            &mut runner,
+            &drive_opts,
+            &mut sink,
+            progress,
+            &mut got,
+        )?;
         runner.close();
         if let Some(s) = session {
             s.close()?;
         }
     }
     drop(probe);
-    let accel_note = accel.as_deref().filter(|a| *a != "kvm").map(|a| {
-        format!(
-            "accel {a}: QEMU emulates every guest instruction (TCG), so a VM's web throughput \
-             is far below what KVM reaches; compare configurations with each other, not with \
-             published figures"
-        )
-    });
-    notes.extend(accel_note);
+    notes.extend(tcg_note(accel.as_deref()));
     let mut outcome = WebOutcome {
         accel,
         configs: configs.to_vec(),
-        points: all_points,
-        results,
-        follow,
+        points: got.points,
+        results: got.results,
+        follow: got.follow,
         checks: Vec::new(),
         charts: Vec::new(),
         notes,
         client,
     };
     outcome.checks = shape_checks(&outcome);
-    for (pt, (r, f)) in outcome
-        .points
-        .iter()
-        .zip(outcome.results.iter().zip(&outcome.follow))
-    {
-        if *f == Follow::GeneratorLimited {
-            outcome.notes.push(format!(
-                "{}: httperf could not offer {} req/s (its request rate {:.1} req/s{}): the \
-                 generator, not the server, is the limit at this rate",
-                outcome.configs[pt.config].label,
-                pt.rate,
-                mean_of(r, |s| s.run.request_rate).unwrap_or(0.0),
-                if r.samples.iter().any(|s| s.run.errors.fd_unavail > 0) {
-                    ", fd-unavail errors"
-                } else {
-                    ""
-                }
-            ));
-        }
-    }
-    if let Some(dir) = &opts.charts {
+    generator_notes(&mut outcome);
+    if let Some(dir) = &opts.output.charts {
         outcome.charts = charts(dir, &outcome)?;
     }
-    sink.trailer(
-        (0..outcome.points.len()).map(|i| summary_json(&outcome, i)),
-        &outcome.checks,
-        &outcome.charts,
-        &outcome.notes,
+    let end = driver::Ending {
+        summaries: (0..outcome.points.len())
+            .map(|i| summary_json(&outcome, i))
+            .collect(),
+        records: outcome.checks.iter().map(Check::json).collect(),
+        charts: outcome.charts.clone(),
+        notes: outcome.notes.clone(),
+    };
+    driver::finish(
+        sink,
+        &opts.output,
+        session_out,
+        "bench web",
+        &got.rows,
+        &end,
+        |w| print_text(w, &outcome),
     )?;
-    drop(sink);
-    driver::present(opts.format, opts.quiet, out, |w| print_text(w, &outcome))?;
-    driver::store_session(session_out, "bench web", &opts.command_line, &rows_all)?;
     Ok(outcome)
 }
 
@@ -1389,34 +1430,26 @@ fn record_stem(label: &str, rate: u32) -> String {
 fn summary_json(o: &WebOutcome, i: usize) -> serde_json::Value {
     let pt = &o.points[i];
     let r = &o.results[i];
-    let mut m = driver::summary_stats(r);
-    let more = serde_json::json!({
-        "type": "summary",
-        "experiment": "web",
-        "point": pt.point.name,
-        "config": pt.point.config,
-        "config_hash": pt.point.config_hash,
-        "metric": "reply_rate",
-        "unit": "ops/s",
-        "offered_rate": pt.rate,
-        "follow": o.follow[i],
-        "request_rate": mean_of(r, |x| x.run.request_rate),
-        "errors": mean_of(r, |x| x.run.errors.total as f64),
-        "errors_by_kind": r.samples.iter().map(|x| x.run.errors).collect::<Vec<_>>(),
-        "conn_time_avg_s": mean_of(r, |x| x.run.conn_time_avg_ms / 1e3),
-        "response_time_s": mean_of(r, |x| x.run.response_ms / 1e3),
-        "httperf_cpu_s": mean_of(r, |x| x.run.cpu_s),
-        "server_host_cpu_s": mean_of(r, WebSample::server_cpu_s),
-        "host_cpu_per_reply_s": mean_of(r, WebSample::cpu_per_reply_s),
-        "vm_io_charge_s": mean_of(r, WebSample::vm_io_charge_s),
-        "manifest": pt.point.manifest,
-        "session": r.session,
-        "record_error": r.record_error,
-    });
-    if let serde_json::Value::Object(o) = more {
-        m.extend(o);
-    }
-    serde_json::Value::Object(m)
+    driver::summary(
+        &pt.point,
+        "reply_rate",
+        "ops/s",
+        r.summary(),
+        r.state(),
+        serde_json::json!({
+            "offered_rate": pt.rate,
+            "follow": o.follow[i],
+            "request_rate": mean_of(r, |x| x.run.request_rate),
+            "errors": mean_of(r, |x| x.run.errors.total as f64),
+            "errors_by_kind": r.samples.iter().map(|x| x.run.errors).collect::<Vec<_>>(),
+            "conn_time_avg_s": mean_of(r, |x| x.run.conn_time_avg_ms / 1e3),
+            "response_time_s": mean_of(r, |x| x.run.response_ms / 1e3),
+            "httperf_cpu_s": mean_of(r, |x| x.run.cpu_s),
+            "server_host_cpu_s": mean_of(r, WebSample::server_cpu_s),
+            "host_cpu_per_reply_s": mean_of(r, WebSample::cpu_per_reply_s),
+            "vm_io_charge_s": mean_of(r, WebSample::vm_io_charge_s),
+        }),
+    )
 }
 
 fn charts(dir: &Path, o: &WebOutcome) -> Result<Vec<PathBuf>, BenchError> {
@@ -1563,7 +1596,7 @@ mod tests {
     #[test]
     fn httperf_gets_the_cpus_no_vm_thread_uses_or_says_what_it_shares() {
         let vm = |name: &str| {
-            let spec = crate::lab_specs::load(name, None).unwrap();
+            let spec = crate::options::load_lab(name, None).unwrap();
             spec.vms[0].clone()
         };
         // guest-same-cpu: everything of guest0 on CPU 0.
@@ -1703,14 +1736,17 @@ mod tests {
             Ok(_) => panic!("accepted"),
         };
         let base = WebOptions {
-            quiet: true,
+            output: crate::options::Output {
+                quiet: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(bad(WebOptions {
             configs: vec![],
             ..base.clone()
         })
-        .contains("--config"));
+        .contains("--lab"));
         assert!(bad(WebOptions {
             file_size: 0,
             ..base.clone()

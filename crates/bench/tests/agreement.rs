@@ -19,7 +19,7 @@
 //! The lab test `lab_bench_io` (vmscope-cli) does the same in a VM.
 
 use std::process::Command;
-use vmscope_bench::peers::{self, Tool};
+use vmscope_bench::peers::{self, IoTool};
 use vmscope_workload::io::{self, IoSpec, Mode};
 
 fn have(tool: &str) -> bool {
@@ -33,9 +33,9 @@ fn have(tool: &str) -> bool {
 const SIZE: u64 = 256 << 20;
 const ROUNDS: usize = 7;
 
-fn speed(tool: Tool, mode: Mode, path: &str, bs: u64) -> Result<f64, String> {
+fn speed(tool: IoTool, mode: Mode, path: &str, bs: u64) -> Result<f64, String> {
     let count = SIZE / bs;
-    if tool == Tool::Engine {
+    if tool == IoTool::Engine {
         io::run(&IoSpec {
             path: path.into(),
             mode,
@@ -47,7 +47,7 @@ fn speed(tool: Tool, mode: Mode, path: &str, bs: u64) -> Result<f64, String> {
         .map(|r| r.bytes_per_s())
         .map_err(|e| e.to_string())
     } else {
-        let exe = if tool == Tool::Dd { "dd" } else { "fio" };
+        let exe = if tool == IoTool::Dd { "dd" } else { "fio" };
         peers::peer_speed(tool, exe, mode, path, bs, count, &mut local)
     }
 }
@@ -102,8 +102,8 @@ fn local(argv: &[String]) -> Result<(String, String), String> {
 /// memory): measured 9-14 % slower than the engine and fio at 64 KiB and
 /// 14-44 % at 1 MiB, run after run, while fio, which writes a buffer zeroed
 /// once like the engine, stays within a few percent.
-fn tolerance(mode: Mode, peer: Tool) -> f64 {
-    if peer == Tool::Dd && mode.writes() {
+fn tolerance(mode: Mode, peer: IoTool) -> f64 {
+    if peer == IoTool::Dd && mode.writes() {
         f64::INFINITY
     } else {
         0.05
@@ -140,7 +140,7 @@ fn engine_agrees_with_dd_and_fio_on_the_host() {
             let k = if let Some(&k) = passes.get(&(mode, bs)) {
                 k
             } else {
-                let k = passes_for(speed(Tool::Engine, mode, path, bs)?);
+                let k = passes_for(speed(IoTool::Engine, mode, path, bs)?);
                 passes.insert((mode, bs), k);
                 k
             };

@@ -1,7 +1,7 @@
 //! `vmscope bench web`: turns arguments into `WebOptions` and calls
-//! `vmscope_bench::web`.
+//! `vmscope_bench::web` (menon2005 Fig 7).
 
-use crate::cmd_bench::{FormatArg, LabDirArgs};
+use crate::cmd_bench::{ChartArgs, CommonArgs};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -9,13 +9,15 @@ use std::process::ExitCode;
 use vmscope_bench::units::parse_size;
 use vmscope_bench::web::{parse_rates, WebOptions};
 
-pub const WEB_HELP: &str = "\
+pub const HELP: &str = "\
 Examples:
   vmscope bench web                                   host, guest-same-cpu, guest-separate-cpu; 1 KiB file,
                                                       100..1000 req/s in steps of 100
-  vmscope bench web --config host,guest-separate-cpu --file-size 70k --rate 20..200:20
-  vmscope bench web --config ./my-lab.toml --lab-prefix web --seconds 3
+  vmscope bench web --lab host,guest-separate-cpu --file-size 70k --rate 20..200:20
+  vmscope bench web --lab ./my-lab.toml --lab-name web --seconds 3
 
+--lab is a comma-separated list of configurations [default: host,guest-same-cpu,guest-separate-cpu];
+--lab-name prefixes each lab's name (NAME-SPECNAME).
 A configuration is `host` (busybox httpd on 127.0.0.1) or a lab spec (built-in guest-same-cpu,
 guest-separate-cpu, or a file) whose first VM has a tap NIC: the lab is brought up (or reused),
 busybox httpd started in the VM, and torn down after. User networking cannot carry the test; the
@@ -40,9 +42,6 @@ input.";
 
 #[derive(Args)]
 pub struct WebArgs {
-    /// Configurations, comma-separated: `host` and/or lab specs (built-in name or file).
-    #[arg(long, default_value = vmscope_bench::web::DEFAULT_CONFIGS, value_name = "CONFIGS")]
-    config: String,
     /// Offered rates, requests/s: A..MAX:STEP and/or a comma list.
     #[arg(long, default_value = vmscope_bench::web::DEFAULT_RATES, value_name = "RATES")]
     rate: String,
@@ -64,62 +63,36 @@ pub struct WebArgs {
     /// The httperf program [default: httperf on PATH].
     #[arg(long, value_name = "FILE")]
     httperf: Option<PathBuf>,
-    /// Samples per point at least, after the warm-up.
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    repeat: usize,
-    /// More samples until the 95 % interval is within --ci of the mean, up to this many.
-    #[arg(long, default_value_t = 6, value_name = "N")]
-    max_repeat: usize,
-    /// Target half-width of the 95 % interval, as a fraction of the mean.
-    #[arg(long, default_value_t = 0.05, value_name = "FRACTION")]
-    ci: f64,
-    /// Discarded runs per point before its samples.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    warmup: usize,
-    /// Run each lab spec as PREFIX-SPECNAME (so labs of several runs do not collide).
-    #[arg(long, value_name = "PREFIX")]
-    lab_prefix: Option<String>,
-    /// Leave the labs this run brought up running.
-    #[arg(long)]
-    keep_lab: bool,
-    #[command(flatten)]
-    lab_dirs: LabDirArgs,
-    /// table: one line per configuration and rate with units; json: JSON lines (one per sample
-    /// and metric, then summaries, checks, notes); csv: one line per sample and metric.
-    #[arg(long, value_enum, default_value = "table")]
-    format: FormatArg,
-    /// Directory for the chart (reply rate vs offered rate per configuration, SVG and PNG).
-    #[arg(long, default_value = "vmscope-bench-web", value_name = "DIR")]
-    out_dir: PathBuf,
-    /// Write no charts.
-    #[arg(long)]
-    no_charts: bool,
-    /// Also store every row in this session file (bench_samples table).
-    #[arg(long, short = 'o', value_name = "FILE")]
-    session: Option<PathBuf>,
-    #[command(flatten)]
-    record: crate::cmd_bench_net::RecordArgs,
     /// Do not run the accountant (no per-VM I/O charge).
     #[arg(long)]
     no_account: bool,
-    /// A sample with more than this many CPUs of other load (from /proc/stat) is redone.
-    #[arg(long, default_value_t = 0.25, value_name = "CPUS")]
-    busy_threshold: f64,
-    /// Redo a busy sample this many times, then keep it flagged.
-    #[arg(long, default_value_t = 2, value_name = "N")]
-    busy_retries: usize,
-    /// Seed of the shuffled round order.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// No progress bar or notes on stderr.
-    #[arg(long, short)]
-    quiet: bool,
+    /// Earlier name of --lab.
+    #[arg(long, hide = true, value_name = "CONFIGS", conflicts_with = "lab")]
+    config: Option<String>,
+    /// Earlier name of --lab-name.
+    #[arg(long, hide = true, value_name = "PREFIX", conflicts_with = "lab_name")]
+    lab_prefix: Option<String>,
+    #[command(flatten)]
+    charts: ChartArgs,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
-pub fn web(a: WebArgs) -> Result<ExitCode> {
+pub fn run(a: WebArgs) -> Result<ExitCode> {
+    let c = &a.common;
+    let mut lab = c.lab.choice(c.output.quiet());
+    // The configurations are --lab's list (`host` among them); the name
+    // prefixes every lab's.
+    let configs = lab
+        .spec
+        .take()
+        .or(a.config)
+        .unwrap_or_else(|| vmscope_bench::web::DEFAULT_CONFIGS.to_string());
+    if lab.name.is_none() {
+        lab.name = a.lab_prefix;
+    }
     let opts = WebOptions {
-        configs: a
-            .config
+        configs: configs
             .split(',')
             .map(|c| c.trim().to_string())
             .filter(|c| !c.is_empty())
@@ -131,25 +104,11 @@ pub fn web(a: WebArgs) -> Result<ExitCode> {
         port: a.port,
         follow: a.follow,
         httperf: a.httperf,
-        repeat: a.repeat,
-        max_repeat: a.max_repeat,
-        rel_ci: a.ci,
-        warmup: a.warmup,
-        lab_prefix: a.lab_prefix,
-        lab_options: crate::cmd_bench::lab_dirs_options(a.lab_dirs, a.quiet),
-        keep_lab: a.keep_lab,
-        format: a.format.into(),
-        charts: (!a.no_charts).then_some(a.out_dir),
-        session: a.session,
-        record: a.record.record,
-        record_freq: a.record.record_freq,
-        vmscope: std::env::current_exe()?,
         account: !a.no_account,
-        busy: crate::cmd_bench_net::busy_rule(a.busy_threshold),
-        busy_retries: a.busy_retries,
-        seed: a.seed,
-        quiet: a.quiet,
-        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        sampling: c.sampling.sampling(),
+        output: c.output.output(a.charts.dir("web")),
+        lab,
+        record: c.recording.recording()?,
     };
     crate::cmd_bench::run_to_stdout(|out| {
         vmscope_bench::web::run(&opts, out).map(|o| o.failed_points())

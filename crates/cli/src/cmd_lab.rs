@@ -8,15 +8,24 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-use vmscope_lab::{image, lab, Accel, LabOptions, LabSpec, LabState};
+use vmscope_lab::{image, lab, AccelChoice, LabOptions, LabSpec, LabState};
 
 /// The default lab, used when `lab up` gets no spec.
-const DEFAULT_SPEC: &str = include_str!("../../../labs/one-vm.toml");
+const DEFAULT_LAB: &str = "one-vm";
+
+/// `lab up --help`'s closing text: the built-in labs and examples.
+fn up_help() -> String {
+    format!(
+        "A SPEC is a spec file (TOML, see labs/ in the repository) or the name of a built-in lab:\n{}\n\n\
+Examples:\n  vmscope lab up                       the built-in one-vm lab\n  vmscope lab up guest-same-cpu        a built-in lab by name\n  vmscope lab up my-lab.toml --accel tcg",
+        vmscope_lab::builtin::list()
+    )
+}
 
 #[derive(Args)]
 #[command(
-    after_help = "Spec files for the paper experiments are in labs/ (one-vm.toml is the default lab).\n\
-Run directories live under $VMSCOPE_RUN (default /run/vmscope/labs), images and the KVM verdict under \
+    after_help = "Built-in labs (vmscope lab up NAME) and the spec files of the paper experiments in labs/ are the same;\n\
+one-vm is the default lab. Run directories live under $VMSCOPE_RUN (default /run/vmscope/labs), images and the KVM verdict under \
 $VMSCOPE_CACHE (default /var/cache/vmscope)."
 )]
 pub struct LabArgs {
@@ -61,9 +70,10 @@ enum LabCommand {
     /// the VMs. QEMU keeps running after this command exits. Interrupted
     /// (Ctrl-C, SIGTERM, SIGHUP), it removes what it had made and exits
     /// with 128 + the signal.
+    #[command(after_help = up_help())]
     Up {
-        /// Spec file (TOML) [default: the built-in labs/one-vm.toml].
-        spec: Option<PathBuf>,
+        /// Spec file (TOML) or a built-in lab's name (below) [default: one-vm].
+        spec: Option<String>,
         /// Override the spec's accelerator.
         #[arg(long, value_enum)]
         accel: Option<AccelArg>,
@@ -206,16 +216,13 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             quiet,
             format,
         } => {
-            let spec = match spec {
-                Some(p) => LabSpec::from_file(&p)?,
-                None => LabSpec::parse(DEFAULT_SPEC, Path::new("<built-in labs/one-vm.toml>"))?,
-            };
+            let spec = vmscope_lab::builtin::load(spec.as_deref().unwrap_or(DEFAULT_LAB), None)?;
             opts.agent = agent;
             opts.manager = libvirt.then_some(vmscope_lab::Manager::Libvirt);
             opts.accel = accel.map(|a| match a {
-                AccelArg::Auto => Accel::Auto,
-                AccelArg::Kvm => Accel::Kvm,
-                AccelArg::Tcg => Accel::Tcg,
+                AccelArg::Auto => AccelChoice::Auto,
+                AccelArg::Kvm => AccelChoice::Kvm,
+                AccelArg::Tcg => AccelChoice::Tcg,
             });
             opts.hello_timeout = Duration::from_secs(hello_timeout);
             opts.kvm_probe_timeout = Duration::from_secs(kvm_timeout);

@@ -6,7 +6,10 @@
 mod args;
 mod cmd_account;
 mod cmd_bench;
+mod cmd_bench_io;
 mod cmd_bench_net;
+mod cmd_bench_overhead;
+mod cmd_bench_scale;
 mod cmd_bench_web;
 mod cmd_compare;
 mod cmd_demo;

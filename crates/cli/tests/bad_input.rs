@@ -613,9 +613,9 @@ fn table() -> Vec<Row> {
         ),
         row(
             "w05",
-            "bench web --config no-such-lab --quiet",
+            "bench web --lab no-such-lab --quiet",
             2,
-            &["--config no-such-lab", "not a built-in lab"],
+            &["--lab no-such-lab", "not a built-in lab"],
         ),
         // bench scale, net, overhead -o: checked before anything runs (the
         // sweeps asked for take minutes)
@@ -1577,9 +1577,7 @@ fn bench_web_port_in_use() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port().to_string();
     let out = vmscope()
-        .args([
-            "bench", "web", "--config", "host", "--quiet", "--port", &port,
-        ])
+        .args(["bench", "web", "--lab", "host", "--quiet", "--port", &port])
         .output()
         .unwrap();
     fails_clearly(&out, &["--port", &port, "in use"]);

@@ -220,7 +220,7 @@ fn table2() -> Vec<Row> {
         // benchmarks
         row(
             "r2.bo11",
-            "bench overhead --profilers none,host-only --seconds 1 --repeat 1 --max-repeat 1 --warmup 0 --record ovh --out-dir wd2",
+            "bench overhead --profilers none,host-only --seconds 1 --repeat 1 --max-repeat 1 --warmup 0 --record ovh --work-dir wd2",
             2,
             &["overhead-host-only-1.db is a text file", "--force"],
         )
@@ -228,7 +228,7 @@ fn table2() -> Vec<Row> {
         .within(20),
         row(
             "r2.bo10",
-            "bench overhead --profilers none,host-only --seconds 1 --repeat 1 --max-repeat 1 --warmup 0 --out-dir wd",
+            "bench overhead --profilers none,host-only --seconds 1 --repeat 1 --max-repeat 1 --warmup 0 --work-dir wd",
             2,
             &["host-only-1.log is a text file", "--force"],
         )

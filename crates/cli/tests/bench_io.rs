@@ -431,87 +431,17 @@ fn host_sweep_rows_tables_charts_and_session() {
 
 // ---------------------------------------------------------------- lab ----
 
-/// A lab for this test, taken down on drop.
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-    agent: PathBuf,
-    name: &'static str,
-}
-
-impl Lab {
-    fn env() -> Result<(PathBuf, PathBuf, PathBuf), String> {
-        if !is_root() {
-            return Err("lab tests need root (loop devices)".into());
-        }
-        for t in [
-            "qemu-system-x86_64",
-            "qemu-img",
-            "busybox",
-            "losetup",
-            "fio",
-            "dd",
-            "ldd",
-        ] {
-            if !have(t) {
-                return Err(format!("{t} not installed (scripts/setup.sh)"));
-            }
-        }
-        let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let cache = std::env::var_os("VMSCOPE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| base.join("lab-cache"));
-        // Short: QEMU's Unix socket paths must stay under 108 bytes.
-        let run = base.join("lr");
-        std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
-        Ok((cache, run, agent))
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = vmscope();
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .env("VMSCOPE_AGENT", &self.agent)
-            .stdin(std::process::Stdio::null());
-        c
-    }
-
-    /// `vmscope bench io` with this lab's directories.
-    fn bench(&self, args: &[&str]) -> Command {
-        let mut c = bench(&[
-            "--cache-dir",
-            self.cache.to_str().unwrap(),
-            "--run-dir",
-            self.run.to_str().unwrap(),
-        ]);
-        c.args(args).env("VMSCOPE_AGENT", &self.agent);
-        c
-    }
-
-    fn up(&self, spec: &Path) -> vmscope_lab::LabState {
-        let _ = self.cmd(&["down", self.name]).output();
-        let out = self
-            .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "lab up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        vmscope_lab::load_state_in(&self.run, self.name).unwrap()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down", self.name]).output();
-    }
+/// `vmscope bench io` with the lab's directories.
+fn bench_in(lab: &TestLab, args: &[&str]) -> Command {
+    let mut c = lab.vmscope(&["bench", "io", "--quiet"]);
+    c.args([
+        "--cache-dir",
+        lab.env.cache.to_str().unwrap(),
+        "--run-dir",
+        lab.env.run.to_str().unwrap(),
+    ])
+    .args(args);
+    c
 }
 
 /// `files = [...]` entries putting GNU dd (as /usr/bin/gdd: busybox owns
@@ -547,19 +477,11 @@ fn peer_files() -> Vec<String> {
 #[test]
 fn lab_bench_io() {
     let _one = serial();
-    let (cache, run, agent) = match Lab::env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            return;
-        }
-    };
-    let lab = Lab {
-        cache,
-        run,
-        agent,
-        name: "benchio-lab",
-    };
+    let env = need_lab!(
+        "lr",
+        &[("fio", "fio"), ("dd", "coreutils"), ("ldd", "libc-bin")]
+    );
+    let lab = TestLab::new(env, "benchio-lab");
     let dir = tempfile::tempdir().unwrap();
     let files = peer_files()
         .iter()
@@ -640,7 +562,7 @@ optional = true
     const ROUNDS: usize = 5;
     let fill = format!("size={SIZE}");
     exec(&["/usr/bin/vmscope-agent", "io", "fill", "/dev/vda", &fill].map(String::from)).unwrap();
-    use vmscope_bench::peers::{self, Tool};
+    use vmscope_bench::peers::{self, IoTool};
     use vmscope_workload::io::Mode;
     // Under KVM the guest's CPU work costs what it costs on the host, and
     // the host's tolerance applies: 5 %, dd's writes printed but not held
@@ -654,7 +576,7 @@ optional = true
     // there the figures are printed and only a factor of 2 is held (a wrong
     // byte count, unit or clock still fails it).
     let tcg = st.accel != "kvm";
-    let tolerance = |mode: Mode, peer: Tool| match (peer == Tool::Dd && mode.writes(), tcg) {
+    let tolerance = |mode: Mode, peer: IoTool| match (peer == IoTool::Dd && mode.writes(), tcg) {
         (true, _) => f64::INFINITY,
         (false, false) => 0.05,
         (false, true) => 1.0,
@@ -667,11 +589,11 @@ optional = true
         tolerance,
         |t, mode, bs| {
             let exe = match t {
-                Tool::Engine => "/usr/bin/vmscope-agent",
-                Tool::Dd => "/usr/bin/gdd",
-                Tool::Fio => "/usr/bin/fio",
+                IoTool::Engine => "/usr/bin/vmscope-agent",
+                IoTool::Dd => "/usr/bin/gdd",
+                IoTool::Fio => "/usr/bin/fio",
             };
-            if t == Tool::Engine {
+            if t == IoTool::Engine {
                 let (o, e) = exec(&peers::argv(t, exe, mode, "/dev/vda", bs, size_of(bs) / bs))?;
                 return peers::parse(t, mode, &o, &e);
             }
@@ -698,8 +620,9 @@ optional = true
 
     // (2) A sweep over every disk of the running lab (reused, left up).
     let charts = dir.path().join("charts");
-    let out = lab
-        .bench(&[
+    let out = bench_in(
+        &lab,
+        &[
             "--lab",
             spec.to_str().unwrap(),
             "--bs",
@@ -715,9 +638,10 @@ optional = true
             "json",
             "--out-dir",
             charts.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -802,8 +726,9 @@ optional = true
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let mut child = lab
-        .bench(&[
+    let mut child = bench_in(
+        &lab,
+        &[
             "--target",
             &format!("host:{}", host_img.display()),
             "--target",
@@ -821,10 +746,11 @@ optional = true
             "--no-charts",
             "--format",
             "json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let reader = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut killed = false;
     let mut after = Vec::new();

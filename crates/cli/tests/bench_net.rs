@@ -20,169 +20,115 @@
 mod common;
 use common::*;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-    agent: PathBuf,
-    name: &'static str,
+/// `vmscope ARGS --cache-dir --run-dir` of the lab (a benchmark command).
+fn bench_in(lab: &TestLab, args: &[&str]) -> Command {
+    let mut c = lab.vmscope(args);
+    c.arg("--cache-dir")
+        .arg(&lab.env.cache)
+        .arg("--run-dir")
+        .arg(&lab.env.run);
+    c
 }
 
-impl Lab {
-    fn env() -> Result<(PathBuf, PathBuf, PathBuf), String> {
-        if !is_root() {
-            return Err("lab tests need root (taps and a bridge)".into());
+/// The lab's network as the host and each tap VM see it, for a failure
+/// message: a run once found no VM reachable over its bridge (every
+/// connection "No route to host") and said nothing more.
+fn network_state(lab: &TestLab) -> String {
+    let run = |c: &mut Command| {
+        c.output().map_or_else(
+            |e| format!("({e})"),
+            |o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            },
+        )
+    };
+    // Packet counters on both sides say which way traffic stops: a tap
+    // whose TX grows while the guest's RX does not is a guest (or
+    // QEMU) that does not take packets.
+    let mut s = format!(
+        "host addresses:\n{}host bridge ports:\n{}host neighbours:\n{}host links with counters:\n{}",
+        run(Command::new("ip").args(["-br", "addr"])),
+        run(Command::new("bridge").arg("link")),
+        run(Command::new("ip").arg("neigh")),
+        run(Command::new("ip").args(["-s", "link"])),
+    );
+    for vm in ["netbench-a", "netbench-b"] {
+        // The guest's busybox `ip` has no `-br`.
+        for (what, cmd) in [
+            ("addresses", &["ip", "addr"][..]),
+            ("link counters", &["cat", "/proc/net/dev"][..]),
+            ("interrupts", &["cat", "/proc/interrupts"][..]),
+            ("kernel log", &["dmesg"][..]),
+        ] {
+            let mut args = vec!["exec", vm, "--"];
+            args.extend_from_slice(cmd);
+            s.push_str(&format!("{vm} {what}:\n{}", run(&mut lab.cmd(&args))));
         }
-        for t in ["qemu-system-x86_64", "busybox", "iperf3", "ldd", "ip"] {
-            if !have(t) {
-                return Err(format!("{t} not installed (scripts/setup.sh)"));
-            }
-        }
-        if !Path::new("/dev/net/tun").exists() {
-            return Err("/dev/net/tun is missing (tap NICs)".into());
-        }
-        let agent = vmscope_lab::image::find_agent(None).map_err(|e| e.to_string())?;
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let cache = std::env::var_os("VMSCOPE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| base.join("lab-cache"));
-        // Short: QEMU's Unix socket paths must stay under 108 bytes.
-        let run = base.join("nr");
-        std::fs::create_dir_all(&run).map_err(|e| e.to_string())?;
-        Ok((cache, run, agent))
+        s.push_str(&format!("{vm} virtio-net queues:\n{}", nic_queues(lab, vm)));
     }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = vmscope();
-        c.args(args)
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .env("VMSCOPE_AGENT", &self.agent)
-            .stdin(std::process::Stdio::null());
-        c
-    }
-
-    fn lab(&self, args: &[&str]) -> Command {
-        let mut c = vmscope();
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .env("VMSCOPE_AGENT", &self.agent)
-            .stdin(std::process::Stdio::null());
-        c
-    }
+    s
 }
 
-impl Lab {
-    /// The lab's network as the host and each tap VM see it, for a failure
-    /// message: a run once found no VM reachable over its bridge (every
-    /// connection "No route to host") and said nothing more.
-    fn network_state(&self) -> String {
-        let run = |c: &mut Command| {
-            c.output().map_or_else(
-                |e| format!("({e})"),
-                |o| {
-                    format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&o.stdout),
-                        String::from_utf8_lossy(&o.stderr)
-                    )
-                },
+/// QEMU's side of a VM's virtio-net queues (QMP), and the guest's
+/// avail index read from guest memory: an index QEMU stopped reading
+/// while the guest's runs ahead is a notification lost between them.
+fn nic_queues(lab: &TestLab, vm: &str) -> String {
+    use vmscope_discover::qmp::Qmp;
+    let sock = lab.env.run.join(&lab.name).join(vm).join("qmp.sock");
+    let mut q = match Qmp::connect(&sock, std::time::Duration::from_secs(5)) {
+        Ok(q) => q,
+        Err(e) => return format!("({e})\n"),
+    };
+    let mut out = String::new();
+    let devs = q.execute("x-query-virtio", None).unwrap_or_default();
+    for d in devs.as_array().into_iter().flatten() {
+        if d["name"] != "virtio-net" {
+            continue;
+        }
+        let path = d["path"].clone();
+        let st = q
+            .execute(
+                "x-query-virtio-status",
+                Some(serde_json::json!({ "path": path })),
             )
-        };
-        // Packet counters on both sides say which way traffic stops: a tap
-        // whose TX grows while the guest's RX does not is a guest (or
-        // QEMU) that does not take packets.
-        let mut s = format!(
-            "host addresses:\n{}host bridge ports:\n{}host neighbours:\n{}host links with counters:\n{}",
-            run(Command::new("ip").args(["-br", "addr"])),
-            run(Command::new("bridge").arg("link")),
-            run(Command::new("ip").arg("neigh")),
-            run(Command::new("ip").args(["-s", "link"])),
-        );
-        for vm in ["netbench-a", "netbench-b"] {
-            // The guest's busybox `ip` has no `-br`.
-            for (what, cmd) in [
-                ("addresses", &["ip", "addr"][..]),
-                ("link counters", &["cat", "/proc/net/dev"][..]),
-                ("interrupts", &["cat", "/proc/interrupts"][..]),
-                ("kernel log", &["dmesg"][..]),
-            ] {
-                let mut args = vec!["exec", vm, "--"];
-                args.extend_from_slice(cmd);
-                s.push_str(&format!("{vm} {what}:\n{}", run(&mut self.lab(&args))));
-            }
-            s.push_str(&format!("{vm} virtio-net queues:\n{}", self.nic_queues(vm)));
-        }
-        s
-    }
-
-    /// QEMU's side of a VM's virtio-net queues (QMP), and the guest's
-    /// avail index read from guest memory: an index QEMU stopped reading
-    /// while the guest's runs ahead is a notification lost between them.
-    fn nic_queues(&self, vm: &str) -> String {
-        use vmscope_discover::qmp::Qmp;
-        let sock = self.run.join(self.name).join(vm).join("qmp.sock");
-        let mut q = match Qmp::connect(&sock, std::time::Duration::from_secs(5)) {
-            Ok(q) => q,
-            Err(e) => return format!("({e})\n"),
-        };
-        let mut out = String::new();
-        let devs = q.execute("x-query-virtio", None).unwrap_or_default();
-        for d in devs.as_array().into_iter().flatten() {
-            if d["name"] != "virtio-net" {
-                continue;
-            }
-            let path = d["path"].clone();
-            let st = q
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  broken {} vm-running {} started {}\n",
+            st["broken"], st["vm-running"], st["started"]
+        ));
+        for (queue, name) in [(0, "rx"), (1, "tx")] {
+            let qs = q
                 .execute(
-                    "x-query-virtio-status",
-                    Some(serde_json::json!({ "path": path })),
+                    "x-query-virtio-queue-status",
+                    Some(serde_json::json!({ "path": path, "queue": queue })),
+                )
+                .unwrap_or_default();
+            let avail = qs["vring-avail"].as_u64().unwrap_or(0);
+            let guest_idx = q
+                .execute(
+                    "human-monitor-command",
+                    Some(
+                        serde_json::json!({ "command-line": format!("xp /1hx {:#x}", avail + 2) }),
+                    ),
                 )
                 .unwrap_or_default();
             out.push_str(&format!(
-                "  broken {} vm-running {} started {}\n",
-                st["broken"], st["vm-running"], st["started"]
+                "  {name}: last-avail {} shadow-avail {} used {} inuse {}; guest avail index {}\n",
+                qs["last-avail-idx"],
+                qs["shadow-avail-idx"],
+                qs["used-idx"],
+                qs["inuse"],
+                guest_idx.as_str().unwrap_or("?").trim()
             ));
-            for (queue, name) in [(0, "rx"), (1, "tx")] {
-                let qs = q
-                    .execute(
-                        "x-query-virtio-queue-status",
-                        Some(serde_json::json!({ "path": path, "queue": queue })),
-                    )
-                    .unwrap_or_default();
-                let avail = qs["vring-avail"].as_u64().unwrap_or(0);
-                let guest_idx = q
-                    .execute(
-                        "human-monitor-command",
-                        Some(serde_json::json!({ "command-line": format!("xp /1hx {:#x}", avail + 2) })),
-                    )
-                    .unwrap_or_default();
-                out.push_str(&format!(
-                    "  {name}: last-avail {} shadow-avail {} used {} inuse {}; guest avail index {}\n",
-                    qs["last-avail-idx"],
-                    qs["shadow-avail-idx"],
-                    qs["used-idx"],
-                    qs["inuse"],
-                    guest_idx.as_str().unwrap_or("?").trim()
-                ));
-            }
         }
-        out
     }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.lab(&["down", self.name]).output();
-    }
+    out
 }
 
 const SPEC: &str = r#"name = "netbench-t"
@@ -230,26 +176,14 @@ fn json_lines(out: &Output, what: &str) -> Vec<Value> {
 
 #[test]
 fn lab_bench_net_scale_overhead() {
-    let (cache, run, agent) = match Lab::env() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            return;
-        }
-    };
-    let lab = Lab {
-        cache,
-        run,
-        agent,
-        name: "netbench-t",
-    };
+    let env = need_lab!("nr", &[("iperf3", "iperf3"), ("ldd", "libc-bin")]);
+    let lab = TestLab::new(env, "netbench-t");
     let dir = tempfile::tempdir().unwrap();
     let spec = dir.path().join("netbench-t.toml");
     std::fs::write(&spec, SPEC).unwrap();
     let spec_s = spec.to_str().unwrap();
-    let _ = lab.lab(&["down", lab.name]).output();
     let up = lab
-        .lab(&["up", spec_s, "--hello-timeout", "180"])
+        .cmd(&["up", spec_s, "--hello-timeout", "180"])
         .output()
         .unwrap();
     assert!(
@@ -257,13 +191,14 @@ fn lab_bench_net_scale_overhead() {
         "lab up: {}",
         String::from_utf8_lossy(&up.stderr)
     );
-    let st = vmscope_lab::load_state_in(&lab.run, lab.name).unwrap();
+    let st = vmscope_lab::load_state_in(&lab.env.run, &lab.name).unwrap();
     let tcg = st.accel != "kvm";
 
     // (1) bench net: three paths, the engine at 4 KiB and 64 KiB, iperf3.
     let charts = dir.path().join("charts");
-    let out = lab
-        .cmd(&[
+    let out = bench_in(
+        &lab,
+        &[
             "bench",
             "net",
             "--quiet",
@@ -293,13 +228,14 @@ fn lab_bench_net_scale_overhead() {
             "json",
             "--out-dir",
             charts.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     if !out.status.success() {
         eprintln!(
             "bench net failed; the lab's network:\n{}",
-            lab.network_state()
+            network_state(&lab)
         );
     }
     let lines = json_lines(&out, "bench net");
@@ -384,8 +320,9 @@ fn lab_bench_net_scale_overhead() {
     );
 
     // (3) bench scale, the four modes at N = 1, 2 on the running lab.
-    let out = lab
-        .cmd(&[
+    let out = bench_in(
+        &lab,
+        &[
             "bench",
             "scale",
             "--quiet",
@@ -409,9 +346,10 @@ fn lab_bench_net_scale_overhead() {
             "json",
             "--out-dir",
             charts.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        ],
+    )
+    .output()
+    .unwrap();
     let lines = json_lines(&out, "bench scale");
     let summaries: Vec<&Value> = lines.iter().filter(|v| v["type"] == "summary").collect();
     assert_eq!(summaries.len(), 4 * 2, "4 modes × N = 1, 2");
@@ -461,7 +399,7 @@ fn lab_bench_net_scale_overhead() {
     let overhead = |args: &[&str]| {
         let mut c = vmscope();
         c.args(["bench", "overhead", "--quiet", "--run-dir"])
-            .arg(&lab.run)
+            .arg(&lab.env.run)
             .args([
                 "--seconds",
                 "2",
@@ -475,11 +413,11 @@ fn lab_bench_net_scale_overhead() {
                 "0",
                 "--format",
                 "json",
-                "--out-dir",
+                "--work-dir",
             ])
             .arg(&ovh)
             .args(args)
-            .env("VMSCOPE_AGENT", &lab.agent)
+            .env("VMSCOPE_AGENT", &lab.env.agent)
             .stdin(std::process::Stdio::null());
         c.output().unwrap()
     };

@@ -111,7 +111,7 @@ fn bench_web_records_each_point() {
                 "bench",
                 "web",
                 "--quiet",
-                "--config",
+                "--lab",
                 "host",
                 "--rate",
                 "10,20",
@@ -187,7 +187,7 @@ fn bench_overhead_keeps_each_profiled_run() {
                 "0",
                 "--format",
                 "json",
-                "--out-dir",
+                "--work-dir",
             ])
             .arg(dir.path().join("work"))
             .arg("--record")

@@ -47,18 +47,6 @@ fn cmd(env: &LabEnv, args: &[&str]) -> Command {
     c
 }
 
-struct Down<'a>(&'a LabEnv);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = vmscope()
-            .args(["lab", "--run-dir"])
-            .arg(&self.0.run)
-            .args(["down", "webt"])
-            .output();
-    }
-}
-
 fn lines(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -77,17 +65,18 @@ fn lab_bench_web() {
     let env = need_lab!("wb", &[("httperf", "httperf")]);
     let spec = write_spec(&env.run, "webt", SPEC);
     let spec_s = spec.to_str().unwrap();
-    let _down = Down(&env);
+    let lab = TestLab::new(env, "webt");
+    let env = &lab.env;
     let charts = env.run.join("charts");
     let charts_s = charts.to_str().unwrap();
 
     // A short sweep: the VM (brought up, kept for the second run) and the host.
     let out = cmd(
-        &env,
+        env,
         &[
             "bench",
             "web",
-            "--config",
+            "--lab",
             &format!("{spec_s},host"),
             "--rate",
             "10..30:10",
@@ -198,11 +187,11 @@ fn lab_bench_web() {
         String::from_utf8_lossy(&busy.stderr)
     );
     let out = cmd(
-        &env,
+        env,
         &[
             "bench",
             "web",
-            "--config",
+            "--lab",
             spec_s,
             "--rate",
             "10",
@@ -239,11 +228,11 @@ fn lab_bench_web() {
     let st = vmscope_lab::lab::load_state_in(&env.run, "webt").expect("lab kept up");
     let qemu = st.vms[0].pid.expect("QEMU pid");
     let mut child = cmd(
-        &env,
+        env,
         &[
             "bench",
             "web",
-            "--config",
+            "--lab",
             &format!("{spec_s},host"),
             "--rate",
             "5..40:5",
@@ -323,7 +312,7 @@ fn bench_web_killed_leaves_no_load_and_its_next_run_sweeps() {
         c.args([
             "bench",
             "web",
-            "--config",
+            "--lab",
             "host",
             "--rate",
             "20",

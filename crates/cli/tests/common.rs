@@ -307,3 +307,81 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
     s.read_to_string(&mut body).ok()?;
     body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
+
+/// A lab of one test: `vmscope lab` commands with the test's run and cache
+/// directories and its agent, any other `vmscope` command with the same
+/// (in the environment, so `record`, `stat` and the benchmarks find the
+/// lab's VMs), and the lab taken down when dropped, also when the test
+/// fails half-way. The one lab runner of every lab test.
+pub struct TestLab {
+    pub env: LabEnv,
+    pub name: String,
+}
+
+impl TestLab {
+    /// The lab `name` in `env`; a leftover of an earlier run is taken down.
+    pub fn new(env: LabEnv, name: &str) -> TestLab {
+        let lab = TestLab {
+            env,
+            name: name.to_string(),
+        };
+        let _ = lab.cmd(&["down", name]).output();
+        lab
+    }
+
+    /// `vmscope ARGS` with the lab's directories and agent.
+    pub fn vmscope(&self, args: &[&str]) -> Command {
+        let mut c = vmscope();
+        c.args(args)
+            .env("VMSCOPE_CACHE", &self.env.cache)
+            .env("VMSCOPE_RUN", &self.env.run)
+            .env("VMSCOPE_AGENT", &self.env.agent)
+            .stdin(std::process::Stdio::null());
+        c
+    }
+
+    /// `vmscope lab ARGS` with the lab's directories and agent.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = vmscope();
+        c.arg("lab")
+            .arg("--cache-dir")
+            .arg(&self.env.cache)
+            .arg("--run-dir")
+            .arg(&self.env.run)
+            .args(args)
+            .env("VMSCOPE_AGENT", &self.env.agent)
+            .stdin(std::process::Stdio::null());
+        c
+    }
+
+    /// `vmscope lab ARGS`, which must succeed; its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cmd(args).output().expect("run vmscope lab");
+        assert!(
+            out.status.success(),
+            "lab {args:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Bring `spec` up (its name must be this lab's) and return its state.
+    pub fn up(&self, spec: &Path) -> vmscope_lab::LabState {
+        self.ok(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"]);
+        vmscope_lab::load_state_in(&self.env.run, &self.name).expect("the lab's state")
+    }
+
+    /// Write the spec TEXT as NAME.toml in the run directory and bring it up.
+    pub fn up_text(&self, text: &str) -> vmscope_lab::LabState {
+        let spec = write_spec(&self.env.run, &self.name, text);
+        self.up(&spec)
+    }
+}
+
+impl Drop for TestLab {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["down", &self.name]).output();
+    }
+}

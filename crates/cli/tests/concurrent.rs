@@ -12,49 +12,15 @@
 //! answering.
 
 mod common;
+use common::TestLab;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 const LAB: &str = "ci-conc";
-
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-}
-
-impl Lab {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(VMSCOPE);
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .stdin(Stdio::null());
-        c
-    }
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cmd(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "lab {args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down", LAB]).output();
-    }
-}
 
 fn record(db: &Path, secs: &str) -> Child {
     Command::new(VMSCOPE)
@@ -169,18 +135,9 @@ fn every_tool_on_one_vm_at_once() {
     {
         return;
     }
-    if let Err(e) = vmscope_lab::image::find_agent(None) {
-        vmscope_testkit::skip(&format!("no static guest agent: {e}"));
-        return;
-    }
+    let env = need_lab!("lab-run-conc");
     let tmp = tempfile::tempdir().unwrap();
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let lab = Lab {
-        cache: std::env::var_os("VMSCOPE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| base.join("lab-cache")),
-        run: base.join("lab-run-conc"),
-    };
+    let lab = TestLab::new(env, LAB);
     let spec = tmp.path().join("conc.toml");
     std::fs::write(
         &spec,
@@ -191,7 +148,6 @@ fn every_tool_on_one_vm_at_once() {
         ),
     )
     .unwrap();
-    let _ = lab.cmd(&["down", LAB]).output();
     lab.ok(&["up", spec.to_str().unwrap()]);
 
     // A long exec in flight: the workload itself, 40 s.

@@ -19,45 +19,12 @@
 //!
 //! Skips with a printed reason without root, QEMU, pidstat or the agent.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::TestLab;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
-
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-}
-
-impl Lab {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(VMSCOPE);
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .stdin(Stdio::null());
-        c
-    }
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cmd(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "lab {args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down", "ci-coord"]).output();
-    }
-}
 
 fn report(db: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(VMSCOPE)
@@ -192,19 +159,9 @@ fn active_and_passive_vms_in_one_session() {
     {
         return;
     }
-    if let Err(e) = vmscope_lab::image::find_agent(None) {
-        vmscope_testkit::skip(&format!("no static guest agent: {e}"));
-        return;
-    }
+    let env = need_lab!("lc");
     let tmp = tempfile::tempdir().unwrap();
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let lab = Lab {
-        cache: std::env::var_os("VMSCOPE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| base.join("lab-cache")),
-        run: base.join("lc"),
-    };
-    std::fs::create_dir_all(&lab.run).unwrap();
+    let lab = TestLab::new(env, "ci-coord");
     let spec = tmp.path().join("ci-coord.toml");
     std::fs::write(
         &spec,

@@ -19,47 +19,12 @@
 
 mod common;
 
-use common::vmscope;
+use common::{vmscope, TestLab};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const LAB: &str = "reports-lab";
 const VM: &str = "reports-act";
-
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-}
-
-impl Lab {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = vmscope();
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .stdin(Stdio::null());
-        c
-    }
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cmd(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "lab {args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down", LAB]).output();
-    }
-}
 
 fn report(db: &Path, args: &[&str]) -> std::process::Output {
     let out = vmscope().arg("report").arg(db).args(args).output().unwrap();
@@ -94,19 +59,9 @@ fn reports_of_an_active_vm() {
     {
         return;
     }
-    if let Err(e) = vmscope_lab::image::find_agent(None) {
-        vmscope_testkit::skip(&format!("no static guest agent: {e}"));
-        return;
-    }
+    let env = need_lab!("reports-run");
     let tmp = tempfile::tempdir().unwrap();
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let lab = Lab {
-        cache: std::env::var_os("VMSCOPE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| base.join("lab-cache")),
-        run: base.join("reports-run"),
-    };
-    std::fs::create_dir_all(&lab.run).unwrap();
+    let lab = TestLab::new(env, LAB);
     let spec = tmp.path().join("reports.toml");
     std::fs::write(
         &spec,

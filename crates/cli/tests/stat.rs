@@ -21,11 +21,11 @@
 
 mod common;
 
-use common::{fake_qemu, free_port, http_get, Reap};
+use common::{fake_qemu, free_port, http_get, Reap, TestLab};
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -249,54 +249,6 @@ fn vms_come_and_go_mid_interval() {
     }
 }
 
-// ---------------------------------------------------------------- lab ----
-
-struct Lab {
-    cache: PathBuf,
-    run: PathBuf,
-    agent: PathBuf,
-    name: &'static str,
-}
-
-impl Lab {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(VMSCOPE);
-        c.arg("lab")
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .arg("--run-dir")
-            .arg(&self.run)
-            .args(args)
-            .env("VMSCOPE_AGENT", &self.agent)
-            .stdin(Stdio::null());
-        c
-    }
-}
-
-impl Lab {
-    /// Takes down a leftover lab of this name, brings the spec up and
-    /// returns its state.
-    fn up(&self, spec: &Path) -> vmscope_lab::LabState {
-        let _ = self.cmd(&["down", self.name]).output();
-        let out = self
-            .cmd(&["up", spec.to_str().unwrap(), "--hello-timeout", "120"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "lab up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        vmscope_lab::load_state_in(&self.run, self.name).unwrap()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down", self.name]).output();
-    }
-}
-
 fn busy_of_proc_stat() -> Vec<(f64, f64)> {
     // (busy, total) ticks per CPU.
     std::fs::read_to_string("/proc/stat")
@@ -356,7 +308,7 @@ fn pidstat_avg(text: &str) -> Vec<(u32, f64)> {
 
 #[test]
 fn lab_busy_and_idle_vm() {
-    let common::LabEnv { cache, run, agent } = need_lab!("lr", &[("pidstat", "sysstat")]);
+    let env = need_lab!("lr", &[("pidstat", "sysstat")]);
     let _s = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -387,12 +339,7 @@ kind = "tap"
 "#,
     )
     .unwrap();
-    let lab = Lab {
-        cache,
-        run,
-        agent,
-        name: "ci-stat",
-    };
+    let lab = TestLab::new(env, "ci-stat");
     let state = lab.up(&spec);
     let busy = state.vm("busy").unwrap();
     let busy_pid = busy.pid.unwrap();
@@ -864,7 +811,7 @@ fn run_residual(intervals: &[Value], what: &str) -> f64 {
 /// from each interval's fields.
 #[test]
 fn lab_cherkasova_io_charging() {
-    let common::LabEnv { cache, run, agent } = need_lab!("lr", &[("pidstat", "sysstat")]);
+    let env = need_lab!("lr", &[("pidstat", "sysstat")]);
     let Some(httperf) = which("httperf") else {
         skip("httperf not installed (scripts/setup.sh installs it)");
         return;
@@ -893,12 +840,7 @@ fn lab_cherkasova_io_charging() {
             .replace("max_bytes_per_s = 524288\n", "max_bytes_per_s = 131072\n"),
     )
     .unwrap();
-    let lab = Lab {
-        cache,
-        run,
-        agent,
-        name: "ci-io",
-    };
+    let lab = TestLab::new(env, "ci-io");
     let state = lab.up(&spec);
     let ip = |vm: &str| {
         state.vm(vm).unwrap().nics[0]

@@ -155,7 +155,7 @@ impl GuestProfiler for AgentProfiler {
             d.lost += next.lost;
             d.more = next.more;
             d.cost = match (d.cost, next.cost) {
-                (Some(a), Some(b)) => Some(vmscope_protocol::ProfilerCost {
+                (Some(a), Some(b)) => Some(vmscope_protocol::DeltaCost {
                     cost_ns: a.cost_ns + b.cost_ns,
                     capacity_ns: a.capacity_ns + b.capacity_ns,
                     rate_hz: b.rate_hz,

@@ -15,6 +15,12 @@ pub enum LabError {
         field: String,
         message: String,
     },
+    /// `--lab` or `lab up` named neither a spec file nor a built-in lab.
+    #[error("{arg}: no such spec file, and not a built-in lab ({builtin})")]
+    NoSuchSpec { arg: String, builtin: String },
+    /// A lab name (`--lab-name`) that names could not be made from.
+    #[error("lab name {name}: lab names are letters, digits, '-' and '_', start with a letter or digit, at most 32 characters")]
+    BadName { name: String },
     /// A spec file could not be read.
     #[error("cannot read spec {}: {source}", file.display())]
     SpecRead {

@@ -10,7 +10,7 @@ use crate::kvm_probe;
 use crate::names;
 use crate::qemu::{self, MAX_SOCKET_PATH};
 use crate::qemu_args::Accelerator;
-use crate::spec::{self, Accel, DiskBackend, HostFacts, LabSpec, Manager, VmSpec};
+use crate::spec::{self, AccelChoice, DiskBackend, HostFacts, LabSpec, Manager, VmSpec};
 use crate::start::{ip, Starter};
 use crate::state::{self, HelloInfo, LabState, Phase, Resource, TeardownReport, VmState};
 use crate::util;
@@ -32,7 +32,7 @@ pub struct LabOptions {
     /// Kernel package to use instead of the newest cloud kernel.
     pub kernel_package: Option<String>,
     /// Overrides the spec's `accel`.
-    pub accel: Option<Accel>,
+    pub accel: Option<AccelChoice>,
     /// Overrides the spec's `manager` (`lab up --libvirt`).
     pub manager: Option<Manager>,
     /// How long each VM may take to answer the agent hello.
@@ -403,12 +403,12 @@ fn bring_up(
     let wanted = opts.accel.unwrap_or(spec.accel);
     let kvm = Accelerator::Kvm { cpu: &opts.kvm_cpu };
     let (accel, reason) = match wanted {
-        Accel::Tcg => (Accelerator::Tcg, "accel = \"tcg\" requested".to_string()),
-        Accel::Kvm | Accel::Auto => {
+        AccelChoice::Tcg => (Accelerator::Tcg, "accel = \"tcg\" requested".to_string()),
+        AccelChoice::Kvm | AccelChoice::Auto => {
             let (ok, why) = kvm_probe::kvm_verdict(spec, opts, st, boot, qemu_bin)?;
             match (ok, wanted) {
                 (true, _) => (kvm, why),
-                (false, Accel::Kvm) => {
+                (false, AccelChoice::Kvm) => {
                     return Err(LabError::Resource {
                         resource: "accelerator".into(),
                         message: format!("accel = \"kvm\" requested but KVM is unusable: {why}"),

@@ -1,7 +1,8 @@
 //! The vmscope lab: boots the VMs the experiments need from a spec file and
 //! removes every trace of them afterwards.
 //!
-//! - [`spec`]: spec files (TOML), validated with file/line/field errors.
+//! - [`spec`]: spec files (TOML), validated with file/line/field errors;
+//!   [`builtin`]: the labs built into the binary, by name.
 //! - [`image`]: the guest image (Debian cloud kernel + busybox initramfs +
 //!   static guest agent), cached by content hash; [`cpio`] and [`modules`]
 //!   build its initramfs.
@@ -21,6 +22,7 @@
 //! [`load_state`], talk to guests with [`connect_agent`] and clean up with
 //! [`down`].
 
+pub mod builtin;
 pub mod cancel;
 pub mod cpio;
 pub mod error;
@@ -43,5 +45,5 @@ pub use lab::{
     connect_agent, down, find_vm, list_labs, load_state, load_state_in, state_path, up, vm_running,
     LabOptions,
 };
-pub use spec::{Accel, LabSpec, Manager};
+pub use spec::{AccelChoice, LabSpec, Manager};
 pub use state::{HelloInfo, LabState, Phase, TeardownReport, VmState};

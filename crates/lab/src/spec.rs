@@ -42,7 +42,7 @@ use toml::Spanned;
 /// Accelerator choice of a spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum Accel {
+pub enum AccelChoice {
     /// Probe KVM once per host (cached), fall back to TCG.
     #[default]
     Auto,
@@ -52,12 +52,12 @@ pub enum Accel {
     Tcg,
 }
 
-impl std::fmt::Display for Accel {
+impl std::fmt::Display for AccelChoice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Accel::Auto => "auto",
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
+            AccelChoice::Auto => "auto",
+            AccelChoice::Kvm => "kvm",
+            AccelChoice::Tcg => "tcg",
         })
     }
 }
@@ -89,7 +89,7 @@ pub struct LabSpec {
     pub name: String,
     /// The file this spec came from, if any.
     pub file: Option<PathBuf>,
-    pub accel: Accel,
+    pub accel: AccelChoice,
     /// Who runs the VMs (`manager = "qemu" | "libvirt"`).
     pub manager: Manager,
     /// Own kernel for every VM (else the built guest image).
@@ -234,7 +234,7 @@ pub struct DiskSpec {
 struct RawSpec {
     name: Spanned<String>,
     #[serde(default)]
-    accel: Option<Spanned<Accel>>,
+    accel: Option<Spanned<AccelChoice>>,
     #[serde(default)]
     manager: Option<Manager>,
     kernel: Option<Spanned<PathBuf>>,
@@ -1252,7 +1252,7 @@ ip = "10.9.9.9"
         ))
         .unwrap();
         assert_eq!(s.name, "t");
-        assert_eq!(s.accel, Accel::Tcg);
+        assert_eq!(s.accel, AccelChoice::Tcg);
         assert_eq!(s.manager, Manager::Qemu);
         assert_eq!(s.vms.len(), 2);
         assert_eq!(s.vms[0].vcpus, 2);

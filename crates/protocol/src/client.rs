@@ -123,7 +123,7 @@ pub struct ProfileDelta {
     /// The session is over and everything has been received.
     pub last: bool,
     /// What profiling cost the guest over the delta (agents of protocol 3).
-    pub cost: Option<crate::message::ProfilerCost>,
+    pub cost: Option<crate::message::DeltaCost>,
 }
 
 impl ProfileDelta {
@@ -136,7 +136,7 @@ impl ProfileDelta {
         self.more = other.more;
         self.last = other.last;
         self.cost = match (self.cost, other.cost) {
-            (Some(a), Some(b)) => Some(crate::message::ProfilerCost {
+            (Some(a), Some(b)) => Some(crate::message::DeltaCost {
                 cost_ns: a.cost_ns + b.cost_ns,
                 capacity_ns: a.capacity_ns + b.capacity_ns,
                 rate_hz: b.rate_hz,

@@ -32,8 +32,8 @@ pub use frame::{crc32, encode_frame, FrameDecoder, RawFrame, HEADER_LEN, MAGIC, 
 pub use fuzz::fuzz_decode;
 pub use message::{
     capability, encode_request, encode_request_on, encode_response, encode_response_on,
-    row_context, AgentHello, Decoder, Envelope, ErrorKind, Message, ProfileRow, ProfilerCost,
-    Request, Response, DEFAULT_PROFILE_EVENT, DEFAULT_PROFILE_FREQUENCY, KALLSYMS_CHUNK, MAX_ARGV,
+    row_context, AgentHello, Decoder, DeltaCost, Envelope, ErrorKind, Message, ProfileRow, Request,
+    Response, DEFAULT_PROFILE_EVENT, DEFAULT_PROFILE_FREQUENCY, KALLSYMS_CHUNK, MAX_ARGV,
     MAX_ARGV_BYTES, MAX_CAPABILITIES, MAX_ERROR_MESSAGE, MAX_EVENT_NAME, MAX_EXEC_OUTPUT,
     MAX_EXEC_OUTPUT_LIMIT, MAX_EXEC_STDIN, MAX_EXEC_TIMEOUT_MS, MAX_IMAGE, MAX_KALLSYMS_CHUNK,
     MAX_KALLSYMS_TOTAL, MAX_MODULES, MAX_MODULE_NAME, MAX_PROCESS_NAME, MAX_PROFILE_EVENTS,

@@ -180,7 +180,7 @@ impl ProfileRow {
 /// its samples added, against the CPU it observed (wall time × CPUs), and
 /// the rate in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProfilerCost {
+pub struct DeltaCost {
     pub cost_ns: u64,
     pub capacity_ns: u64,
     pub rate_hz: u64,
@@ -374,7 +374,7 @@ pub enum Response {
         last: bool,
         /// What profiling cost the guest over the delta (protocol 3).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        cost: Option<ProfilerCost>,
+        cost: Option<DeltaCost>,
     },
     /// Answer to [`Request::GetKallsyms`].
     Kallsyms {

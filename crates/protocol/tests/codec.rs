@@ -123,7 +123,7 @@ fn all_responses() -> Vec<Response> {
             t_ns: 5,
             more: false,
             last: false,
-            cost: Some(vmscope_protocol::ProfilerCost {
+            cost: Some(vmscope_protocol::DeltaCost {
                 cost_ns: 1_500_000,
                 capacity_ns: 1_000_000_000,
                 rate_hz: 42,

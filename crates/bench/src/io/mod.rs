@@ -21,29 +21,31 @@
 //! target at the end; charts of speed vs block size per mode (SVG, PNG);
 //! the paper's findings checked ([`paper`]); rows into a session file.
 
-pub mod labs;
 pub mod paper;
 pub mod report;
 pub mod runner;
 pub mod target;
 
-use crate::hygiene::{BusyRule, LoadProbe};
+use crate::driver::{self, DriveOptions, Experiment, Sink};
+use crate::guest::{Guest, VmFailure};
+use crate::hygiene::LoadProbe;
+use crate::lab_session::LabSession;
 use crate::manifest::Manifest;
-use crate::output::{CsvRows, Format, JsonLines};
+use crate::options::{LabChoice, Output, Recording, Sampling};
+use crate::output::Format;
 use crate::progress::Progress;
 use crate::row::{unit, Point, Row};
-use crate::schedule::{Plan, Step};
+use crate::schedule::Step;
 use crate::stats::{StopRule, Summary, Verdict};
 use crate::units::{iec, parse_size_list, GIB};
 use crate::BenchError;
-use runner::{HostCpu, Runner, SampleOut, VmConn, VmFailure};
+use runner::{CpuSplit, Runner, SampleOut};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 pub use target::TargetArg;
 use target::{Backend, Demand, Place, Target, Unavailable};
-use vmscope_lab::LabOptions;
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_workload::io::Mode;
 
@@ -61,51 +63,28 @@ pub const CHECK_REPEAT: usize = 3;
 pub const CHECK_MAX_REPEAT: usize = 6;
 
 /// Everything `bench io` is asked to do. `None` fields take the method's
-/// defaults (or `--check-paper`'s short run).
+/// defaults (or `--check-paper`'s short run); so do `sampling.repeat` and
+/// `sampling.max_repeat`.
 #[derive(Debug, Clone)]
 pub struct IoOptions {
     pub targets: Vec<TargetArg>,
     pub block_sizes: Option<Vec<u64>>,
     pub sizes: Option<Vec<u64>>,
     pub modes: Option<Vec<Mode>>,
-    /// Samples per point at least (after the warm-up).
-    pub repeat: Option<usize>,
-    /// The cap on samples per point.
-    pub max_repeat: Option<usize>,
-    /// Target half-width of the 95 % interval, relative to the mean.
-    pub rel_ci: f64,
-    /// Discarded runs per point before its samples.
-    pub warmup: usize,
     /// Byte offset of every run in its target.
     pub offset: u64,
-    /// A lab spec file or built-in name to bring up (or reuse).
-    pub lab: Option<String>,
-    /// Run the lab under this name instead of the spec's.
-    pub lab_name: Option<String>,
-    pub lab_options: LabOptions,
-    /// Leave a lab this run brought up running.
-    pub keep_lab: bool,
-    pub format: Format,
-    /// Charts go here; `None`: no charts.
-    pub charts: Option<PathBuf>,
-    /// Store the rows in this session file.
-    pub session: Option<PathBuf>,
-    /// Let `session` replace a regular file that is not a vmscope session.
-    pub force: bool,
     pub check_paper: bool,
     /// `--force-destroy-data` values (target ids or host paths).
     pub force_destroy: Vec<String>,
     /// Run the accountant around every sample.
     pub account: bool,
-    pub busy: BusyRule,
-    /// Redo a busy sample this many times before keeping it flagged.
-    pub busy_retries: usize,
     pub drop_caches: bool,
-    pub seed: u64,
-    /// No progress bar or notes on stderr.
-    pub quiet: bool,
-    /// For the manifest.
-    pub command_line: String,
+    pub sampling: Sampling,
+    pub output: Output,
+    /// A lab to bring up (or reuse); the built-in `storage-quad` for a
+    /// bare `--check-paper`.
+    pub lab: LabChoice,
+    pub record: Recording,
 }
 
 impl Default for IoOptions {
@@ -115,28 +94,15 @@ impl Default for IoOptions {
             block_sizes: None,
             sizes: None,
             modes: None,
-            repeat: None,
-            max_repeat: None,
-            rel_ci: 0.05,
-            warmup: 1,
             offset: 0,
-            lab: None,
-            lab_name: None,
-            lab_options: LabOptions::default(),
-            keep_lab: false,
-            format: Format::Table,
-            charts: None,
-            session: None,
-            force: false,
             check_paper: false,
             force_destroy: Vec::new(),
             account: true,
-            busy: BusyRule::default(),
-            busy_retries: 2,
             drop_caches: true,
-            seed: 1,
-            quiet: false,
-            command_line: String::new(),
+            sampling: Sampling::default(),
+            output: Output::default(),
+            lab: LabChoice::default(),
+            record: Recording::default(),
         }
     }
 }
@@ -196,37 +162,16 @@ impl IoOptions {
             Some(_) => return Err(BenchError::bad("--mode is empty")),
             None => DEFAULT_MODES.to_vec(),
         };
-        let repeat = self
-            .repeat
-            .unwrap_or(if short { CHECK_REPEAT } else { DEFAULT_REPEAT });
-        let max = self.max_repeat.unwrap_or(if short {
-            CHECK_MAX_REPEAT
+        let rule = if short {
+            self.sampling.rule(CHECK_REPEAT, CHECK_MAX_REPEAT)?
         } else {
-            DEFAULT_MAX_REPEAT
-        });
-        if repeat == 0 {
-            return Err(BenchError::bad("--repeat must be at least 1"));
-        }
-        if max < repeat {
-            return Err(BenchError::bad(format!(
-                "--max-repeat {max} is below --repeat {repeat}"
-            )));
-        }
-        if !(self.rel_ci > 0.0 && self.rel_ci < 1.0) {
-            return Err(BenchError::bad(format!(
-                "--ci {} must be a fraction between 0 and 1 (0.05 = 5 %)",
-                self.rel_ci
-            )));
-        }
+            self.sampling.rule(DEFAULT_REPEAT, DEFAULT_MAX_REPEAT)?
+        };
         Ok(Sweep {
             block_sizes,
             sizes,
             modes,
-            rule: StopRule {
-                min_samples: repeat,
-                max_samples: max,
-                rel_ci: self.rel_ci,
-            },
+            rule,
         })
     }
 }
@@ -250,6 +195,9 @@ pub struct PointResult {
     pub flags: Vec<Option<String>>,
     pub failed: Option<String>,
     pub verdict: Verdict,
+    /// `--record`: the session of the point's profiled run, or why none.
+    pub session: Option<PathBuf>,
+    pub record_error: Option<String>,
 }
 
 /// Host CPU seconds per GiB moved, mean over a point's samples.
@@ -297,7 +245,7 @@ impl PointResult {
 
     /// Mean host CPU per GiB over the samples that have it.
     pub fn cpu_per_gib(&self) -> Option<CpuPerGib> {
-        let per: Vec<(HostCpu, f64)> = self
+        let per: Vec<(CpuSplit, f64)> = self
             .samples
             .iter()
             .filter_map(|s| s.host_cpu.map(|h| (h, s.run.bytes as f64 / GIB)))
@@ -307,7 +255,8 @@ impl PointResult {
             return None;
         }
         let n = per.len() as f64;
-        let mean = |f: &dyn Fn(&HostCpu) -> f64| per.iter().map(|(h, g)| f(h) / g).sum::<f64>() / n;
+        let mean =
+            |f: &dyn Fn(&CpuSplit) -> f64| per.iter().map(|(h, g)| f(h) / g).sum::<f64>() / n;
         Some(CpuPerGib {
             vcpu: mean(&|h| h.vcpu_s),
             io_threads: mean(&|h| h.io_threads_s),
@@ -336,121 +285,112 @@ impl IoOutcome {
     }
 }
 
-/// Runs the sweep; results go to `out` in `opts.format`.
+/// Runs the sweep; results go to `out` in `opts.output.format`.
 pub fn run(opts: &IoOptions, out: &mut dyn Write) -> Result<IoOutcome, BenchError> {
+    // Every option is checked before anything starts.
     let sweep = opts.sweep()?;
+    opts.record.check()?;
     // The lab, if any: `--lab`, or the built-in one for a bare --check-paper.
-    let lab_arg = opts.lab.clone().or_else(|| {
-        (opts.check_paper && opts.targets.is_empty()).then(|| "storage-quad".to_string())
-    });
-    let lab_spec = lab_arg
-        .as_deref()
-        .map(|a| labs::load_spec(a, opts.lab_name.as_deref()))
-        .transpose()?;
+    let lab = LabChoice {
+        spec: opts.lab.spec.clone().or_else(|| {
+            (opts.check_paper && opts.targets.is_empty()).then(|| "storage-quad".to_string())
+        }),
+        ..opts.lab.clone()
+    };
+    let lab_spec = lab.load()?;
     if opts.drop_caches && !is_root() {
         return Err(BenchError::bad(
             "dropping caches before every sample needs root (run as root, or pass \
              --no-drop-caches and every sample is flagged)",
         ));
     }
-    if opts.targets.is_empty() && opts.lab.is_none() && !opts.check_paper {
+    if opts.targets.is_empty() && lab_spec.is_none() {
         return Err(BenchError::bad(
             "name a --target (host:PATH or vm:NAME:DEVICE) or a --lab",
         ));
     }
-    // The session output is checked and locked before anything runs.
-    let session_out =
-        crate::session::prepare_optional(opts.session.as_deref(), opts.force, &opts.command_line)?;
-    let progress = Progress::new(0, opts.quiet);
-    let host_manifest = Manifest::host(&opts.command_line);
+    let opened = opts.output.open()?;
+    let progress = &opened.progress;
+    let session = opened.session;
+    LabSession::run_within(
+        lab_spec.as_ref(),
+        &lab.options,
+        lab.keep,
+        progress,
+        |state| {
+            let (args, unavailable, auto_host) = lab_targets(opts, &sweep, state)?;
+            let r = sweep_targets(
+                opts,
+                &sweep,
+                &args,
+                unavailable,
+                auto_host.as_deref(),
+                state,
+                session,
+                progress,
+                out,
+            );
+            if let Some(p) = &auto_host {
+                let _ = std::fs::remove_file(p);
+            }
+            r
+        },
+    )
+}
 
-    let mut session = None;
-    if let Some(spec) = &lab_spec {
-        progress.set_message(format!("lab {}: starting (or reusing) its VMs", spec.name));
-        let s = labs::LabSession::open(spec, &opts.lab_options, opts.keep_lab)?;
-        progress.note(&format!(
-            "lab {}: {} ({}; accel {})",
-            s.state.name,
-            if s.owned {
-                "brought up"
-            } else {
-                "already up, reused"
-            },
-            s.state
-                .vms
-                .iter()
-                .map(|v| v.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            s.state.accel
-        ));
-        session = Some(s);
-    }
+/// The targets of a run, the lab's disks that cannot be measured, and the
+/// host file made beside the lab's images (removed after the run).
+type LabTargets = (Vec<TargetArg>, Vec<Unavailable>, Option<PathBuf>);
 
-    // Targets: named ones, then the lab's disks (and a host file on the
-    // lab's file system when no host target is named).
+/// The targets to measure: the named ones, then the lab's disks (skipped
+/// ones as unavailable) and, when no host target is named, a host file
+/// beside the lab's images (made here; removed after the run).
+fn lab_targets(
+    opts: &IoOptions,
+    sweep: &Sweep,
+    lab: Option<&vmscope_lab::LabState>,
+) -> Result<LabTargets, BenchError> {
     let end = opts.offset + sweep.sizes.iter().max().copied().unwrap_or(0);
     let mut args: Vec<TargetArg> = opts.targets.clone();
     let mut unavailable = Vec::new();
-    let mut auto_host = None;
-    if let Some(s) = &session {
-        for vm in &s.state.vms {
-            for d in &vm.disks {
-                let backend = Backend::of_disk(&d.backend, &d.format);
-                match (&d.guest_device, &d.skipped) {
-                    (Some(dev), None) => {
-                        let a = TargetArg::Vm {
-                            vm: vm.name.clone(),
-                            device: dev.clone(),
-                        };
-                        if !args.contains(&a) {
-                            args.push(a);
-                        }
+    let Some(s) = lab else {
+        return Ok((args, unavailable, None));
+    };
+    for vm in &s.vms {
+        for d in &vm.disks {
+            let backend = Backend::of_disk(&d.backend, &d.format);
+            match (&d.guest_device, &d.skipped) {
+                (Some(dev), None) => {
+                    let a = TargetArg::Vm {
+                        vm: vm.name.clone(),
+                        device: dev.clone(),
+                    };
+                    if !args.contains(&a) {
+                        args.push(a);
                     }
-                    (_, why) => unavailable.push(Unavailable {
-                        id: format!("vm:{}:({} disk)", vm.name, d.backend),
-                        label: format!("{} {}", vm.name, backend.name()),
-                        reason: why.clone().unwrap_or_else(|| "not attached".into()),
-                    }),
                 }
+                (_, why) => unavailable.push(Unavailable {
+                    id: format!("vm:{}:({} disk)", vm.name, d.backend),
+                    label: format!("{} {}", vm.name, backend.name()),
+                    reason: why.clone().unwrap_or_else(|| "not attached".into()),
+                }),
             }
         }
-        if !args.iter().any(|a| matches!(a, TargetArg::Host(_))) {
-            let p = s.state.run_dir.join("host-native.img");
-            let f = std::fs::File::create(&p).map_err(|e| BenchError::Output {
-                what: "host target",
-                path: p.clone(),
-                message: e.to_string(),
-            })?;
-            f.set_len(end).map_err(|e| BenchError::Output {
-                what: "host target",
-                path: p.clone(),
-                message: e.to_string(),
-            })?;
-            auto_host = Some(p.clone());
-            args.insert(0, TargetArg::Host(p));
-        }
     }
-    let result = sweep_targets(
-        opts,
-        &sweep,
-        &args,
-        unavailable,
-        auto_host.as_deref(),
-        session.as_ref().map(|s| &s.state),
-        &host_manifest,
-        &progress,
-        session_out,
-        out,
-    );
-    if let Some(p) = &auto_host {
-        let _ = std::fs::remove_file(p);
+    let mut auto_host = None;
+    if !args.iter().any(|a| matches!(a, TargetArg::Host(_))) {
+        let p = s.run_dir.join("host-native.img");
+        let err = |e: std::io::Error| BenchError::Output {
+            what: "host target",
+            path: p.clone(),
+            message: e.to_string(),
+        };
+        let f = std::fs::File::create(&p).map_err(err)?;
+        f.set_len(end).map_err(err)?;
+        auto_host = Some(p.clone());
+        args.insert(0, TargetArg::Host(p));
     }
-    progress.finish();
-    if let Some(s) = session {
-        s.close()?;
-    }
-    result
+    Ok((args, unavailable, auto_host))
 }
 
 fn is_root() -> bool {
@@ -458,7 +398,8 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Resolves, checks and prepares the targets, then runs the points.
+/// Resolves, checks and prepares the targets, then runs the points on the
+/// driver's loop and writes the results.
 #[allow(clippy::too_many_arguments)]
 fn sweep_targets(
     opts: &IoOptions,
@@ -467,20 +408,161 @@ fn sweep_targets(
     unavailable: Vec<Unavailable>,
     auto_host: Option<&std::path::Path>,
     lab: Option<&vmscope_lab::LabState>,
-    host_manifest: &Manifest,
-    progress: &Progress,
     session_out: Option<vmscope_store::output::SessionOutput>,
+    progress: &Progress,
     out: &mut dyn Write,
 ) -> Result<IoOutcome, BenchError> {
-    let end = opts.offset + sweep.sizes.iter().max().copied().unwrap_or(0);
-    let writes = sweep.modes.iter().any(|m| m.writes());
+    let host_manifest = Manifest::host(&opts.output.command_line);
     let mut runner = Runner {
-        conns: Vec::new(),
+        guests: Vec::new(),
         accountant: None,
         probe: LoadProbe::default(),
         drop_caches: opts.drop_caches,
         overhead: Vec::new(),
     };
+    let (targets, vm_index) = resolve_targets(
+        opts,
+        args,
+        auto_host,
+        lab,
+        &host_manifest,
+        &mut runner,
+        progress,
+    )?;
+    check_targets(opts, sweep, &targets)?;
+    if opts.account {
+        let mut acc = Accountant::new(AccountOptions::default());
+        let _ = acc.sample();
+        runner.accountant = Some(acc);
+    }
+    let (keys, points, mut notes) = make_points(opts, sweep, &targets);
+    let mut sink = Sink::for_format(
+        opts.output.format,
+        &mut *out,
+        &[
+            "target", "label", "backend", "mode", "bs", "size", "count", "offset",
+        ],
+    )?;
+    for u in &unavailable {
+        sink.record(&serde_json::json!({"type": "unavailable", "target": u.id, "label": u.label, "reason": u.reason}))?;
+        progress.note(&format!(
+            "unavailable: {} ({}): {}",
+            u.id, u.label, u.reason
+        ));
+    }
+    let dead_vms = prepare(
+        opts,
+        sweep,
+        &targets,
+        &vm_index,
+        &mut runner,
+        &mut notes,
+        progress,
+    )?;
+    let skip: Vec<(usize, String)> = keys
+        .iter()
+        .enumerate()
+        .filter_map(|(i, k)| {
+            let vm = targets[k.target].vm()?;
+            dead_vms.get(&vm.name).map(|why| (i, why.clone()))
+        })
+        .collect();
+    let mut e = IoExperiment {
+        targets,
+        vm_index,
+        keys,
+        points,
+        runner,
+        offset: opts.offset,
+    };
+    let drive_opts = DriveOptions {
+        record: opts.record.points("io", None, opts.output.force),
+        ..DriveOptions::sampling(
+            opts.sampling.warmup,
+            sweep.rule,
+            opts.sampling.seed,
+            opts.sampling.busy,
+            opts.sampling.busy_retries,
+            opts.lab.options.cancel.clone(),
+        )
+    };
+    let (outcomes, rows) = driver::drive(&mut e, &drive_opts, &skip, &mut sink, progress)?;
+    let results: Vec<PointResult> = outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| PointResult {
+            key: e.keys[i],
+            point: e.points[i].clone(),
+            flags: o.flags,
+            failed: o.failed,
+            verdict: o.verdict,
+            samples: o.samples,
+            session: o.session,
+            record_error: o.record_error,
+        })
+        .collect();
+    let findings = if opts.check_paper {
+        paper::check(&report::observations(&e.targets, &results, sweep))
+    } else {
+        Vec::new()
+    };
+    let mut outcome = IoOutcome {
+        targets: e.targets,
+        unavailable,
+        sweep: sweep.clone(),
+        results,
+        findings,
+        charts: Vec::new(),
+        notes,
+    };
+    if let Some(dir) = &opts.output.charts {
+        if outcome.sweep.block_sizes.len() > 1 || outcome.sweep.sizes.len() > 1 {
+            outcome.charts = report::charts(dir, &outcome)?;
+        } else {
+            outcome.notes.push(format!(
+                "no chart written to {}: one block size and one data size make no line \
+                 (give several --bs or --size values)",
+                dir.display()
+            ));
+        }
+    }
+    let end = driver::Ending {
+        summaries: outcome.results.iter().map(report::summary_json).collect(),
+        records: outcome.findings.iter().map(paper::Finding::json).collect(),
+        charts: outcome.charts.clone(),
+        notes: outcome.notes.clone(),
+    };
+    let summary_only = opts.output.format == Format::Csv;
+    driver::finish(
+        sink,
+        &opts.output,
+        session_out,
+        "bench io",
+        &rows,
+        &end,
+        |w| {
+            if summary_only {
+                report::short_summary(w, &outcome)
+            } else {
+                report::tables(w, &outcome)
+            }
+        },
+    )?;
+    Ok(outcome)
+}
+
+/// Each argument as a [`Target`]: inspected on the host or through its
+/// VM's agent (one connection per VM, shared by its targets), labelled so
+/// that labels tell targets apart. Also each target's VM connection.
+fn resolve_targets(
+    opts: &IoOptions,
+    args: &[TargetArg],
+    auto_host: Option<&std::path::Path>,
+    lab: Option<&vmscope_lab::LabState>,
+    host_manifest: &Manifest,
+    runner: &mut Runner,
+    progress: &Progress,
+) -> Result<(Vec<Target>, Vec<Option<usize>>), BenchError> {
     let mut targets: Vec<Target> = Vec::new();
     let mut vm_index: Vec<Option<usize>> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -489,12 +571,12 @@ fn sweep_targets(
             continue;
         }
         progress.set_message(format!("inspecting {}", a.id()));
-        let t = match a {
+        match a {
             TargetArg::Host(p) => {
                 let info = vmscope_workload::io::inspect(p);
                 let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
                 let facts = target::host_facts(&info);
-                Target {
+                targets.push(Target {
                     id: a.id(),
                     label: "host".to_string(),
                     backend: Backend::Host,
@@ -503,64 +585,16 @@ fn sweep_targets(
                     manifest: Arc::new(host_manifest.with(&facts)),
                     info,
                     created: auto_host.is_some_and(|h| h == p.as_path()),
-                }
+                });
+                vm_index.push(None);
             }
             TargetArg::Vm { vm, device } => {
-                let (st, v) = match lab {
-                    Some(l) if l.vms.iter().any(|x| &x.name == vm) => {
-                        (l.clone(), l.vm(vm).expect("checked").clone())
-                    }
-                    _ => vmscope_lab::find_vm(&opts.lab_options, None, vm)
-                        .map_err(|e| BenchError::bad(format!("target {}: {e}", a.id())))?,
-                };
-                if !vmscope_lab::vm_running(&v) {
-                    return Err(BenchError::bad(format!(
-                        "target {}: VM {vm} of lab {} is not running",
-                        a.id(),
-                        st.name
-                    )));
-                }
-                let facts = target::vm_facts(&st, &v, device);
-                let backend = target::lab_disk(&v, device)
-                    .map(|d| Backend::of_disk(&d.backend, &d.format))
-                    .unwrap_or(Backend::Unknown);
-                // One agent connection per VM, shared by its targets.
-                let conn_i = if let Some(i) = runner
-                    .conns
-                    .iter()
-                    .position(|c| c.as_ref().is_some_and(|c| c.vm_name() == vm))
-                {
-                    i
-                } else {
-                    runner.conns.push(Some(VmConn::new(&v)));
-                    runner.conns.len() - 1
-                };
-                let mut t = Target {
-                    id: a.id(),
-                    label: format!("{vm} {}", backend.name()),
-                    backend,
-                    place: Place::Vm {
-                        vm: Box::new(v.clone()),
-                        lab: st.name.clone(),
-                        accel: st.accel.clone(),
-                    },
-                    path: PathBuf::from(device),
-                    info: Default::default(),
-                    manifest: Arc::new(host_manifest.with(&facts)),
-                    created: false,
-                };
-                t.info = runner
-                    .inspect(&t, Some(conn_i))
-                    .map_err(|e| BenchError::bad(format!("target {}: {e}", a.id())))?;
-                vm_index.push(Some(conn_i));
+                let (t, conn) = vm_target(opts, a, vm, device, lab, host_manifest, runner)?;
                 targets.push(t);
-                continue;
+                vm_index.push(Some(conn));
             }
-        };
-        vm_index.push(None);
-        targets.push(t);
+        }
     }
-    // Labels must tell targets apart.
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for t in &targets {
         *counts.entry(t.label.clone()).or_default() += 1;
@@ -570,8 +604,70 @@ fn sweep_targets(
             t.label = format!("{} {}", t.label, t.path.display());
         }
     }
-    // Every check before any I/O.
-    for t in &targets {
+    Ok((targets, vm_index))
+}
+
+/// A disk of a lab VM as a target, and its VM's connection in `runner`.
+fn vm_target(
+    opts: &IoOptions,
+    a: &TargetArg,
+    vm: &str,
+    device: &str,
+    lab: Option<&vmscope_lab::LabState>,
+    host_manifest: &Manifest,
+    runner: &mut Runner,
+) -> Result<(Target, usize), BenchError> {
+    let (st, v) = match lab {
+        Some(l) if l.vms.iter().any(|x| x.name == vm) => {
+            (l.clone(), l.vm(vm).expect("checked").clone())
+        }
+        _ => vmscope_lab::find_vm(&opts.lab.options, None, vm)
+            .map_err(|e| BenchError::bad(format!("target {}: {e}", a.id())))?,
+    };
+    if !vmscope_lab::vm_running(&v) {
+        return Err(BenchError::bad(format!(
+            "target {}: VM {vm} of lab {} is not running",
+            a.id(),
+            st.name
+        )));
+    }
+    let facts = target::vm_facts(&st, &v, device);
+    let backend = target::lab_disk(&v, device)
+        .map(|d| Backend::of_disk(&d.backend, &d.format))
+        .unwrap_or(Backend::Unknown);
+    let known = runner
+        .guests
+        .iter()
+        .position(|c| c.as_ref().is_some_and(|c| c.name() == vm));
+    let conn = known.unwrap_or_else(|| {
+        runner.guests.push(Some(Guest::new(&v)));
+        runner.guests.len() - 1
+    });
+    let mut t = Target {
+        id: a.id(),
+        label: format!("{vm} {}", backend.name()),
+        backend,
+        place: Place::Vm {
+            vm: Box::new(v.clone()),
+            lab: st.name.clone(),
+            accel: st.accel.clone(),
+        },
+        path: PathBuf::from(device),
+        info: Default::default(),
+        manifest: Arc::new(host_manifest.with(&facts)),
+        created: false,
+    };
+    t.info = runner
+        .inspect(&t, Some(conn))
+        .map_err(|e| BenchError::bad(format!("target {}: {e}", a.id())))?;
+    Ok((t, conn))
+}
+
+/// Every safety check of every target, before any I/O.
+fn check_targets(opts: &IoOptions, sweep: &Sweep, targets: &[Target]) -> Result<(), BenchError> {
+    let end = opts.offset + sweep.sizes.iter().max().copied().unwrap_or(0);
+    let writes = sweep.modes.iter().any(|m| m.writes());
+    for t in targets {
         let forced = target::is_forced(
             &opts.force_destroy,
             &t.id,
@@ -597,28 +693,22 @@ fn sweep_targets(
             "no target can be measured (every lab disk is unavailable)",
         ));
     }
-    if opts.account {
-        let mut acc = Accountant::new(AccountOptions::default());
-        let _ = acc.sample();
-        runner.accountant = Some(acc);
-    }
+    Ok(())
+}
 
-    // The points, and their rows' identity.
-    let mut results: Vec<PointResult> = Vec::new();
-    let mut notes = Vec::new();
+/// Every (target, mode, size, block size) point and its row identity;
+/// notes on the sweep's shape.
+fn make_points(
+    opts: &IoOptions,
+    sweep: &Sweep,
+    targets: &[Target],
+) -> (Vec<PointKey>, Vec<Point>, Vec<String>) {
+    let mut keys = Vec::new();
+    let mut points = Vec::new();
     for (ti, t) in targets.iter().enumerate() {
         for &mode in &sweep.modes {
             for &size in &sweep.sizes {
-                for &bs in &sweep.block_sizes {
-                    if size < bs {
-                        continue;
-                    }
-                    let key = PointKey {
-                        target: ti,
-                        mode,
-                        size,
-                        bs,
-                    };
+                for &bs in sweep.block_sizes.iter().filter(|&&bs| bs <= size) {
                     let config: BTreeMap<String, String> = [
                         ("target", t.id.clone()),
                         ("label", t.label.clone()),
@@ -632,10 +722,15 @@ fn sweep_targets(
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
-                    let name = format!("{} {} bs={} size={}", t.id, mode, bs, size);
-                    let point = Point::new(
+                    keys.push(PointKey {
+                        target: ti,
+                        mode,
+                        size,
+                        bs,
+                    });
+                    points.push(Point::new(
                         "io",
-                        name,
+                        format!("{} {} bs={} size={}", t.id, mode, bs, size),
                         config,
                         t.manifest.clone(),
                         &[
@@ -647,19 +742,12 @@ fn sweep_targets(
                             "kernel",
                             "guest_kernel",
                         ],
-                    );
-                    results.push(PointResult {
-                        key,
-                        point,
-                        samples: Vec::new(),
-                        flags: Vec::new(),
-                        failed: None,
-                        verdict: Verdict::More,
-                    });
+                    ));
                 }
             }
         }
     }
+    let mut notes = Vec::new();
     if sweep
         .sizes
         .iter()
@@ -667,30 +755,23 @@ fn sweep_targets(
     {
         notes.push("a --size that is not a multiple of a --bs moves size / bs whole blocks".into());
     }
+    (keys, points, notes)
+}
 
-    let mut sink = match opts.format {
-        Format::Json => Sink::Json(JsonLines::new(&mut *out)),
-        Format::Csv => Sink::Csv(Box::new(CsvRows::new(
-            &mut *out,
-            &[
-                "target", "label", "backend", "mode", "bs", "size", "count", "offset",
-            ],
-        )?)),
-        Format::Table => Sink::None,
-    };
-    if let Sink::Json(j) = &mut sink {
-        for u in &unavailable {
-            j.write(&serde_json::json!({"type": "unavailable", "target": u.id, "label": u.label, "reason": u.reason}))?;
-        }
-    }
-    for u in &unavailable {
-        progress.note(&format!(
-            "unavailable: {} ({}): {}",
-            u.id, u.label, u.reason
-        ));
-    }
-
-    // Fill each target's region once so reads hit real blocks.
+/// Before the samples: each target's region filled once so reads hit real
+/// blocks, and each VM's cost of a run that moves nothing measured (taken
+/// off its samples). The VMs found dead meanwhile, with why.
+fn prepare(
+    opts: &IoOptions,
+    sweep: &Sweep,
+    targets: &[Target],
+    vm_index: &[Option<usize>],
+    runner: &mut Runner,
+    notes: &mut Vec<String>,
+    progress: &Progress,
+) -> Result<BTreeMap<String, String>, BenchError> {
+    let end = opts.offset + sweep.sizes.iter().max().copied().unwrap_or(0);
+    let writes = sweep.modes.iter().any(|m| m.writes());
     let mut dead_vms: BTreeMap<String, String> = BTreeMap::new();
     for (ti, t) in targets.iter().enumerate() {
         if t.info.signature.is_some() && !writes {
@@ -715,194 +796,93 @@ fn sweep_targets(
             });
         }
     }
-
-    // The host CPU of a guest command that moves nothing, per VM, taken
-    // off every sample of that VM.
-    if runner.accountant.is_some() {
-        let mut done = std::collections::HashSet::new();
-        for (ti, t) in targets.iter().enumerate() {
-            let (Some(ci), Some(vm)) = (vm_index[ti], t.vm()) else {
-                continue;
-            };
-            if dead_vms.contains_key(&vm.name) || !done.insert(ci) {
-                continue;
+    if runner.accountant.is_none() {
+        return Ok(dead_vms);
+    }
+    let mut done = std::collections::HashSet::new();
+    for (ti, t) in targets.iter().enumerate() {
+        let (Some(ci), Some(vm)) = (vm_index[ti], t.vm()) else {
+            continue;
+        };
+        if dead_vms.contains_key(&vm.name) || !done.insert(ci) {
+            continue;
+        }
+        progress.set_message(format!(
+            "VM {}: measuring the cost of an empty run",
+            vm.name
+        ));
+        match runner.calibrate(t, ci, 3) {
+            Ok(h) => notes.push(format!(
+                "VM {}: a run that moves nothing (starting the engine in the guest) costs \
+                 the host {:.3} s of vCPU, {:.3} s of I/O threads, {:.3} s of shared I/O \
+                 (median of 3); taken off every sample of the VM",
+                vm.name, h.vcpu_s, h.io_threads_s, h.shared_io_s
+            )),
+            Err(VmFailure::Dead(why)) => {
+                dead_vms.insert(vm.name.clone(), why);
             }
-            progress.set_message(format!(
-                "VM {}: measuring the cost of an empty run",
-                vm.name
-            ));
-            match runner.calibrate(t, ci, 3) {
-                Ok(h) => notes.push(format!(
-                    "VM {}: a run that moves nothing (starting the engine in the guest) costs \
-                     the host {:.3} s of vCPU, {:.3} s of I/O threads, {:.3} s of shared I/O \
-                     (median of 3); taken off every sample of the VM",
-                    vm.name, h.vcpu_s, h.io_threads_s, h.shared_io_s
-                )),
-                Err(VmFailure::Dead(why)) => {
-                    dead_vms.insert(vm.name.clone(), why);
-                }
-                Err(VmFailure::Failed(why)) => {
-                    notes.push(format!("VM {}: no overhead measured: {why}", vm.name));
-                }
+            Err(VmFailure::Failed(why)) => {
+                notes.push(format!("VM {}: no overhead measured: {why}", vm.name));
             }
         }
     }
-
-    // The interleaved rounds.
-    let mut plan = Plan::new(results.len(), opts.warmup, sweep.rule, opts.seed);
-    for (i, r) in results.iter().enumerate() {
-        if let Some(vm) = targets[r.key.target].vm() {
-            if let Some(why) = dead_vms.get(&vm.name) {
-                plan.fail(i, why.clone());
-            }
-        }
-    }
-    progress.expect_more(plan.remaining_at_least() as u64);
-    let mut all_rows: Vec<Row> = Vec::new();
-    while let Some(round) = plan.next_round() {
-        for (i, step) in round {
-            // A stop signal ends the run here; the lab this run started is
-            // torn down when `session` is dropped on the way out.
-            opts.lab_options
-                .cancel
-                .check("taking the benchmark's samples")?;
-            if plan.failed(i).is_some() {
-                continue;
-            }
-            let key = results[i].key;
-            let t = &targets[key.target];
-            progress.set_message(format!(
-                "round {} {} {} bs {}{}",
-                plan.round(),
-                t.label,
-                key.mode,
-                iec(key.bs),
-                if step == Step::Warmup {
-                    " (warm-up)"
-                } else {
-                    ""
-                }
-            ));
-            let spec = runner::spec_for(&t.path, key.mode, key.bs, key.size, opts.offset);
-            let mut tries = 0;
-            let outcome = loop {
-                let r = runner.sample(t, vm_index[key.target], &spec);
-                match r {
-                    Ok(s) if step == Step::Sample => {
-                        let mut flag = s.load.busy(&opts.busy);
-                        if flag.is_some() && tries < opts.busy_retries {
-                            tries += 1;
-                            progress.note(&format!(
-                                "{}: redone ({})",
-                                results[i].point.name,
-                                flag.take().unwrap_or_default()
-                            ));
-                            continue;
-                        }
-                        if !opts.drop_caches {
-                            flag = Some(match flag {
-                                Some(f) => format!("{f}; caches not dropped"),
-                                None => "caches not dropped".into(),
-                            });
-                        }
-                        break Ok(Some((s, flag)));
-                    }
-                    Ok(_) => break Ok(None),
-                    Err(e) => break Err(e),
-                }
-            };
-            progress.inc();
-            match outcome {
-                Ok(None) => plan.warmed(i),
-                Ok(Some((s, flag))) => {
-                    plan.record(i, s.run.bytes_per_s());
-                    let n = plan.samples(i).len() as u32;
-                    let rows = sample_rows(&results[i].point, n, &s, flag.clone());
-                    for r in &rows {
-                        match &mut sink {
-                            Sink::Json(j) => j.write(r)?,
-                            Sink::Csv(c) => c.write(r)?,
-                            Sink::None => {}
-                        }
-                    }
-                    all_rows.extend(rows);
-                    results[i].samples.push(s);
-                    results[i].flags.push(flag);
-                }
-                Err(VmFailure::Dead(why)) => {
-                    // Every remaining point of this VM fails; the sweep goes on.
-                    let vm = t.vm().map(|v| v.name.clone()).unwrap_or_default();
-                    progress.note(&format!("{why}: its remaining points are marked failed"));
-                    for (j, r) in results.iter().enumerate() {
-                        if targets[r.key.target].vm().map(|v| &v.name) == Some(&vm) {
-                            plan.fail(j, why.clone());
-                        }
-                    }
-                }
-                Err(VmFailure::Failed(why)) => {
-                    progress.note(&format!("{}: failed: {why}", results[i].point.name));
-                    plan.fail(i, why);
-                }
-            }
-            progress.expect_more(plan.remaining_at_least() as u64);
-        }
-    }
-    for (i, r) in results.iter_mut().enumerate() {
-        r.failed = plan.failed(i).map(str::to_string);
-        r.verdict = plan.verdict(i);
-    }
-
-    let findings = if opts.check_paper {
-        paper::check(&report::observations(&targets, &results, sweep))
-    } else {
-        Vec::new()
-    };
-    let mut outcome = IoOutcome {
-        targets,
-        unavailable,
-        sweep: sweep.clone(),
-        results,
-        findings,
-        charts: Vec::new(),
-        notes,
-    };
-    if let Some(dir) = &opts.charts {
-        if outcome.sweep.block_sizes.len() > 1 || outcome.sweep.sizes.len() > 1 {
-            outcome.charts = report::charts(dir, &outcome)?;
-        } else {
-            outcome.notes.push(format!(
-                "no chart written to {}: one block size and one data size make no line \
-                 (give several --bs or --size values)",
-                dir.display()
-            ));
-        }
-    }
-    if let Sink::Json(j) = &mut sink {
-        report::json_summaries(j, &outcome)?;
-    }
-    drop(sink);
-    match opts.format {
-        Format::Json => {}
-        Format::Csv => report::stderr_summary(&outcome, opts.quiet),
-        Format::Table => report::tables(out, &outcome)?,
-    }
-    if let Some(output) = session_out {
-        crate::session::store_rows(
-            output,
-            &all_rows,
-            &[
-                ("command", "bench io".to_string()),
-                ("command_line", opts.command_line.clone()),
-            ],
-        )?;
-    }
-    Ok(outcome)
+    Ok(dead_vms)
 }
 
-enum Sink<'a, 'w> {
-    None,
-    Json(JsonLines<&'a mut (dyn Write + 'w)>),
-    Csv(Box<CsvRows<&'a mut (dyn Write + 'w)>>),
+/// The sweep's points as the driver's loop sees them.
+struct IoExperiment {
+    targets: Vec<Target>,
+    vm_index: Vec<Option<usize>>,
+    keys: Vec<PointKey>,
+    points: Vec<Point>,
+    runner: Runner,
+    offset: u64,
+}
+
+impl Experiment for IoExperiment {
+    type Sample = SampleOut;
+
+    fn points(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn name(&self, i: usize) -> String {
+        self.points[i].name.clone()
+    }
+
+    fn hash(&self, i: usize) -> String {
+        self.points[i].config_hash.clone()
+    }
+
+    fn vms(&self, i: usize) -> Vec<String> {
+        self.targets[self.keys[i].target]
+            .vm()
+            .map(|v| vec![v.name.clone()])
+            .unwrap_or_default()
+    }
+
+    fn run(&mut self, i: usize, _step: Step) -> Result<SampleOut, VmFailure> {
+        let key = self.keys[i];
+        let t = &self.targets[key.target];
+        let spec = runner::spec_for(&t.path, key.mode, key.bs, key.size, self.offset);
+        self.runner.sample(t, self.vm_index[key.target], &spec)
+    }
+
+    fn value(&self, s: &SampleOut) -> f64 {
+        s.run.bytes_per_s()
+    }
+
+    fn load(&self, s: &SampleOut) -> crate::hygiene::LoadSample {
+        s.load
+    }
+
+    fn flag(&self, _s: &SampleOut) -> Option<String> {
+        (!self.runner.drop_caches).then(|| "caches not dropped".to_string())
+    }
+
+    fn rows(&self, i: usize, n: u32, s: &SampleOut, flag: Option<String>) -> Vec<Row> {
+        sample_rows(&self.points[i], n, s, flag)
+    }
 }
 
 /// The rows of one sample: speed, time, bytes, the engine's CPU, the
@@ -964,14 +944,18 @@ mod tests {
     #[test]
     fn bad_numbers_are_refused() {
         let bad = |o: IoOptions| o.sweep().unwrap_err().to_string();
+        let sampling = |repeat, max_repeat| Sampling {
+            repeat,
+            max_repeat,
+            ..Sampling::default()
+        };
         assert!(bad(IoOptions {
-            repeat: Some(0),
+            sampling: sampling(Some(0), None),
             ..Default::default()
         })
         .contains("--repeat"));
         assert!(bad(IoOptions {
-            repeat: Some(5),
-            max_repeat: Some(3),
+            sampling: sampling(Some(5), Some(3)),
             ..Default::default()
         })
         .contains("--max-repeat"));
@@ -982,7 +966,10 @@ mod tests {
         })
         .contains("smaller than"));
         assert!(bad(IoOptions {
-            rel_ci: 0.0,
+            sampling: Sampling {
+                rel_ci: 0.0,
+                ..Sampling::default()
+            },
             ..Default::default()
         })
         .contains("--ci"));

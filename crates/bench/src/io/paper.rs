@@ -42,6 +42,17 @@ impl Finding {
             None => "n/a",
         }
     }
+
+    /// Its `type: check` record, as every experiment's checks.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "check",
+            "claim": self.claim,
+            "holds": self.holds,
+            "verdict": self.verdict(),
+            "detail": self.detail,
+        })
+    }
 }
 
 /// (block size, mean, 95 % half-width) of one point.

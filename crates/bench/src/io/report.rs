@@ -7,7 +7,7 @@
 use super::paper::Obs;
 use super::{IoOutcome, PointResult, Sweep};
 use crate::chart::{bytes_tick, LineChart, Series, SeriesPoint};
-use crate::output::{table, JsonLines};
+use crate::output::table;
 use crate::units::{iec, mb_s, mib_s, short_iec, MIB};
 use crate::BenchError;
 use std::io::Write;
@@ -280,66 +280,43 @@ fn cpu_table(out: &mut dyn Write, o: &IoOutcome) -> std::io::Result<()> {
     writeln!(out, "{tab}")
 }
 
-/// Summary records after the samples, for `--format json`.
-pub fn json_summaries<W: Write>(j: &mut JsonLines<W>, o: &IoOutcome) -> std::io::Result<()> {
-    for r in &o.results {
-        let s = r.speed();
-        j.write(&serde_json::json!({
-            "type": "summary",
-            "experiment": "io",
-            "point": r.point.name,
-            "config": r.point.config,
-            "config_hash": r.point.config_hash,
-            "metric": "throughput",
-            "unit": "bytes/s",
-            "n": s.map(|s| s.n).unwrap_or(0),
-            "mean": s.map(|s| s.mean),
-            "ci95": s.and_then(|s| s.ci95.is_finite().then_some(s.ci95)),
-            "cv": s.map(|s| s.cv),
-            "min": s.map(|s| s.min),
-            "median": s.map(|s| s.median),
-            "max": s.map(|s| s.max),
+/// The summary record of one point (`--format json`): the fields every
+/// experiment's summary has (`driver::summary`), then the wall time and
+/// the host CPU per GiB.
+pub fn summary_json(r: &PointResult) -> serde_json::Value {
+    crate::driver::summary(
+        &r.point,
+        "throughput",
+        "bytes/s",
+        r.speed(),
+        crate::driver::PointState {
+            verdict: r.verdict,
+            flagged: r.flagged(),
+            failed: r.failed.as_deref(),
+            session: r.session.as_deref(),
+            record_error: r.record_error.as_deref(),
+        },
+        serde_json::json!({
             "wall_time_s": r.wall().map(|w| w.mean),
-            "verdict": r.verdict,
-            "flagged_samples": r.flagged(),
-            "failed": r.failed,
             "host_cpu_per_gib": r.cpu_per_gib(),
-            "manifest": r.point.manifest,
-        }))?;
-    }
-    for f in &o.findings {
-        j.write(&serde_json::json!({
-            "type": "check",
-            "claim": f.claim,
-            "holds": f.holds,
-            "verdict": f.verdict(),
-            "detail": f.detail,
-        }))?;
-    }
-    for c in &o.charts {
-        j.write(&serde_json::json!({"type": "chart", "path": c}))?;
-    }
-    for n in &o.notes {
-        j.write(&serde_json::json!({"type": "note", "message": n}))?;
-    }
-    Ok(())
+        }),
+    )
 }
 
-/// For CSV runs (stdout holds only rows): findings, failures and charts
+/// For CSV runs (stdout holds only rows): failures, findings and charts,
 /// on stderr.
-pub fn stderr_summary(o: &IoOutcome, quiet: bool) {
+pub fn short_summary(w: &mut dyn Write, o: &IoOutcome) -> std::io::Result<()> {
     let failed = o.failed_points();
     if failed > 0 {
-        eprintln!("vmscope bench io: {failed} points failed");
+        writeln!(w, "vmscope bench io: {failed} points failed")?;
     }
     for f in &o.findings {
-        eprintln!("{:<4} {}: {}", f.verdict(), f.claim, f.detail);
+        writeln!(w, "{:<4} {}: {}", f.verdict(), f.claim, f.detail)?;
     }
-    if !quiet {
-        for c in &o.charts {
-            eprintln!("chart: {}", c.display());
-        }
+    for c in &o.charts {
+        writeln!(w, "chart: {}", c.display())?;
     }
+    Ok(())
 }
 
 /// Charts into `dir`: per mode, speed vs block size with every target

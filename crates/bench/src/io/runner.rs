@@ -5,139 +5,31 @@
 //! between.
 
 use super::target::{Place, Target};
+use crate::guest::{Guest, VmFailure};
 use crate::hygiene::{self, LoadProbe, LoadSample};
 use serde::de::DeserializeOwned;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
-use vmscope_lab::{image::GUEST_AGENT_PATH, VmState};
-use vmscope_protocol::AgentClient;
+use vmscope_lab::image::GUEST_AGENT_PATH;
 use vmscope_stat::account::Accountant;
 use vmscope_workload::io::{self, IoRun, IoSpec, Mode, TargetInfo};
 
-/// Why a VM command failed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum VmFailure {
-    /// The VM's QEMU is gone: every later point of the VM fails too.
-    Dead(String),
-    /// This command failed; the VM still runs.
-    Failed(String),
-}
-
-impl std::fmt::Display for VmFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            VmFailure::Dead(m) | VmFailure::Failed(m) => f.write_str(m),
-        }
-    }
-}
-
-/// One agent connection per VM, reopened when it breaks.
-pub struct VmConn {
-    vm: VmState,
-    client: Option<AgentClient<UnixStream>>,
-}
-
-impl VmConn {
-    pub fn new(vm: &VmState) -> VmConn {
-        VmConn {
-            vm: vm.clone(),
-            client: None,
-        }
-    }
-
-    pub fn vm_name(&self) -> &str {
-        &self.vm.name
-    }
-
-    fn client(&mut self) -> Result<&mut AgentClient<UnixStream>, String> {
-        if self.client.is_none() {
-            let (c, _) = vmscope_lab::connect_agent(&self.vm, Duration::from_secs(15))
-                .map_err(|e| e.to_string())?;
-            self.client = Some(c);
-        }
-        Ok(self.client.as_mut().expect("connected above"))
-    }
-
-    fn dead(&self) -> Option<String> {
-        (!vmscope_lab::vm_running(&self.vm)).then(|| {
-            format!(
-                "VM {} stopped (QEMU pid {} is gone)",
-                self.vm.name,
-                self.vm
-                    .pid
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "?".into())
-            )
-        })
-    }
-
-    /// Runs `vmscope-agent io ARGS...` in the guest and parses its JSON
-    /// line; returns the value and the line.
-    pub fn agent_io<T: DeserializeOwned>(
-        &mut self,
-        args: &[String],
-        timeout: Duration,
-    ) -> Result<(T, String), VmFailure> {
-        let mut argv = vec![GUEST_AGENT_PATH.to_string(), "io".to_string()];
-        argv.extend_from_slice(args);
-        let mut last = String::new();
-        for _attempt in 0..2 {
-            if let Some(d) = self.dead() {
-                return Err(VmFailure::Dead(d));
-            }
-            let out = match self.client() {
-                Ok(c) => c.exec(&argv, timeout),
-                Err(e) => {
-                    last = e;
-                    continue;
-                }
-            };
-            match out {
-                Ok(o) if o.timed_out => {
-                    return Err(VmFailure::Failed(format!(
-                        "`{}` killed after {} s",
-                        argv.join(" "),
-                        timeout.as_secs()
-                    )))
-                }
-                Ok(o) if o.exit_code != 0 => {
-                    return Err(VmFailure::Failed(format!(
-                        "`{}` exited {}: {}",
-                        argv.join(" "),
-                        o.exit_code,
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    )))
-                }
-                Ok(o) => {
-                    let line = String::from_utf8_lossy(&o.stdout).trim().to_string();
-                    return serde_json::from_str(&line)
-                        .map(|v| (v, line.clone()))
-                        .map_err(|e| {
-                            VmFailure::Failed(format!(
-                                "`{}` printed no JSON line ({e}): {line:.200} (is the guest \
-                                 agent older than this vmscope?)",
-                                argv.join(" ")
-                            ))
-                        });
-                }
-                Err(e) => {
-                    // The channel broke: reconnect once, unless QEMU died.
-                    self.client = None;
-                    last = e.to_string();
-                }
-            }
-        }
-        Err(self
-            .dead()
-            .map(VmFailure::Dead)
-            .unwrap_or_else(|| VmFailure::Failed(format!("VM {}: {last}", self.vm.name))))
-    }
+/// Runs `vmscope-agent io ARGS...` in the guest and parses its JSON line;
+/// returns the value and the line.
+fn agent_io<T: DeserializeOwned>(
+    g: &mut Guest,
+    args: &[String],
+    timeout: Duration,
+) -> Result<(T, String), VmFailure> {
+    let mut argv = vec![GUEST_AGENT_PATH.to_string(), "io".to_string()];
+    argv.extend_from_slice(args);
+    g.exec_json(&argv, timeout)
 }
 
 /// The runner of one sweep: agent connections, the accountant, the load
 /// probe.
 pub struct Runner {
-    pub conns: Vec<Option<VmConn>>,
+    /// One agent connection per VM, shared by its targets.
+    pub guests: Vec<Option<Guest>>,
     pub accountant: Option<Accountant>,
     pub probe: LoadProbe,
     pub drop_caches: bool,
@@ -145,12 +37,13 @@ pub struct Runner {
     /// agent starting `vmscope-agent io` in the guest and reporting back),
     /// measured by [`Runner::calibrate`] and taken off every sample, so
     /// the split is the I/O's and not the command's.
-    pub overhead: Vec<Option<HostCpu>>,
+    pub overhead: Vec<Option<CpuSplit>>,
 }
 
-/// The host CPU a sample cost, seconds (cherkasova2005's split).
+/// The host CPU one I/O sample cost, seconds, split by who spent it
+/// (cherkasova2005's split).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct HostCpu {
+pub struct CpuSplit {
     /// The VM's vCPU threads on host CPUs.
     pub vcpu_s: f64,
     /// The VM's own I/O threads (QEMU main loop, iothreads, workers).
@@ -168,15 +61,15 @@ pub struct HostCpu {
     pub disk_ops: Option<u64>,
 }
 
-impl HostCpu {
+impl CpuSplit {
     pub fn total_s(&self) -> f64 {
         self.vcpu_s + self.io_threads_s + self.shared_io_s + self.kernel_threads_s + self.engine_s
     }
 
     /// `self − other` per part, never below zero.
-    pub fn minus(&self, o: &HostCpu) -> HostCpu {
+    pub fn minus(&self, o: &CpuSplit) -> CpuSplit {
         let d = |a: f64, b: f64| (a - b).max(0.0);
-        HostCpu {
+        CpuSplit {
             vcpu_s: d(self.vcpu_s, o.vcpu_s),
             io_threads_s: d(self.io_threads_s, o.io_threads_s),
             shared_io_s: d(self.shared_io_s, o.shared_io_s),
@@ -190,15 +83,15 @@ impl HostCpu {
     }
 
     /// The median of each part.
-    pub fn median(xs: &[HostCpu]) -> Option<HostCpu> {
+    pub fn median(xs: &[CpuSplit]) -> Option<CpuSplit> {
         if xs.is_empty() {
             return None;
         }
         let m =
-            |f: fn(&HostCpu) -> f64| crate::stats::median(&xs.iter().map(f).collect::<Vec<_>>());
+            |f: fn(&CpuSplit) -> f64| crate::stats::median(&xs.iter().map(f).collect::<Vec<_>>());
         let mut ops: Vec<u64> = xs.iter().filter_map(|h| h.disk_ops).collect();
         ops.sort_unstable();
-        Some(HostCpu {
+        Some(CpuSplit {
             vcpu_s: m(|h| h.vcpu_s),
             io_threads_s: m(|h| h.io_threads_s),
             shared_io_s: m(|h| h.shared_io_s),
@@ -215,7 +108,7 @@ pub struct SampleOut {
     pub run: IoRun,
     pub raw: String,
     pub load: LoadSample,
-    pub host_cpu: Option<HostCpu>,
+    pub host_cpu: Option<CpuSplit>,
 }
 
 impl Runner {
@@ -227,18 +120,17 @@ impl Runner {
     ) -> Result<TargetInfo, VmFailure> {
         match vm_index {
             None => Ok(io::inspect(&t.path)),
-            Some(i) => self
-                .conn(i)
-                .agent_io::<TargetInfo>(
-                    &["inspect".into(), t.path.display().to_string()],
-                    Duration::from_secs(30),
-                )
-                .map(|(v, _)| v),
+            Some(i) => agent_io::<TargetInfo>(
+                self.guest(i),
+                &["inspect".into(), t.path.display().to_string()],
+                Duration::from_secs(30),
+            )
+            .map(|(v, _)| v),
         }
     }
 
-    fn conn(&mut self, i: usize) -> &mut VmConn {
-        self.conns[i]
+    fn guest(&mut self, i: usize) -> &mut Guest {
+        self.guests[i]
             .as_mut()
             .expect("a VM target has a connection")
     }
@@ -255,19 +147,18 @@ impl Runner {
             None => io::fill(&t.path, offset, len)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            Some(i) => self
-                .conn(i)
-                .agent_io::<IoRun>(
-                    &[
-                        "fill".into(),
-                        t.path.display().to_string(),
-                        format!("size={len}"),
-                        format!("offset={offset}"),
-                    ],
-                    exec_timeout(len),
-                )
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+            Some(i) => agent_io::<IoRun>(
+                self.guest(i),
+                &[
+                    "fill".into(),
+                    t.path.display().to_string(),
+                    format!("size={len}"),
+                    format!("offset={offset}"),
+                ],
+                exec_timeout(len),
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
         }
     }
 
@@ -278,7 +169,7 @@ impl Runner {
         t: &Target,
         vm_index: usize,
         n: usize,
-    ) -> Result<HostCpu, VmFailure> {
+    ) -> Result<CpuSplit, VmFailure> {
         let spec = spec_for(&t.path, Mode::DirectRead, 4096, 0, 0);
         let mut got = Vec::new();
         for _ in 0..n {
@@ -286,7 +177,7 @@ impl Runner {
                 got.push(h);
             }
         }
-        let m = HostCpu::median(&got).unwrap_or_default();
+        let m = CpuSplit::median(&got).unwrap_or_default();
         if self.overhead.len() <= vm_index {
             self.overhead.resize(vm_index + 1, None);
         }
@@ -306,7 +197,8 @@ impl Runner {
             hygiene::drop_host_caches()
                 .map_err(|e| VmFailure::Failed(format!("dropping the host's caches: {e}")))?;
             if let Some(i) = vm_index {
-                self.conn(i).agent_io::<serde_json::Value>(
+                agent_io::<serde_json::Value>(
+                    self.guest(i),
                     &["drop-caches".into()],
                     Duration::from_secs(120),
                 )?;
@@ -324,7 +216,8 @@ impl Runner {
                 let raw = serde_json::to_string(&r).unwrap_or_default();
                 (r, raw)
             }
-            Some(i) => self.conn(i).agent_io::<IoRun>(
+            Some(i) => agent_io::<IoRun>(
+                self.guest(i),
                 &[
                     "run".into(),
                     spec.path.display().to_string(),
@@ -344,14 +237,14 @@ impl Runner {
         let load = self.probe.since(&mark);
         let kernel_threads_s = (load.kthreads_s - load.ksoftirqd_s).max(0.0);
         let host_cpu = interval.map(|iv| match &t.place {
-            Place::Host => HostCpu {
+            Place::Host => CpuSplit {
                 shared_io_s: iv.shared_io_s,
                 kernel_threads_s,
                 engine_s: run.cpu_s(),
                 ..Default::default()
             },
             Place::Vm { vm, .. } => match iv.vms.iter().find(|a| Some(a.pid) == vm.pid) {
-                Some(a) => HostCpu {
+                Some(a) => CpuSplit {
                     vcpu_s: a.vcpu_run_s,
                     io_threads_s: a.direct_io_s,
                     shared_io_s: a.shared_io_s,
@@ -359,7 +252,7 @@ impl Runner {
                     engine_s: 0.0,
                     disk_ops: (a.disk_source != "none").then_some(a.disk_ops),
                 },
-                None => HostCpu {
+                None => CpuSplit {
                     kernel_threads_s,
                     ..Default::default()
                 },
@@ -413,7 +306,7 @@ mod tests {
             512,
         );
         assert_eq!((s.count, s.offset, s.create), (256, 512, false));
-        let h = HostCpu {
+        let h = CpuSplit {
             vcpu_s: 1.0,
             io_threads_s: 0.5,
             shared_io_s: 0.25,
@@ -422,20 +315,20 @@ mod tests {
             disk_ops: None,
         };
         assert_eq!(h.total_s(), 1.875);
-        let o = HostCpu {
+        let o = CpuSplit {
             vcpu_s: 0.25,
             io_threads_s: 1.0,
             disk_ops: Some(2),
             ..Default::default()
         };
-        let d = HostCpu {
+        let d = CpuSplit {
             disk_ops: Some(10),
             ..h
         }
         .minus(&o);
         assert_eq!((d.vcpu_s, d.io_threads_s, d.disk_ops), (0.75, 0.0, Some(8)));
-        let m = HostCpu::median(&[h, o, h]).unwrap();
+        let m = CpuSplit::median(&[h, o, h]).unwrap();
         assert_eq!((m.vcpu_s, m.io_threads_s), (1.0, 0.5));
-        assert!(HostCpu::median(&[]).is_none());
+        assert!(CpuSplit::median(&[]).is_none());
     }
 }

@@ -1,41 +1,10 @@
-//! The labs `bench io --lab` brings up: a spec file, or the built-in
-//! `storage-quad` (giacobbi2011's machines: one VM on a raw file image, a
-//! qcow2 image, a raw block device and an LVM volume, all `cache=none`).
-//! A lab that is already up is reused and left up; one this run brought
-//! up is torn down at the end, also when the run fails.
+//! The lab a benchmark runs in (`--lab`: a spec file or a built-in lab,
+//! `vmscope_lab::builtin`): a lab that is already up is reused and left up;
+//! one this run brought up is torn down at the end, also when the run
+//! fails.
 
 use crate::BenchError;
-use std::path::Path;
 use vmscope_lab::{lab, LabOptions, LabSpec, LabState};
-
-/// Built-in specs, by name.
-pub const BUILT_IN: [(&str, &str); 1] = [(
-    "storage-quad",
-    include_str!("../../../../labs/storage-quad.toml"),
-)];
-
-/// The spec named by `--lab`: a file, or a built-in name.
-pub fn load_spec(arg: &str, name: Option<&str>) -> Result<LabSpec, BenchError> {
-    let mut spec = if Path::new(arg).is_file() {
-        LabSpec::from_file(Path::new(arg))?
-    } else if let Some((n, text)) = BUILT_IN.iter().find(|(n, _)| *n == arg) {
-        LabSpec::parse(text, Path::new(&format!("(built-in) labs/{n}.toml")))?
-    } else {
-        return Err(BenchError::bad(format!(
-            "--lab {arg}: no such spec file, and not a built-in lab ({})",
-            BUILT_IN.map(|(n, _)| n).join(", ")
-        )));
-    };
-    if let Some(n) = name {
-        if !vmscope_lab::names::valid_name(n) {
-            return Err(BenchError::bad(format!(
-                "--lab-name {n}: lab names are letters, digits, '-' and '_', start with a letter or digit, at most 32 characters"
-            )));
-        }
-        spec.name = n.to_string();
-    }
-    Ok(spec)
-}
 
 /// A lab in use by a run.
 pub struct LabSession {
@@ -131,32 +100,5 @@ impl Drop for LabSession {
         if !self.closed && self.owned && !self.keep {
             let _ = lab::down(&self.state.name, &self.opts);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn built_in_storage_quad_parses_with_four_backends() {
-        let s = load_spec("storage-quad", None).unwrap();
-        assert_eq!(s.name, "storage-quad");
-        let disks = &s.vms[0].disks;
-        let kinds: Vec<String> = disks
-            .iter()
-            .map(|d| format!("{:?}-{}", d.backend, d.format.as_str()))
-            .collect();
-        assert_eq!(kinds, ["File-raw", "File-qcow2", "Block-raw", "Lvm-raw"]);
-        assert!(disks.iter().all(|d| d.cache == "none"));
-        assert!(disks.last().unwrap().optional);
-        let s = load_spec("storage-quad", Some("benchio-x")).unwrap();
-        assert_eq!(s.name, "benchio-x");
-        let e = load_spec("no-such-lab", None).unwrap_err().to_string();
-        assert!(
-            e.contains("no-such-lab") && e.contains("storage-quad"),
-            "{e}"
-        );
-        assert!(load_spec("storage-quad", Some("bad name")).is_err());
     }
 }
