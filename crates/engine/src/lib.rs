@@ -24,6 +24,8 @@ mod raw;
 pub mod record;
 mod sample_cache;
 #[cfg(feature = "host")]
+mod start;
+#[cfg(feature = "host")]
 pub mod symbolize;
 
 pub use convert::{Converter, ConverterStats};

@@ -3,17 +3,19 @@
 //! `serve --profile` keep a rolling window of what it yields. `record` does
 //! not use it: it has its own loop ([`crate::record`]), with the converter
 //! on a helper thread ([`crate::pipeline::ConvertThread`]) so that reading
-//! the rings never waits on symbol loading, and writes the session file. One place owns the order of things (rings opened,
-//! `/proc` synthesized, agents armed behind the barrier, rings enabled) and
-//! the agents' bookkeeping (busy time per VM and event, lost samples, lost
-//! agents; VMs started after the session began are found every
-//! [`VM_SCAN`] and profiled passive), so every consumer scales guest rows the same way, and what
-//! profiling costs (`crate::cost`, the rates kept within
-//! [`LiveOptions::overhead_budget`]).
+//! the rings never waits on symbol loading, and writes the session file.
+//! Both start the same way ([`crate::start`]: `/proc` synthesized, agents
+//! armed behind the barrier, the cost baseline, rings enabled). This module
+//! owns the live session's steps and the agents' bookkeeping (busy time
+//! per VM and event, lost samples, lost agents; VMs started after the
+//! session began are found every [`VM_SCAN`] and profiled passive), so
+//! every consumer scales guest rows the same way, and what profiling costs
+//! (`crate::cost`, the rates kept within [`LiveOptions::overhead_budget`]).
 
 use crate::cost::{CostBook, ProfilerCost, ProfilerStep};
-use crate::guest::{arm_all, GuestDelta, GuestEvent, GuestPollers, GuestProfiler};
-use crate::plan::{arm_reason, SessionPlan, VmPlan};
+use crate::guest::{GuestDelta, GuestEvent, GuestPollers};
+use crate::plan::{SessionPlan, VmPlan};
+use crate::start::{Sampling, SessionStart, StartOptions};
 use crate::{Converter, ConverterStats, EngineError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -170,99 +172,48 @@ pub struct LiveSession {
 }
 
 impl LiveSession {
-    /// Start on `rec` (opened, not enabled) for `target`: synthesize the
-    /// existing processes, arm every active VM's agent (the barrier; a VM
-    /// whose agent is not ready continues passive, with the reason), then
-    /// enable the rings. The arm outcomes are the first events.
+    /// Start on `rec` (opened, not enabled) for `target` as `record` starts
+    /// ([`crate::start`]): synthesize the existing processes, arm every
+    /// active VM's agent (the barrier; a VM whose agent is not ready
+    /// continues passive, with the reason), then enable the rings. The arm
+    /// outcomes are the first events.
     pub fn start(
         mut rec: Recorder,
         target: &Target,
         opts: LiveOptions,
     ) -> Result<LiveSession, EngineError> {
-        let symbolizer = Symbolizer::new(opts.symbolizer.clone());
-        let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
-        for vm in &opts.plan.unmonitored {
-            conv.set_unmonitored(vm);
-        }
-        for (vm, k) in opts.plan.guest_kallsyms {
-            conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
-        }
-        // Existing processes: maps and names from /proc.
-        let pids_filter: Option<Vec<u32>> = match target {
-            Target::AllCpus => None,
-            Target::Pids(p) => Some(p.clone()),
-        };
-        for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
-            conv.push(r);
-        }
-        conv.set_origin(vmscope_linux::clock_monotonic_ns());
-
-        let mut vm_detail: HashMap<String, (Domain, String)> = opts
-            .plan
-            .domains
-            .iter()
-            .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
-            .collect();
-        // What profiling costs, from here (the interrupt level until
-        // sampling starts is the host's own).
-        let mut cost = CostBook::new(
+        let SessionStart {
+            conv,
+            origin: _,
+            vm_detail,
+            armed,
+            ready,
+        } = SessionStart::begin(
             &mut rec,
-            &opts.events,
-            opts.callchain,
-            opts.overhead_budget,
-            opts.plan.guests.len(),
+            StartOptions {
+                events: &opts.events,
+                callchain: opts.callchain,
+                symbolizer: Symbolizer::new(opts.symbolizer),
+                plan: opts.plan,
+                target,
+                barrier_timeout: opts.barrier_timeout,
+                overhead_budget: opts.overhead_budget,
+                poll_every: opts.poll_every,
+            },
         )?;
-        let mut guests = opts.plan.guests;
-        for g in &mut guests {
-            g.set_overhead_budget(cost.guest_budget());
-        }
-        let mut events = Vec::new();
-        let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
-        for a in arm_all(guests, &opts.events, opts.callchain, opts.barrier_timeout) {
-            let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
-                (
-                    Domain {
-                        name: a.domain.to_string(),
-                        role: Role::Active,
-                        pid: None,
-                    },
-                    String::new(),
-                )
-            });
-            let plan = match a.result {
-                Ok(g) => {
-                    dom.role = Role::Active;
-                    active.push(g);
-                    None
-                }
-                Err((_, why)) => {
-                    let (reason, fix) = arm_reason(&why, opts.barrier_timeout);
-                    dom.role = Role::Passive;
-                    Some(VmPlan {
-                        name: a.domain.to_string(),
-                        role: Role::Passive,
-                        reason: Some(reason),
-                        fix,
-                    })
-                }
-            };
-            vm_detail.insert(dom.name.clone(), (dom.clone(), det.clone()));
-            events.push(LiveEvent::Armed {
-                domain: dom,
-                detail: det,
-                plan,
-            });
-        }
-        rec.enable()?;
-        cost.sampling_starts();
-        let t0 = Instant::now();
-        let pollers = (!active.is_empty()).then(|| {
-            let longest = match opts.overhead_budget {
-                Some(_) => crate::guest::BUDGET_LONGEST_POLL,
-                None => opts.poll_every,
-            };
-            GuestPollers::spawn_stretching(active, opts.poll_every, longest, t0)
-        });
+        let events = armed
+            .into_iter()
+            .map(|a| LiveEvent::Armed {
+                domain: a.domain,
+                detail: a.detail,
+                plan: a.plan,
+            })
+            .collect();
+        let Sampling {
+            cost,
+            pollers,
+            enabled: t0,
+        } = ready.enable(&mut rec)?;
         Ok(LiveSession {
             rec,
             conv,

@@ -1,11 +1,20 @@
 //! Live recording: perf_event rings → converter → session file, flushed
 //! every `flush_interval` (≤ 1 s) so a killed recorder loses at most that
 //! (agent rows: one second more, see `AgentBook::flush`).
+//!
+//! This module owns the command to record (started paused, stopped at the
+//! end), the session file's contents and the recording's stages
+//! (`Run::session`): the metadata, the start (the one the live session
+//! uses too, [`crate::start`]: converter, `/proc`, agents armed, cost
+//! baseline, rings enabled), the read loop and its flushes, the agents'
+//! bookkeeping (`AgentBook`) and the finish.
 
-use crate::guest::{arm_all, GuestEvent, GuestPollers, GuestProfiler};
+use crate::cost::CostBook;
+use crate::guest::{GuestEvent, GuestPollers};
 use crate::pipeline::ConvertThread;
 use crate::plan::SessionPlan;
-use crate::{Converter, ConverterStats, EngineError};
+use crate::start::{ArmOutcome, Sampling, SessionStart, StartOptions};
+use crate::{ConverterStats, EngineError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -407,12 +416,12 @@ pub fn record(
     };
     let body = run.session(
         &mut writer,
+        opts.plan,
         RunOptions {
             events: &opts.events,
             command_line: &opts.command_line,
             callchain: opts.callchain,
             meta: &opts.meta,
-            plan: opts.plan,
             symbolizer: opts.symbolizer,
             defer_symbols: opts.defer_symbols,
             barrier_timeout: opts.barrier_timeout,
@@ -456,7 +465,6 @@ struct RunOptions<'a> {
     command_line: &'a str,
     callchain: bool,
     meta: &'a [(String, String)],
-    plan: SessionPlan,
     symbolizer: SymbolizerOptions,
     defer_symbols: bool,
     barrier_timeout: Duration,
@@ -478,271 +486,353 @@ struct Run<'a, 'p> {
     sampling: bool,
 }
 
+/// A recording while it samples: what the read loop, the flushes and the
+/// finish share.
+struct Recording {
+    /// The converter, on its own thread.
+    conv: ConvertThread,
+    cost: CostBook,
+    /// The active agents' polling threads.
+    pollers: Option<GuestPollers>,
+    agents: AgentBook,
+    /// What the closing lines tell the user.
+    notes: Vec<String>,
+    /// When the read loop began: the recording's duration, its cost steps
+    /// and ended VMs count from here.
+    t0: Instant,
+}
+
 impl Run<'_, '_> {
-    #[allow(clippy::too_many_lines)]
+    /// The recording's stages, in order: the session's metadata, the start
+    /// (shared with the live session, [`crate::start`]), the read loop with
+    /// its flushes, the end of sampling and of the command, the finish.
     fn session(
         &mut self,
         writer: &mut SessionWriter,
+        plan: SessionPlan,
         opts: RunOptions<'_>,
     ) -> Result<RecordSummary, EngineError> {
-        let rec = &mut self.rec;
-        let target = &self.target;
-        let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
-        writer.set_events(&events)?;
-        let started = unix_now();
-        let hostname = sysctl("kernel.hostname");
-        let kernel = sysctl("kernel.osrelease");
-        for (k, v) in [
-            ("source", "record".to_string()),
-            ("command", opts.command_line.to_string()),
-            ("hostname", hostname),
-            ("kernel", kernel),
-            ("cpus", rec.cpus().len().to_string()),
-            ("started_at", format!("{started:.3}")),
-            ("callchain", u8::from(opts.callchain).to_string()),
-        ] {
-            writer.set_meta(k, &v)?;
+        write_metadata(writer, &opts, &plan, self.rec.cpus().len())?;
+        let mut r = self.start(writer, plan, &opts)?;
+        let (ended, status) = self.read_loop(writer, &mut r, &opts)?;
+        let duration = r.t0.elapsed();
+        self.rec.disable()?;
+        let mark = self
+            .rec
+            .read_bytes(Duration::from_millis(0), |b| r.conv.copy(b))?;
+        r.conv.push_read(mark);
+        if let Some(note) = self.stop_command(ended, status, &opts) {
+            r.notes.push(note);
         }
-        for (k, v) in opts.meta.iter().chain(&opts.plan.meta) {
-            writer.set_meta(k, v)?;
-        }
-        writer.upsert_domain(&DomainRecord {
-            domain: Domain::host(),
-            status: "running".into(),
-            ended_at: None,
-            detail: String::new(),
-        })?;
-        for (d, detail) in &opts.plan.domains {
-            writer.upsert_domain(&DomainRecord {
-                domain: Domain {
-                    role: if d.role == Role::Initiator {
-                        Role::Passive
-                    } else {
-                        d.role
-                    },
-                    ..d.clone()
-                },
-                status: "running".into(),
-                ended_at: None,
-                detail: detail.clone(),
-            })?;
-        }
+        r.finish(writer, &mut self.rec, duration, status, opts.exit_after)
+    }
 
-        crate::symbolize::store_options(writer, &opts.symbolizer)?;
+    /// Set up the converter, arm the agents and store their outcome
+    /// ([`SessionStart`]); unless a signal came meanwhile, move the
+    /// converter to its thread, enable sampling and let the command run.
+    fn start(
+        &mut self,
+        writer: &mut SessionWriter,
+        plan: SessionPlan,
+        opts: &RunOptions<'_>,
+    ) -> Result<Recording, EngineError> {
         let symbolizer = if opts.defer_symbols {
             Symbolizer::deferred(opts.symbolizer.clone())
         } else {
             Symbolizer::new(opts.symbolizer.clone())
         };
-        let mut conv = Converter::new(symbolizer, opts.plan.threads.clone());
-        for vm in &opts.plan.unmonitored {
-            conv.set_unmonitored(vm);
-        }
-        for (vm, k) in opts.plan.guest_kallsyms {
-            conv.symbolizer_mut().add_guest_kallsyms(&vm, k);
-        }
-        // Existing processes: maps and names from /proc.
-        let pids_filter: Option<Vec<u32>> = match target {
-            Target::AllCpus => None,
-            Target::Pids(p) => Some(p.clone()),
-        };
-        for r in vmscope_linux::synthesize_from_proc(&ProcRoot::system(), pids_filter.as_deref()) {
-            conv.push(r);
-        }
-        conv.set_origin(vmscope_linux::clock_monotonic_ns());
-        // From here the converter runs on its own thread: reading the rings
-        // never waits on symbol loading, or on conversion (crate::pipeline).
-        let mut conv = ConvertThread::spawn(conv, rec.stream())?;
-        // Checkpoints at most every 64 MiB of log rather than SQLite's 4 MiB
-        // (SessionWriter::set_wal_autocheckpoint).
-        writer.set_wal_autocheckpoint(16_384)?;
-        // The same origin for agents' rows: the second they arrive in.
-        let t_origin = Instant::now();
-
-        // What profiling costs, from here (the interrupt level until
-        // sampling starts is the host's own).
-        let mut cost = crate::cost::CostBook::new(
-            rec,
-            opts.events,
-            opts.callchain,
-            opts.overhead_budget,
-            opts.plan.guests.len(),
+        let SessionStart {
+            conv,
+            origin,
+            vm_detail,
+            armed,
+            ready,
+        } = SessionStart::begin(
+            &mut self.rec,
+            StartOptions {
+                events: opts.events,
+                callchain: opts.callchain,
+                symbolizer,
+                plan,
+                target: &self.target,
+                barrier_timeout: opts.barrier_timeout,
+                overhead_budget: opts.overhead_budget,
+                poll_every: AGENT_POLL,
+            },
         )?;
-        let mut guests = opts.plan.guests;
-        for g in &mut guests {
-            g.set_overhead_budget(cost.guest_budget());
-        }
-        // The readiness barrier: every active agent armed before the host starts.
         let mut notes = Vec::new();
-        let mut active: Vec<Box<dyn GuestProfiler>> = Vec::new();
-        let mut vm_detail: HashMap<String, (Domain, String)> = opts
-            .plan
-            .domains
-            .iter()
-            .map(|(d, det)| (d.name.clone(), (d.clone(), det.clone())))
-            .collect();
-        for a in arm_all(guests, opts.events, opts.callchain, opts.barrier_timeout) {
-            let (mut dom, det) = vm_detail.get(&*a.domain).cloned().unwrap_or_else(|| {
-                (
-                    Domain {
-                        name: a.domain.to_string(),
-                        role: Role::Active,
-                        pid: None,
-                    },
-                    String::new(),
-                )
-            });
-            match a.result {
-                Ok(g) => {
-                    dom.role = Role::Active;
-                    writer.upsert_domain(&DomainRecord {
-                        domain: dom.clone(),
-                        status: "running".into(),
-                        ended_at: None,
-                        detail: det.clone(),
-                    })?;
-                    vm_detail.insert(dom.name.clone(), (dom, det));
-                    active.push(g);
-                }
-                Err((_, why)) => {
-                    let (reason, fix) = crate::plan::arm_reason(&why, opts.barrier_timeout);
-                    let plan = crate::plan::VmPlan {
-                        name: a.domain.to_string(),
-                        role: Role::Passive,
-                        reason: Some(reason),
-                        fix,
-                    };
-                    writer.set_meta(&format!("agent_{}", a.domain), &plan.describe())?;
-                    let note = format!("VM {}: profiled as {}", a.domain, plan.describe());
-                    notes.push(note.clone());
-                    dom.role = Role::Passive;
-                    writer.upsert_domain(&DomainRecord {
-                        domain: dom.clone(),
-                        status: "running".into(),
-                        ended_at: None,
-                        detail: format!("{det}; {note}"),
-                    })?;
-                    vm_detail.insert(dom.name.clone(), (dom, det));
-                }
-            }
+        for a in &armed {
+            store_arm_outcome(writer, a, &mut notes)?;
         }
-
         // Stopped while the agents were being armed: no recording at all.
         if self.stop.load(Ordering::Relaxed) {
             return Err(EngineError::Invalid(
                 "stopped by a signal before sampling started; nothing was recorded".into(),
             ));
         }
-        cost.sampling_starts();
-        rec.enable()?;
+        // From here the converter runs on its own thread: reading the rings
+        // never waits on symbol loading, or on conversion (crate::pipeline).
+        let conv = ConvertThread::spawn(conv, self.rec.stream())?;
+        let Sampling { cost, pollers, .. } = ready.enable(&mut self.rec)?;
         self.sampling = true;
-        let t_enable = Instant::now();
-        let mut pollers = (!active.is_empty()).then(|| {
-            let longest = match opts.overhead_budget {
-                Some(_) => crate::guest::BUDGET_LONGEST_POLL,
-                None => AGENT_POLL,
-            };
-            GuestPollers::spawn_stretching(active, AGENT_POLL, longest, t_enable)
-        });
-        let mut agents = AgentBook {
-            t0: Some(t_origin),
-            ..AgentBook::default()
-        };
         if let Some(c) = self.child.as_mut() {
             c.release();
         }
-        let t0 = Instant::now();
+        Ok(Recording {
+            conv,
+            cost,
+            pollers,
+            agents: AgentBook {
+                // The converter's origin for agents' rows too: the second
+                // they arrive in.
+                t0: Some(origin),
+                vms: vm_detail,
+                ..AgentBook::default()
+            },
+            notes,
+            t0: Instant::now(),
+        })
+    }
+
+    /// Read the rings, hand the reads to the converter and store its
+    /// answers and the agents' rows, flushing every `flush_interval`,
+    /// until the recording ends: why, and the command's exit status.
+    fn read_loop(
+        &mut self,
+        writer: &mut SessionWriter,
+        r: &mut Recording,
+        opts: &RunOptions<'_>,
+    ) -> Result<(Ended, Option<i32>), EngineError> {
+        let watching = self.child.is_some() || matches!(self.target, Target::Pids(_));
         let mut last_flush = Instant::now();
-        let mut status = None;
         // A delta was asked for and not yet written.
         let mut asked = false;
-        let ended = loop {
+        loop {
             let wait = read_wait(
-                t0.elapsed(),
+                r.t0.elapsed(),
                 last_flush.elapsed(),
                 opts.flush_interval,
                 opts.duration,
                 asked,
-                self.child.is_some() || matches!(target, Target::Pids(_)),
+                watching,
             );
-            let mark = rec.read_bytes(wait, |b| conv.copy(b))?;
-            conv.push_read(mark);
-            for t in conv.try_taken() {
+            let mark = self.rec.read_bytes(wait, |b| r.conv.copy(b))?;
+            r.conv.push_read(mark);
+            for t in r.conv.try_taken() {
                 write_delta(writer, &t.raw, &t.delta)?;
                 asked = false;
             }
-            if let Some(p) = &pollers {
-                for ev in p.events.try_iter() {
-                    guest_cost(&mut cost, &ev, t0);
-                    agents.take(ev, writer, &vm_detail, &mut notes)?;
-                }
-            }
+            r.agent_events(writer)?;
             if last_flush.elapsed() >= opts.flush_interval {
-                cost.host_step(rec, t0.elapsed().as_secs_f64(), conv.stats().samples)?;
-                // The delta is written when the converter answers (a
-                // later turn of the loop, soon: see read_wait): asking
-                // never waits.
-                conv.ask();
+                r.flush(writer, &mut self.rec)?;
                 asked = true;
-                // The flush's bookkeeping in one commit.
-                writer.batch(|w| {
-                    cost.flush(w)?;
-                    agents.flush(w, conv.stats(), false)?;
-                    mark_ended_vms(w, &vm_detail, &mut agents, t0)?;
-                    w.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
-                    Ok::<(), EngineError>(())
-                })?;
-                (self.progress)(t0.elapsed(), conv.stats().samples);
+                (self.progress)(r.t0.elapsed(), r.conv.stats().samples);
                 last_flush = Instant::now();
             }
-            if self.stop.load(Ordering::Relaxed) {
-                break Ended::Stop;
-            }
-            if opts.duration.is_some_and(|d| t0.elapsed() >= d) {
-                break Ended::Duration;
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Some(st) = c.try_wait() {
-                    if let Some(e) = c.exec_failure() {
-                        return Err(EngineError::Spawn {
-                            command: opts.command.unwrap_or_default().join(" "),
-                            source: e,
-                        });
-                    }
-                    status = Some(st);
-                    break Ended::Command;
-                }
-            }
-            if let Target::Pids(p) = target {
-                if self.child.is_none() && p.iter().all(|pid| !ProcRoot::system().exists(*pid)) {
-                    break Ended::TargetsGone;
-                }
-            }
-        };
-        let duration = t0.elapsed();
-        rec.disable()?;
-        let mark = rec.read_bytes(Duration::from_millis(0), |b| conv.copy(b))?;
-        conv.push_read(mark);
-        if let Some(mut c) = self.child.take() {
-            if status.is_none() && c.stop(Duration::from_secs(2)) {
-                let why = match (ended, opts.duration) {
-                    (Ended::Duration, Some(d)) => {
-                        format!("-d {} s ended the recording", d.as_secs_f64())
-                    }
-                    _ => "the recording was stopped".to_string(),
-                };
-                notes.push(format!(
-                    "{why} while the command ({}) was still running; vmscope stopped it ({})",
-                    opts.command.unwrap_or_default().join(" "),
-                    match c.status.map(|s| s - 128) {
-                        Some(libc::SIGTERM) => "SIGTERM".to_string(),
-                        Some(libc::SIGKILL) => "SIGKILL, 2 s after SIGTERM".to_string(),
-                        Some(s) if s > 0 => format!("it ended on signal {s}"),
-                        _ => format!("it exited with {}", c.status.unwrap_or(0)),
-                    }
-                ));
+            if let Some(end) = self.ended(r.t0, opts)? {
+                return Ok(end);
             }
         }
+    }
+
+    /// Whether the recording ends now, why, and the command's exit status;
+    /// a command that could not be run is an error.
+    fn ended(
+        &mut self,
+        t0: Instant,
+        opts: &RunOptions<'_>,
+    ) -> Result<Option<(Ended, Option<i32>)>, EngineError> {
+        if self.stop.load(Ordering::Relaxed) {
+            return Ok(Some((Ended::Stop, None)));
+        }
+        if opts.duration.is_some_and(|d| t0.elapsed() >= d) {
+            return Ok(Some((Ended::Duration, None)));
+        }
+        if let Some(c) = self.child.as_mut() {
+            if let Some(st) = c.try_wait() {
+                if let Some(e) = c.exec_failure() {
+                    return Err(EngineError::Spawn {
+                        command: opts.command.unwrap_or_default().join(" "),
+                        source: e,
+                    });
+                }
+                return Ok(Some((Ended::Command, Some(st))));
+            }
+        }
+        if let Target::Pids(p) = &self.target {
+            if self.child.is_none() && p.iter().all(|pid| !ProcRoot::system().exists(*pid)) {
+                return Ok(Some((Ended::TargetsGone, None)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Stop the command if it still runs (SIGTERM, SIGKILL 2 s later): the
+    /// note that says why and how.
+    fn stop_command(
+        &mut self,
+        ended: Ended,
+        status: Option<i32>,
+        opts: &RunOptions<'_>,
+    ) -> Option<String> {
+        let mut c = self.child.take()?;
+        if status.is_some() || !c.stop(Duration::from_secs(2)) {
+            return None;
+        }
+        let why = match (ended, opts.duration) {
+            (Ended::Duration, Some(d)) => {
+                format!("-d {} s ended the recording", d.as_secs_f64())
+            }
+            _ => "the recording was stopped".to_string(),
+        };
+        Some(format!(
+            "{why} while the command ({}) was still running; vmscope stopped it ({})",
+            opts.command.unwrap_or_default().join(" "),
+            match c.status.map(|s| s - 128) {
+                Some(libc::SIGTERM) => "SIGTERM".to_string(),
+                Some(libc::SIGKILL) => "SIGKILL, 2 s after SIGTERM".to_string(),
+                Some(s) if s > 0 => format!("it ended on signal {s}"),
+                _ => format!("it exited with {}", c.status.unwrap_or(0)),
+            }
+        ))
+    }
+}
+
+/// The session's metadata before anything starts: events, where and how
+/// it was recorded, the domains as planned, the symbolizer's options, and
+/// the write-ahead log's checkpoint size.
+fn write_metadata(
+    writer: &mut SessionWriter,
+    opts: &RunOptions<'_>,
+    plan: &SessionPlan,
+    cpus: usize,
+) -> Result<(), EngineError> {
+    let events: Vec<SessionEvent> = opts.events.iter().map(SessionEvent::from).collect();
+    writer.set_events(&events)?;
+    let started = unix_now();
+    let hostname = sysctl("kernel.hostname");
+    let kernel = sysctl("kernel.osrelease");
+    for (k, v) in [
+        ("source", "record".to_string()),
+        ("command", opts.command_line.to_string()),
+        ("hostname", hostname),
+        ("kernel", kernel),
+        ("cpus", cpus.to_string()),
+        ("started_at", format!("{started:.3}")),
+        ("callchain", u8::from(opts.callchain).to_string()),
+    ] {
+        writer.set_meta(k, &v)?;
+    }
+    for (k, v) in opts.meta.iter().chain(&plan.meta) {
+        writer.set_meta(k, v)?;
+    }
+    writer.upsert_domain(&DomainRecord {
+        domain: Domain::host(),
+        status: "running".into(),
+        ended_at: None,
+        detail: String::new(),
+    })?;
+    for (d, detail) in &plan.domains {
+        writer.upsert_domain(&DomainRecord {
+            domain: Domain {
+                role: if d.role == Role::Initiator {
+                    Role::Passive
+                } else {
+                    d.role
+                },
+                ..d.clone()
+            },
+            status: "running".into(),
+            ended_at: None,
+            detail: detail.clone(),
+        })?;
+    }
+    crate::symbolize::store_options(writer, &opts.symbolizer)?;
+    // Checkpoints at most every 64 MiB of log rather than SQLite's 4 MiB
+    // (SessionWriter::set_wal_autocheckpoint).
+    writer.set_wal_autocheckpoint(16_384)?;
+    Ok(())
+}
+
+/// Store a VM's role after the barrier: its domain row, and for a VM that
+/// continues passive its `agent_NAME` metadata and a closing note.
+fn store_arm_outcome(
+    writer: &mut SessionWriter,
+    a: &ArmOutcome,
+    notes: &mut Vec<String>,
+) -> Result<(), EngineError> {
+    let detail = match &a.plan {
+        None => a.detail.clone(),
+        Some(plan) => {
+            let name = &a.domain.name;
+            writer.set_meta(&format!("agent_{name}"), &plan.describe())?;
+            let note = format!("VM {name}: profiled as {}", plan.describe());
+            notes.push(note.clone());
+            format!("{}; {note}", a.detail)
+        }
+    };
+    writer.upsert_domain(&DomainRecord {
+        domain: a.domain.clone(),
+        status: "running".into(),
+        ended_at: None,
+        detail,
+    })?;
+    Ok(())
+}
+
+impl Recording {
+    /// Take what the agents sent since the last look (rows, cost steps,
+    /// lost agents).
+    fn agent_events(&mut self, writer: &mut SessionWriter) -> Result<(), EngineError> {
+        let Some(p) = &self.pollers else {
+            return Ok(());
+        };
+        for ev in p.events.try_iter() {
+            self.agents
+                .take(ev, writer, &mut self.cost, self.t0, &mut self.notes)?;
+        }
+        Ok(())
+    }
+
+    /// The flush every `flush_interval`: the host recorder's cost step
+    /// (which may change its rate), the converter asked for its delta, and
+    /// the bookkeeping in one commit.
+    fn flush(&mut self, writer: &mut SessionWriter, rec: &mut Recorder) -> Result<(), EngineError> {
+        let t0 = self.t0;
+        self.cost
+            .host_step(rec, t0.elapsed().as_secs_f64(), self.conv.stats().samples)?;
+        // The delta is written when the converter answers (a later turn of
+        // the loop, soon: see read_wait): asking never waits.
+        self.conv.ask();
+        let (cost, agents, stats) = (&mut self.cost, &mut self.agents, self.conv.stats());
+        writer.batch(|w| {
+            cost.flush(w)?;
+            agents.flush(w, stats, false)?;
+            agents.mark_ended_vms(w, t0)?;
+            w.set_meta("duration_s", &format!("{:.3}", t0.elapsed().as_secs_f64()))?;
+            Ok::<(), EngineError>(())
+        })
+    }
+
+    /// After sampling stopped: every read converted and stored, the
+    /// agents' last rows, the profilers' costs, warnings, build-ids and
+    /// the times.
+    fn finish(
+        self,
+        writer: &mut SessionWriter,
+        rec: &mut Recorder,
+        duration: Duration,
+        status: Option<i32>,
+        exit_after: bool,
+    ) -> Result<RecordSummary, EngineError> {
+        let Recording {
+            conv,
+            mut cost,
+            pollers,
+            mut agents,
+            mut notes,
+            t0,
+        } = self;
         let lost_behind = conv.dropped();
         // Every batch converted: the answers not yet written, then the rest.
         let (rest, mut conv) = conv.finish()?;
@@ -752,10 +842,9 @@ impl Run<'_, '_> {
         let (raw, delta) = (conv.take_raw(), conv.take_delta());
         write_delta(writer, &raw, &delta)?;
         cost.host_step(rec, duration.as_secs_f64(), conv.stats().samples)?;
-        if let Some(p) = pollers.take() {
+        if let Some(p) = pollers {
             for ev in p.stop().try_iter() {
-                guest_cost(&mut cost, &ev, t0);
-                agents.take(ev, writer, &vm_detail, &mut notes)?;
+                agents.take(ev, writer, &mut cost, t0, &mut notes)?;
             }
         }
         agents.flush(writer, conv.stats(), true)?;
@@ -768,7 +857,7 @@ impl Run<'_, '_> {
         writer.set_meta("duration_s", &format!("{:.3}", duration.as_secs_f64()))?;
         writer.set_meta("ended_at", &format!("{:.3}", unix_now()))?;
         let stats = conv.stats().clone();
-        if opts.exit_after {
+        if exit_after {
             // See RecordOptions::exit_after: the OS takes it back at exit.
             std::mem::forget(conv);
         }
@@ -837,18 +926,12 @@ pub(crate) fn read_wait(
     wait
 }
 
-/// Note what an agent's delta says its profiling cost.
-fn guest_cost(cost: &mut crate::cost::CostBook, ev: &GuestEvent, t0: Instant) {
-    if let GuestEvent::Delta { domain, delta } = ev {
-        if let Some(step) = delta.cost {
-            cost.guest_step(domain, step, t0.elapsed().as_secs_f64());
-        }
-    }
-}
-
-/// What the agents sent, waiting for the next flush, and their totals.
+/// The agents' bookkeeping: what they sent, waiting for the next flush,
+/// their totals, and what became of each VM (agent lost, QEMU ended).
 #[derive(Default)]
 struct AgentBook {
+    /// Every VM's domain (role after the barrier) and detail, by name.
+    vms: HashMap<String, (Domain, String)>,
     delta: Profile,
     /// What the agents measured (busy period, samples, lost samples).
     totals: crate::live::AgentTotals,
@@ -868,15 +951,21 @@ impl AgentBook {
         })
     }
 
+    /// Take one event of an agent's poller: a delta's rows (and the cost
+    /// step it reports, `t0` being the recording's start), or a lost agent.
     fn take(
         &mut self,
         ev: GuestEvent,
         writer: &mut SessionWriter,
-        vms: &HashMap<String, (Domain, String)>,
+        cost: &mut CostBook,
+        t0: Instant,
         notes: &mut Vec<String>,
     ) -> Result<(), EngineError> {
         match ev {
             GuestEvent::Delta { domain, delta } => {
+                if let Some(step) = delta.cost {
+                    cost.guest_step(&domain, step, t0.elapsed().as_secs_f64());
+                }
                 // Rows sampled since the previous poll (500 ms): booked in
                 // the second they arrive in.
                 let second = self.second();
@@ -889,7 +978,7 @@ impl AgentBook {
                 if self.ended.contains(&*domain) {
                     return Ok(());
                 }
-                if let Some((d, det)) = vms.get(&*domain) {
+                if let Some((d, det)) = self.vms.get(&*domain) {
                     writer.upsert_domain(&DomainRecord {
                         domain: d.clone(),
                         status: "lost".into(),
@@ -956,27 +1045,27 @@ impl AgentBook {
         writer.flush_agent_scaled(&done, &scales)?;
         Ok(())
     }
-}
 
-/// Mark VMs whose QEMU exited as ended (their data so far stays).
-fn mark_ended_vms(
-    writer: &mut SessionWriter,
-    vms: &HashMap<String, (Domain, String)>,
-    agents: &mut AgentBook,
-    t0: Instant,
-) -> Result<(), EngineError> {
-    for (name, (d, det)) in vms {
-        let Some(pid) = d.pid else { continue };
-        if !ProcRoot::system().exists(pid) && agents.ended.insert(name.clone()) {
-            writer.upsert_domain(&DomainRecord {
-                domain: d.clone(),
-                status: "ended".into(),
-                ended_at: Some(t0.elapsed().as_secs_f64()),
-                detail: format!("{det}; QEMU process {pid} exited during the session"),
-            })?;
+    /// Mark VMs whose QEMU exited as ended (their data so far stays), at
+    /// their time since `t0`.
+    fn mark_ended_vms(
+        &mut self,
+        writer: &mut SessionWriter,
+        t0: Instant,
+    ) -> Result<(), EngineError> {
+        for (name, (d, det)) in &self.vms {
+            let Some(pid) = d.pid else { continue };
+            if !ProcRoot::system().exists(pid) && self.ended.insert(name.clone()) {
+                writer.upsert_domain(&DomainRecord {
+                    domain: d.clone(),
+                    status: "ended".into(),
+                    ended_at: Some(t0.elapsed().as_secs_f64()),
+                    detail: format!("{det}; QEMU process {pid} exited during the session"),
+                })?;
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

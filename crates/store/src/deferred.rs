@@ -25,8 +25,9 @@
 //! It knows nothing of symbol tables: the caller (the engine) resolves.
 
 use crate::output::{lock_path, partial_path, WriterLock};
-use crate::{sql_err, Result, SessionWriter, StoreError};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use crate::sql::{sql_err, Sql};
+use crate::{Result, SessionWriter, StoreError};
+use rusqlite::{params, Connection, OpenFlags};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,7 +106,7 @@ impl SessionWriter {
         };
         if self.bulk_tx.get() || self.in_batch {
             // Inside the bulk load's or a batch's transaction.
-            write(&self.conn).map_err(sql_err(&self.path))?;
+            self.sql().check(write(&self.conn))?;
         } else {
             self.write_tx(write)?;
         }
@@ -148,8 +149,7 @@ fn cannot_write(path: &Path, what: String) -> StoreError {
 pub fn snapshot(path: &Path, dst: &Path) -> Result<()> {
     let conn = crate::open_read_only(path)?;
     conn.busy_timeout(BUSY_WAIT).map_err(sql_err(path))?;
-    conn.execute("VACUUM INTO ?1", [dst.to_string_lossy()])
-        .map_err(sql_err(path))?;
+    Sql::new(&conn, path).execute("VACUUM INTO ?1", [dst.to_string_lossy()])?;
     Ok(())
 }
 
@@ -238,23 +238,19 @@ impl PendingSymbols {
     /// without writing anything.
     pub fn pending_at(path: &Path) -> Result<bool> {
         let conn = crate::open_read_only(path)?;
-        let has_meta: Option<String> = conn
-            .query_row(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(sql_err(path))?;
+        let sql = Sql::new(&conn, path);
+        let has_meta: Option<String> = sql.optional_row(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name='meta'",
+            [],
+            |r| r.get(0),
+        )?;
         if has_meta.is_none() {
             return Ok(false);
         }
-        let v: Option<String> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'symbols'", [], |r| {
+        let v: Option<String> =
+            sql.optional_row("SELECT value FROM meta WHERE key = 'symbols'", [], |r| {
                 r.get(0)
-            })
-            .optional()
-            .map_err(sql_err(path))?;
+            })?;
         Ok(v.as_deref() == Some(SYMBOLS_DEFERRED))
     }
 
@@ -264,6 +260,10 @@ impl PendingSymbols {
 
     fn conn(&self) -> &Connection {
         &self.writer.conn
+    }
+
+    fn sql(&self) -> Sql<'_> {
+        self.writer.sql()
     }
 
     fn damaged(&self, table: &'static str, what: String) -> StoreError {
@@ -276,24 +276,22 @@ impl PendingSymbols {
 
     /// A metadata value of the session.
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
-        self.conn()
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()
-            .map_err(sql_err(self.path()))
+        self.sql()
+            .optional_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
     }
 
     /// The domain and process names by number.
     pub fn strings(&self) -> Result<Vec<(u32, Arc<str>)>> {
-        let mut st = self
-            .conn()
-            .prepare("SELECT id, text FROM deferred_strings ORDER BY id")
-            .map_err(sql_err(self.path()))?;
-        let rows = st
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-            .map_err(sql_err(self.path()))?;
+        let sql = self.sql();
+        let mut st = sql.check(
+            self.conn()
+                .prepare("SELECT id, text FROM deferred_strings ORDER BY id"),
+        )?;
+        let rows =
+            sql.check(st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))))?;
         let mut out = Vec::new();
         for row in rows {
-            let (id, text) = row.map_err(sql_err(self.path()))?;
+            let (id, text) = sql.check(row)?;
             let id = u32::try_from(id)
                 .map_err(|_| self.damaged("deferred_strings", format!("has string id {id}")))?;
             out.push((id, text.into()));
@@ -309,16 +307,16 @@ impl PendingSymbols {
         what: &str,
         decode: impl Fn(&[u8]) -> Option<Vec<T>>,
     ) -> Result<Vec<T>> {
-        let mut st = self
-            .conn()
-            .prepare(&format!("SELECT block, data FROM {table} ORDER BY block"))
-            .map_err(sql_err(self.path()))?;
-        let rows = st
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
-            .map_err(sql_err(self.path()))?;
+        let sql = self.sql();
+        let mut st = sql.check(
+            self.conn()
+                .prepare(&format!("SELECT block, data FROM {table} ORDER BY block")),
+        )?;
+        let rows =
+            sql.check(st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))))?;
         let mut out = Vec::new();
         for row in rows {
-            let (block, data) = row.map_err(sql_err(self.path()))?;
+            let (block, data) = sql.check(row)?;
             out.extend(decode(&data).ok_or_else(|| {
                 self.damaged(
                     table,
@@ -399,12 +397,10 @@ impl PendingSymbols {
 
     /// The number of blocks of rows (one per flush of the recording).
     pub fn row_blocks(&self) -> Result<usize> {
-        self.conn()
-            .query_row("SELECT count(*) FROM deferred_rows", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map(|n| n as usize)
-            .map_err(sql_err(self.path()))
+        let n: i64 = self
+            .sql()
+            .row("SELECT count(*) FROM deferred_rows", [], |r| r.get(0))?;
+        Ok(n as usize)
     }
 
     /// Call `f` with the rows of each block in turn, in the order stored
@@ -413,26 +409,17 @@ impl PendingSymbols {
         &mut self,
         mut f: impl FnMut(&mut Self, Vec<(RawRowKey, u64, u64)>) -> Result<()>,
     ) -> Result<()> {
-        let ids: Vec<i64> = {
-            let mut st = self
-                .conn()
-                .prepare("SELECT block FROM deferred_rows ORDER BY block")
-                .map_err(sql_err(self.path()))?;
-            let rows = st
-                .query_map([], |r| r.get(0))
-                .map_err(sql_err(self.path()))?;
-            rows.collect::<rusqlite::Result<_>>()
-                .map_err(sql_err(self.path()))?
-        };
+        let ids: Vec<i64> =
+            self.sql()
+                .rows("SELECT block FROM deferred_rows ORDER BY block", [], |r| {
+                    r.get(0)
+                })?;
         for id in ids {
-            let blob: Vec<u8> = self
-                .conn()
-                .query_row(
-                    "SELECT data FROM deferred_rows WHERE block = ?1",
-                    [id],
-                    |r| r.get(0),
-                )
-                .map_err(sql_err(self.path()))?;
+            let blob: Vec<u8> = self.sql().row(
+                "SELECT data FROM deferred_rows WHERE block = ?1",
+                [id],
+                |r| r.get(0),
+            )?;
             let rows = decode_rows(&blob).ok_or_else(|| {
                 self.damaged(
                     "deferred_rows",
@@ -458,7 +445,7 @@ impl PendingSymbols {
         let r = self.write_end(build_ids, warnings);
         let c = &self.writer.conn;
         match r {
-            Ok(()) => c.execute_batch("COMMIT").map_err(sql_err(self.path())),
+            Ok(()) => self.sql().execute_batch("COMMIT"),
             Err(e) => {
                 let _ = c.execute_batch("ROLLBACK");
                 Err(e)
@@ -467,19 +454,20 @@ impl PendingSymbols {
     }
 
     fn write_end(&self, build_ids: &[(String, String)], warnings: &[String]) -> Result<()> {
-        let c = self.conn();
-        let e = sql_err(self.path());
-        {
-            let mut st = c
+        let sql = self.sql();
+        sql.check(
+            self.conn()
                 .prepare(
                     "INSERT INTO images(path, build_id) VALUES (?1, ?2)
                      ON CONFLICT(path) DO UPDATE SET build_id = excluded.build_id",
                 )
-                .map_err(&e)?;
-            for (path, id) in build_ids {
-                st.execute(params![path, id]).map_err(&e)?;
-            }
-        }
+                .and_then(|mut st| {
+                    for (path, id) in build_ids {
+                        st.execute(params![path, id])?;
+                    }
+                    Ok(())
+                }),
+        )?;
         if !warnings.is_empty() {
             let old = self.meta("warnings")?.unwrap_or_default();
             let mut all: Vec<&str> = old.lines().filter(|l| !l.is_empty()).collect();
@@ -488,19 +476,16 @@ impl PendingSymbols {
                     all.push(w);
                 }
             }
-            c.execute(
+            sql.execute(
                 "INSERT INTO meta(key, value) VALUES ('warnings', ?1)
                  ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 [all.join("\n")],
-            )
-            .map_err(&e)?;
+            )?;
         }
-        c.execute_batch(
+        sql.execute_batch(
             "DELETE FROM deferred_rows; DELETE FROM deferred_stacks;
              DELETE FROM deferred_frames; DELETE FROM deferred_strings;
              DELETE FROM meta WHERE key = 'symbols';",
         )
-        .map_err(&e)?;
-        Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! commands that measure decide the metrics; this module only stores and
 //! reads them back.
 
-use crate::{sql_err, Result, Session, SessionWriter};
+use crate::{Result, Session, SessionWriter};
 use rusqlite::params;
 
 /// One stored value of one interval.
@@ -47,16 +47,11 @@ impl SessionWriter {
 impl Session {
     /// Interval rows of `kind` (every kind with `None`), in time order.
     pub fn intervals(&self, kind: Option<&str>) -> Result<Vec<IntervalRow>> {
-        let path = self.path.clone();
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT kind, t_start, t_end, cpu, domain, vcpu, metric, value, unit FROM intervals
-                 WHERE ?1 IS NULL OR kind = ?1 ORDER BY t_start, kind, cpu, domain, vcpu, metric",
-            )
-            .map_err(sql_err(&path))?;
-        let rows = st
-            .query_map(params![kind], |r| {
+        self.sql().rows(
+            "SELECT kind, t_start, t_end, cpu, domain, vcpu, metric, value, unit FROM intervals
+             WHERE ?1 IS NULL OR kind = ?1 ORDER BY t_start, kind, cpu, domain, vcpu, metric",
+            params![kind],
+            |r| {
                 Ok(IntervalRow {
                     kind: r.get(0)?,
                     t_start: r.get(1)?,
@@ -68,10 +63,8 @@ impl Session {
                     value: r.get(7)?,
                     unit: r.get(8)?,
                 })
-            })
-            .map_err(sql_err(&path))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(sql_err(&path))
+            },
+        )
     }
 }
 

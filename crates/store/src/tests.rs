@@ -1,5 +1,7 @@
 use super::*;
-use vmscope_model::Context;
+use rusqlite::Connection;
+use std::path::Path;
+use vmscope_model::{AggKey, Context, Profile, SessionEvent, UNKNOWN_SLICE};
 
 fn key(sym: &str, stack: &str) -> AggKey {
     AggKey {
