@@ -195,7 +195,6 @@ pub(crate) struct Boot {
 /// every VM, pin threads and wait for every agent's hello. On failure the
 /// lab is torn down again and the error returned.
 pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
-    let _lock = lock(&spec.name, opts)?;
     let run_dir = opts.run_dir(&spec.name);
     let state_file = run_dir.join("state.json");
     let mut stale_own = Vec::new();
@@ -252,6 +251,10 @@ pub fn up(spec: &LabSpec, opts: &LabOptions) -> Result<LabState> {
         util::require_tool("ip", "iproute2")?;
     }
 
+    // From here on this `up` owns the lab: a second one, or a `down`, fails
+    // at once naming it (taken after the checks, which need no lock and
+    // say first what is wrong, root missing among them).
+    let _lock = lock(&spec.name, opts)?;
     // Leftovers of a crashed earlier run of this lab go first.
     if state_file.is_file() {
         opts.say(&spec.name, "removing leftovers of an earlier run");
