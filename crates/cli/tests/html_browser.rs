@@ -112,3 +112,151 @@ fn html_report_loads_cleanly_in_chromium() {
         std::fs::copy(&png, keep).unwrap();
     }
 }
+
+/// The attribute `name` of the element starting at `tag` (`<x a="..."`).
+fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let head = &tag[..tag.find('>')?];
+    let at = head.find(&format!(" {name}=\""))? + name.len() + 3;
+    Some(&head[at..at + head[at..].find('"')?])
+}
+
+/// The text of the element starting at `tag`, up to the next `<`.
+fn text(tag: &str) -> &str {
+    let start = tag.find('>').map_or(0, |i| i + 1);
+    let rest = &tag[start..];
+    &rest[..rest.find('<').unwrap_or(rest.len())]
+}
+
+/// One line chart as the browser holds it.
+#[derive(Debug)]
+struct Chart {
+    title: String,
+    y_label: String,
+    /// (pixel y, value) of each y-axis tick.
+    ticks: Vec<(f64, f64)>,
+    /// (name, pixel y of each point, value of each point).
+    lines: Vec<(String, Vec<f64>, Vec<f64>)>,
+}
+
+impl Chart {
+    /// The value at pixel height `y`, read off the axis ticks.
+    fn value_at(&self, y: f64) -> f64 {
+        let (a, b) = (self.ticks[0], self.ticks[self.ticks.len() - 1]);
+        a.1 + (y - a.0) * (b.1 - a.1) / (b.0 - a.0)
+    }
+}
+
+fn charts(dom: &str) -> Vec<Chart> {
+    dom.split("<svg")
+        .skip(1)
+        .filter_map(|svg| {
+            let svg = &svg[..svg.find("</svg>")?];
+            let mut chart = Chart {
+                title: String::new(),
+                y_label: String::new(),
+                ticks: Vec::new(),
+                lines: Vec::new(),
+            };
+            for t in svg.split("<text").skip(1) {
+                if attr(t, "font-size") == Some("15") {
+                    chart.title = text(t).replace("&#39;", "'");
+                } else if attr(t, "transform").is_some_and(|v| v.contains("rotate(-90)")) {
+                    chart.y_label = text(t).to_string();
+                } else if attr(t, "text-anchor") == Some("end") {
+                    let y: f64 = attr(t, "y").unwrap().parse().unwrap();
+                    // Tick labels sit 4 px below their grid line.
+                    chart.ticks.push((y - 4.0, text(t).parse().unwrap()));
+                }
+            }
+            for l in svg.split("<polyline").skip(1) {
+                let ys = attr(l, "points")?
+                    .split(' ')
+                    .map(|p| p.split(',').nth(1).unwrap().parse().unwrap())
+                    .collect();
+                let values = attr(l, "data-values")?
+                    .split(' ')
+                    .map(|v| v.parse().unwrap())
+                    .collect();
+                let name = l[l.find("<title>")? + 7..l.find("</title>")?].to_string();
+                chart.lines.push((name, ys, values));
+            }
+            (!chart.lines.is_empty()).then_some(chart)
+        })
+        .collect()
+}
+
+/// Every chart of a session whose rates are known says its unit and draws
+/// each known value at the height the axis gives it; a partial last
+/// second or profiler step is neither a drop to zero nor a spike.
+#[test]
+fn html_report_charts_show_the_known_rates() {
+    if !vmscope_testkit::require_tools(&[("chromium", "chromium")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    sessions::known_rates_session(&db);
+    let html = dir.path().join("report.html");
+    let out = vmscope()
+        .arg("report")
+        .arg(&db)
+        .args(["--format", "html", "-o"])
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = chromium(&dir.path().join("profile"))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let charts = charts(&String::from_utf8_lossy(&dom.stdout));
+    let mut seen = Vec::new();
+    for &(title, unit, line, want) in sessions::KNOWN_RATES {
+        let chart = charts
+            .iter()
+            .find(|c| {
+                c.title.starts_with(title)
+                    && c.y_label == unit
+                    && c.lines.iter().any(|l| l.0 == line)
+            })
+            .unwrap_or_else(|| {
+                panic!("no chart '{title}…' in {unit} with a line '{line}': {charts:#?}")
+            });
+        let (_, ys, values) = chart.lines.iter().find(|l| l.0 == line).unwrap();
+        assert!(values.len() >= 2, "{line}: {values:?}");
+        for (y, v) in ys.iter().zip(values) {
+            assert!(
+                (v - want).abs() <= want * 1e-3,
+                "{title} {line}: {v}, not {want}: {values:?}"
+            );
+            let drawn = chart.value_at(*y);
+            assert!(
+                (drawn - want).abs() <= chart.ticks.last().unwrap().1 * 0.01,
+                "{title} {line}: drawn at {drawn}, not {want}"
+            );
+        }
+        seen.push((chart.title.clone(), chart.y_label.clone(), line.to_string()));
+    }
+    // No chart or line the session does not explain.
+    for c in &charts {
+        for l in &c.lines {
+            assert!(
+                seen.contains(&(c.title.clone(), c.y_label.clone(), l.0.clone())),
+                "an unexpected line '{}' in '{}' ({})",
+                l.0,
+                c.title,
+                c.y_label
+            );
+        }
+    }
+}

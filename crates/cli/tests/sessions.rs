@@ -486,3 +486,119 @@ pub fn flat_session(path: &Path, event: &str) {
     w.flush(&p).unwrap();
     w.finish(true).unwrap();
 }
+
+/// A 2.6-second session whose every rate is known, for the charts: the
+/// host busy 0.5 CPU and VM `web` 1.0 CPU throughout (cpu-clock at
+/// 100 Hz, so 50 and 100 samples a second, and 30 and 60 in the last
+/// 0.6 s); the host profiler at 99 Hz costing 0.01 CPU in 1 s steps and a
+/// last 50 ms one; `web`'s vCPUs run 0.8 CPU and are charged 0.9; vm-stat
+/// sees `web` at 0.4 CPU on each of two host CPUs (0.8 in all). The
+/// expected value of every line, by chart unit, is [`KNOWN_RATES`].
+pub fn known_rates_session(path: &Path) {
+    let mut w = SessionWriter::create(path).unwrap();
+    for (k, v) in [("source", "record"), ("duration_s", "2.600"), ("cpus", "2")] {
+        w.set_meta(k, v).unwrap();
+    }
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(100),
+    }])
+    .unwrap();
+    for domain in [
+        Domain::host(),
+        Domain {
+            name: "web".into(),
+            role: Role::Passive,
+            pid: Some(4100),
+        },
+    ] {
+        w.upsert_domain(&DomainRecord {
+            domain,
+            status: "running".into(),
+            ended_at: None,
+            detail: String::new(),
+        })
+        .unwrap();
+    }
+    let mut p = Profile::new();
+    for (second, host, web) in [(0, 50, 100), (1, 50, 100), (2, 30, 60)] {
+        let mut k = key(
+            0,
+            "host",
+            Context::HostUser,
+            "make",
+            "/usr/bin/make",
+            "main",
+            "",
+        );
+        k.second = second;
+        p.add(k, host, host * 10_000_000);
+        p.add_bin(second, 0, Arc::from("host"), Context::HostUser, host);
+        let mut k = key(0, "web", Context::GuestUser, "nginx", "nginx", "parse", "");
+        k.second = second;
+        p.add(k, web, web * 10_000_000);
+        p.add_bin(second, 0, Arc::from("web"), Context::GuestUser, web);
+    }
+    w.flush(&p).unwrap();
+    let row = |kind: &str,
+               t: (f64, f64),
+               cpu: Option<u32>,
+               domain: &str,
+               metric: &str,
+               value: f64,
+               unit: &str| IntervalRow {
+        kind: kind.into(),
+        t_start: t.0,
+        t_end: t.1,
+        cpu,
+        domain: Some(domain.into()),
+        vcpu: None,
+        metric: metric.into(),
+        value,
+        unit: unit.into(),
+    };
+    let mut rows = Vec::new();
+    for t in [(0.0, 1.0), (1.0, 2.0), (2.0, 2.55), (2.55, 2.6)] {
+        let len = t.1 - t.0;
+        rows.push(row("profiler", t, None, "host", "rate", 99.0, "Hz"));
+        rows.push(row("profiler", t, None, "host", "cost", 0.01 * len, "s"));
+        rows.push(row("account", t, None, "web", "vcpu_run", 0.8 * len, "s"));
+        rows.push(row("account", t, None, "web", "total", 0.9 * len, "s"));
+    }
+    for i in 0..5 {
+        let t = (f64::from(i) * 0.5, f64::from(i + 1) * 0.5);
+        for cpu in 0..2 {
+            rows.push(row("stat", t, Some(cpu), "web", "time", 0.4 * 0.5, "s"));
+        }
+    }
+    w.add_intervals(&rows).unwrap();
+    w.finish(true).unwrap();
+}
+
+/// [`known_rates_session`]'s charts: (title start, y-axis label, line,
+/// value of every point).
+pub const KNOWN_RATES: &[(&str, &str, &str, f64)] = &[
+    (
+        "Each domain over time",
+        "CPUs busy (samples per second / frequency)",
+        "host",
+        0.5,
+    ),
+    (
+        "Each domain over time",
+        "CPUs busy (samples per second / frequency)",
+        "web",
+        1.0,
+    ),
+    ("Profilers", "Hz", "host rate", 99.0),
+    ("Profilers", "CPUs (seconds per second)", "host cost", 0.01),
+    (
+        "Accounting",
+        "CPUs (seconds per second)",
+        "web vcpu_run",
+        0.8,
+    ),
+    ("Accounting", "CPUs (seconds per second)", "web total", 0.9),
+    ("vm-stat", "CPUs (seconds per second)", "web", 0.8),
+];

@@ -6,6 +6,7 @@
 //! domain, and vm-stat, accounting and benchmark charts when the session
 //! holds them.
 
+use crate::overtime;
 use crate::render::{count_text, count_title, header_lines};
 use crate::{build, GroupKey, Report, ReportError, ReportOptions};
 use std::collections::BTreeMap;
@@ -86,49 +87,39 @@ fn timeline(
     for (sec, dom, _ctx, n) in bins {
         *per.entry(dom).or_default().entry(sec).or_default() += n;
     }
-    let last = per
-        .values()
-        .filter_map(|m| m.keys().max())
-        .max()
-        .copied()
-        .unwrap_or(0);
+    let duration = session
+        .meta()?
+        .get("duration_s")
+        .and_then(|d| d.parse::<f64>().ok());
     // cpu-clock at F Hz: samples per second / F = CPUs busy.
     let (scale, label) = match (is_clock, frequency) {
-        (true, Some(f)) if f > 0 => (1.0 / f as f64, "CPUs busy (samples / frequency)"),
+        (true, Some(f)) if f > 0 => (1.0 / f as f64, "CPUs busy (samples per second / frequency)"),
         _ => (1.0, "samples per second"),
     };
-    let series: Vec<(String, Vec<(f64, f64)>)> = per
+    let series: Vec<(String, Vec<(f64, f64)>)> = overtime::bin_spans(&per, duration)
         .into_iter()
-        .map(|(d, m)| {
-            let pts = (0..=last)
-                .map(|s| {
-                    (
-                        f64::from(s) + 0.5,
-                        m.get(&s).copied().unwrap_or(0) as f64 * scale,
-                    )
-                })
+        .map(|(d, spans)| {
+            let pts = overtime::per_second(spans)
+                .into_iter()
+                .map(|(x, y)| (x, y * scale))
                 .collect();
             (d, pts)
         })
         .collect();
     Ok(Some(crate::svgchart::lines(
-        "Each domain over time (host samples per second)",
+        "Each domain over time (host samples)",
         "seconds since the start",
         label,
         &series,
     )))
 }
 
-/// Interval metrics as lines over time: for `stat` (vm-stat, one row per
-/// host CPU and cell) each domain's time summed over host CPUs, for
-/// `account` each VM's charged and run time; other kinds one line per
-/// domain and metric. Values are per second of the interval.
-fn interval_chart(session: &Session, kind: &str) -> Result<Option<String>, ReportError> {
-    let rows = session.intervals(Some(kind))?;
-    // (series, interval start bits) -> (interval midpoint, value per second)
-    let mut per: BTreeMap<String, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
-    let mut unit = String::new();
-    let (title, keep): (&str, fn(&vmscope_store::IntervalRow) -> Option<String>) = match kind {
+/// Which rows of an interval kind a chart shows, under what series name,
+/// and the chart's title.
+type Keep = fn(&vmscope_store::IntervalRow) -> Option<String>;
+
+fn interval_series(kind: &str) -> (&'static str, Keep) {
+    match kind {
         "stat" => (
             "vm-stat: each domain's CPU over time (summed over host CPUs)",
             |r| (r.metric == "time").then(|| r.domain.clone()).flatten(),
@@ -137,6 +128,13 @@ fn interval_chart(session: &Session, kind: &str) -> Result<Option<String>, Repor
             (r.vcpu.is_none() && matches!(r.metric.as_str(), "vcpu_run" | "total"))
                 .then(|| r.domain.as_ref().map(|d| format!("{d} {}", r.metric)))
                 .flatten()
+        }),
+        "profiler" => ("Profilers: each one's", |r| {
+            Some(format!(
+                "{} {}",
+                r.domain.as_deref().unwrap_or("host"),
+                r.metric
+            ))
         }),
         _ => ("Interval values", |r| {
             r.cpu.is_none().then(|| {
@@ -151,35 +149,68 @@ fn interval_chart(session: &Session, kind: &str) -> Result<Option<String>, Repor
                 )
             })
         }),
-    };
+    }
+}
+
+/// Interval metrics as lines over time, one chart per unit: for `stat`
+/// (vm-stat, one row per host CPU and cell) each domain's time summed over
+/// host CPUs, for `account` each VM's charged and run time, for `profiler`
+/// each profiler's rate (Hz) apart from its cost and capacity (CPUs);
+/// other kinds one line per domain and metric. Seconds are plotted per
+/// second of their interval (CPUs), rates as they are.
+fn interval_charts(session: &Session, kind: &str) -> Result<Vec<String>, ReportError> {
+    let rows = session.intervals(Some(kind))?;
+    let (title, keep) = interval_series(kind);
+    // unit -> series -> interval start bits -> span
+    let mut per: BTreeMap<String, BTreeMap<String, BTreeMap<u64, overtime::Span>>> =
+        BTreeMap::new();
     for r in &rows {
         let Some(name) = keep(r) else { continue };
         let len = r.t_end - r.t_start;
-        if len <= 0.0 {
+        if len <= 0.0 || !r.value.is_finite() {
             continue;
         }
-        unit = format!("{}/s", r.unit);
+        let amount = if overtime::is_amount(&r.unit) {
+            r.value
+        } else {
+            r.value * len
+        };
         let e = per
+            .entry(r.unit.clone())
+            .or_default()
             .entry(name)
             .or_default()
             .entry(r.t_start.to_bits())
-            .or_insert(((r.t_start + r.t_end) / 2.0, 0.0));
-        e.1 += r.value / len;
+            .or_insert(overtime::Span {
+                t0: r.t_start,
+                t1: r.t_end,
+                amount: 0.0,
+            });
+        e.amount += amount;
     }
-    if per.is_empty() {
-        return Ok(None);
-    }
-    let series: Vec<(String, Vec<(f64, f64)>)> = per
+    Ok(per
         .into_iter()
-        .take(8)
-        .map(|(n, pts)| (n, pts.into_values().collect()))
-        .collect();
-    Ok(Some(crate::svgchart::lines(
-        title,
-        "seconds since the start",
-        &unit,
-        &series,
-    )))
+        .map(|(unit, series)| {
+            let series: Vec<(String, Vec<(f64, f64)>)> = series
+                .into_iter()
+                .take(8)
+                .map(|(n, spans)| (n, overtime::per_second(spans.into_values().collect())))
+                .collect();
+            let title = match (kind, overtime::is_amount(&unit)) {
+                ("profiler", true) => {
+                    format!("{title} CPU cost and the CPU it observed (capacity)")
+                }
+                ("profiler", false) => format!("{title} sampling rate"),
+                _ => title.to_string(),
+            };
+            let label = if overtime::is_amount(&unit) {
+                "CPUs (seconds per second)".to_string()
+            } else {
+                unit
+            };
+            crate::svgchart::lines(&title, "seconds since the start", &label, &series)
+        })
+        .collect())
 }
 
 fn bench_charts(session: &Session) -> Result<Vec<String>, ReportError> {
@@ -318,8 +349,12 @@ pub fn write(
         None => h.push_str("<p class=\"note\">No per-second counts in this session.</p>"),
     }
     for kind in session.interval_kinds()? {
-        if let Some(svg) = interval_chart(session, &kind)? {
-            let _ = writeln!(h, "<h3>{}</h3>\n{svg}", esc(&kind));
+        let charts = interval_charts(session, &kind)?;
+        if !charts.is_empty() {
+            let _ = writeln!(h, "<h3>{}</h3>", esc(&kind));
+        }
+        for svg in charts {
+            let _ = writeln!(h, "{svg}");
         }
     }
     let bench = bench_charts(session)?;

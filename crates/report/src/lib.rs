@@ -16,6 +16,7 @@ pub mod compare;
 pub mod flame;
 pub mod html;
 pub mod intervals;
+pub mod overtime;
 pub mod pprof;
 mod render;
 mod side;

@@ -231,11 +231,15 @@ pub fn lines(
                 )
             })
             .collect();
+        // The values themselves ride along, so a reader (and the browser
+        // test) can check each point's height against the axis.
+        let values: Vec<String> = pts.iter().map(|p| format!("{:.6}", p.1)).collect();
         let _ = write!(
             svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}" data-values="{}"><title>{}</title></polyline>"#,
             COLOURS[i % COLOURS.len()],
             path.join(" "),
+            values.join(" "),
             esc(name)
         );
     }
