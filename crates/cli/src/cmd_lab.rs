@@ -119,8 +119,9 @@ vmscope lab status one-vm --format json")]
     },
     /// Run a command in a VM through its agent; exits with the command's status.
     #[command(
-        after_help = "The command's output comes back when it exits; a background job must \
-let go of stdout and stderr (redirect them) or the command waits for it.\n\n\
+        after_help = "The command runs without a shell; its exit status, stdout and stderr come \
+back when it exits. A background job (sh -c 'JOB &') keeps running in the guest after that; \
+redirect its output, since what it writes later is not returned.\n\n\
 Examples:\n  \
 vmscope lab exec vm0 -- uname -a\n  \
 vmscope lab exec vm0 -- sh -c 'vmscope-agent demo -t 2 -d 60 </dev/null >/dev/null 2>&1 &'"
