@@ -40,7 +40,7 @@
 //! a little high (about 0.3 µs per block here: 1 % of a 4 KiB direct
 //! write). dd's reads (`of=/dev/null`) keep that write: at 4 KiB, where a
 //! buffered read's own CPU is about half its time per block, it makes dd
-//! 10-15 % slower than the engine (docs/bench.md, "What the three do per
+//! 10-15 % slower than the engine (docs/experiments.md, "What the three do per
 //! block").
 
 use serde_json::Value;

@@ -6,9 +6,14 @@ use clap::Args;
 use std::process::ExitCode;
 
 #[derive(Args)]
-#[command(
-    after_help = "Endpoints:\n  /metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\nExamples:\n  vmscope serve --listen 127.0.0.1:9464 --per-cpu\n  curl -s http://127.0.0.1:9464/metrics | grep vmscope_vcpu_run\n  vmscope serve --profile\n  go tool pprof -top -tagfocus vm=web 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'"
-)]
+#[command(after_help = "Endpoints:\n  \
+/metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  \
+/debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  \
+of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\n\
+Examples:\n  \
+vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
+vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
+go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]
