@@ -174,6 +174,29 @@ impl LineChart {
         write_chart(path, &bytes)
     }
 
+    /// On a linear x axis whose every value is a whole number: how many
+    /// ticks to ask for so that all of them fall on whole numbers.
+    fn integer_ticks(&self) -> Option<usize> {
+        if self.log2_x {
+            return None;
+        }
+        let xs: Vec<f64> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.x))
+            .filter(|x| x.is_finite())
+            .collect();
+        if xs.is_empty() || xs.iter().any(|x| x.fract() != 0.0) {
+            return None;
+        }
+        let (lo, hi) = xs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
+        Some(((hi - lo) as usize + 1).clamp(2, 10))
+    }
+
     /// The axes' ranges: the data with some room, positive for log axes.
     fn ranges(&self) -> ((f64, f64), (f64, f64)) {
         let pts = || self.series.iter().flat_map(|s| s.points.iter());
@@ -230,14 +253,21 @@ impl LineChart {
             ($x:expr, $y:expr) => {{
                 let mut c = b.build_cartesian_2d($x, $y)?;
                 let x_tick = self.x_tick;
-                c.configure_mesh()
-                    .x_desc(&self.x_label)
+                let x_fmt = |v: &f64| x_tick(*v);
+                let y_fmt = |v: &f64| fmt_num(*v);
+                let mut mesh = c.configure_mesh();
+                mesh.x_desc(&self.x_label)
                     .y_desc(&self.y_label)
-                    .x_label_formatter(&|v| x_tick(*v))
-                    .y_label_formatter(&|v| fmt_num(*v))
+                    .x_label_formatter(&x_fmt)
+                    .y_label_formatter(&y_fmt)
                     .label_style(("sans-serif", 15))
-                    .axis_desc_style(("sans-serif", 17))
-                    .draw()?;
+                    .axis_desc_style(("sans-serif", 17));
+                // A count on a linear axis (processors, VMs) is ticked at
+                // whole numbers only, not at 1.1, 1.2, ...
+                if let Some(n) = self.integer_ticks() {
+                    mesh.x_labels(n);
+                }
+                mesh.draw()?;
                 for (i, s) in self.series.iter().enumerate() {
                     let color = COLORS[i % COLORS.len()];
                     let style = ShapeStyle::from(&color).stroke_width(2);
@@ -385,6 +415,41 @@ mod tests {
         let e = chart().write_png(&mine).unwrap_err().to_string();
         assert!(e.contains("not a file vmscope made"), "{e}");
         assert_eq!(std::fs::read(&mine).unwrap(), b"my own picture");
+    }
+
+    /// A count on the x axis (bench scale's N = 1, 2) is ticked at whole
+    /// numbers only.
+    #[test]
+    fn counts_are_ticked_at_whole_numbers() {
+        let pt = |x: f64| SeriesPoint {
+            x,
+            y: 10.0 * x,
+            lo: 9.0 * x,
+            hi: 11.0 * x,
+        };
+        let c = LineChart {
+            title: "scale".into(),
+            x_label: "N".into(),
+            y_label: "rate".into(),
+            log2_x: false,
+            log2_y: false,
+            x_tick: fmt_num,
+            series: vec![Series {
+                name: "host".into(),
+                points: vec![pt(1.0), pt(2.0)],
+            }],
+        };
+        let svg = c.svg().unwrap();
+        let labels: Vec<&str> = svg
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .filter(|t| t.parse::<f64>().is_ok())
+            .collect();
+        for bad in ["1.10", "1.20", "1.50", "1.90"] {
+            assert!(!labels.contains(&bad), "tick {bad} in {labels:?}");
+        }
+        assert!(labels.contains(&"1") && labels.contains(&"2"), "{labels:?}");
     }
 
     #[test]

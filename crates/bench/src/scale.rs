@@ -493,7 +493,8 @@ fn lab_guests(
         if l.accel != "kvm" {
             notes.push(format!(
                 "accel {}: QEMU emulates every guest instruction (TCG), so the VM modes' \
-                 absolute throughput is far below the host's; compare their scaling factors",
+                 absolute throughput says little of what a KVM guest does; compare their \
+                 scaling factors",
                 l.accel
             ));
         }

@@ -332,7 +332,20 @@ pub fn build(session: &Session, opts: &ReportOptions) -> Result<Profile, ReportE
         .get("duration_s")
         .and_then(|t| t.parse::<f64>().ok())
         .map_or(0, |t| (t * 1e9) as i64);
-    let c = b.s(&format!("vmscope session {}", session.path().display()));
+    // A profile `serve` answers is built from a temporary session: its
+    // path means nothing to whoever reads the profile (and names a file
+    // gone by then), so the comment says where the seconds come from.
+    let what = match meta.get("source").map(String::as_str) {
+        Some("serve --profile") => format!(
+            "vmscope serve --profile{}: {} s of its rolling recording",
+            meta.get("hostname")
+                .map(|h| format!(" on {h}"))
+                .unwrap_or_default(),
+            meta.get("duration_s").map_or("?", String::as_str)
+        ),
+        _ => format!("vmscope session {}", session.path().display()),
+    };
+    let c = b.s(&what);
     b.p.comment.push(c);
     // What profiling cost, per domain (`go tool pprof -comments`).
     for (k, v) in meta.iter().filter(|(k, _)| k.starts_with("profiler_")) {

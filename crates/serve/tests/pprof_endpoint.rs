@@ -274,6 +274,18 @@ fn pprof_endpoint_on_a_host_recording() {
                 .any(|c| c.starts_with("profiling cost in host: ") && c.contains("budget 1 %")),
             "seconds={n}: no cost comment: {comments:?}"
         );
+        // Where the seconds come from, and no temporary file's name.
+        assert!(
+            comments
+                .iter()
+                .any(|c| c.starts_with("vmscope serve --profile")
+                    && c.contains("s of its rolling recording")),
+            "seconds={n}: {comments:?}"
+        );
+        assert!(
+            !comments.iter().any(|c| c.contains("window.db")),
+            "{comments:?}"
+        );
     }
     drop(idle);
     spin_stop.store(true, Ordering::Relaxed);
