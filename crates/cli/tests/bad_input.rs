@@ -382,7 +382,7 @@ fn time_and_cpu_slices_outside_the_session() {
 
 // ---------------------------------------------------------------------------
 // Issue 11: the fault table. Every row of the bad-input sweep
-// (../shared/reliability/bad-input-sweep.md) that was UNCLEAR, DATA LOSS,
+// (the first sweep of bad inputs) that was UNCLEAR, DATA LOSS,
 // HANG or LEAK and is fixed here, a representative set of the CLEAN ones so
 // they stay clean, and rows of our own for every -o. Each row: the command
 // (run in a scratch directory holding the fixtures), the exit code, words

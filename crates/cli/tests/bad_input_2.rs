@@ -1,5 +1,5 @@
 //! Issue 32: the second round of bad inputs and faults
-//! (../shared/reliability/bad-input-sweep-2.md) as rows of the fault table
+//! (its sweep of bad inputs) as rows of the fault table
 //! (`faults`), plus the cases that need a mount, another user or a signal.
 //! Row ids are the sweep's (`r2.` before them); rows of our own for the
 //! outputs and limits added with the fixes end in `+`.

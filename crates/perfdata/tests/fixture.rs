@@ -1,6 +1,6 @@
 //! Import of a real perf.data recorded elsewhere (perf 3.8, `-a -g`, plain
 //! MMAP records), checked against the reference table of
-//! /work/shared/fixtures/perf/README.md and against `perf report` run now.
+//! testdata/perf/README.md and against `perf report` run now.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
