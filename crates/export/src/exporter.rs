@@ -206,6 +206,23 @@ impl LogLimit {
     }
 }
 
+/// How long a stopping exporter still sends what it was handed last.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// The retry state of a worker.
+struct State {
+    backoff: Duration,
+    next_try: Instant,
+    /// The last try failed.
+    failing: bool,
+}
+
+#[derive(PartialEq, Eq)]
+enum Step {
+    Went,
+    Stopped,
+}
+
 struct Worker {
     name: String,
     client: Client,
@@ -248,9 +265,11 @@ impl Worker {
     }
 
     fn run(&mut self) {
-        let mut backoff = Duration::from_secs(1);
-        let mut next_try = Instant::now();
-        let mut failing = false;
+        let mut st = State {
+            backoff: Duration::from_secs(1),
+            next_try: Instant::now(),
+            failing: false,
+        };
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 break;
@@ -258,7 +277,7 @@ impl Worker {
             let wait = if self.spool.is_empty() {
                 Duration::from_millis(200)
             } else {
-                next_try.saturating_duration_since(Instant::now())
+                st.next_try.saturating_duration_since(Instant::now())
             };
             match self.rx.recv_timeout(wait.min(Duration::from_millis(200))) {
                 Ok(reqs) => self.take(reqs),
@@ -269,80 +288,29 @@ impl Worker {
                 self.take(reqs);
             }
             self.publish();
-            if self.spool.is_empty() || Instant::now() < next_try {
+            if self.spool.is_empty() || Instant::now() < st.next_try {
                 continue;
             }
-            let req = match self.spool.front() {
-                Some(Ok(r)) => r,
-                Some(Err(why)) => {
-                    lock(&self.stats).dropped += 1;
-                    self.log.line(&self.name, &why, true);
-                    continue;
-                }
-                None => continue,
-            };
-            match self.client.send(&req) {
-                Outcome::Sent(note) => {
-                    self.spool.pop_front();
-                    lock(&self.stats).sent += 1;
-                    if let Some(n) = note {
-                        self.log
-                            .line(&self.name, &format!("{}: {n}", req.what), false);
-                    }
-                    if failing {
-                        let left = self.spool.len();
-                        self.log.line(
-                            &self.name,
-                            &format!("the receiver takes requests again ({left} still waiting)"),
-                            true,
-                        );
-                        failing = false;
-                    }
-                    backoff = Duration::from_secs(1);
-                }
-                Outcome::Retry(why) => {
-                    lock(&self.stats).failed += 1;
-                    let fx = self.spool.spool_all();
-                    self.note(&fx);
-                    let where_ = if self.spool.on_disk() {
-                        "the spool"
-                    } else {
-                        "memory (no --export-spool)"
-                    };
-                    self.log.line(
-                        &self.name,
-                        &format!(
-                            "{why}; {} requests wait in {where_}, next try in {}s",
-                            self.spool.len(),
-                            backoff.as_secs()
-                        ),
-                        !failing,
-                    );
-                    failing = true;
-                    next_try = Instant::now() + backoff;
-                    backoff = (backoff * 2).min(self.max_backoff);
-                }
-                Outcome::Drop(why) => {
-                    self.spool.pop_front();
-                    {
-                        let mut s = lock(&self.stats);
-                        s.failed += 1;
-                        s.dropped += 1;
-                    }
-                    self.log
-                        .line(&self.name, &format!("{}: {why}: dropped", req.what), true);
-                }
-                Outcome::Stop(why) => {
-                    lock(&self.stats).failed += 1;
-                    self.log.line(&self.name, &why, true);
-                    lock(&self.stats).stopped = Some(why);
-                    // Later windows are not queued; the spool keeps what
-                    // waits for a receiver that takes it.
-                    self.publish();
-                    return;
-                }
+            if self.attempt(&mut st) == Step::Stopped {
+                return;
             }
             self.publish();
+        }
+        // Stopping: what was handed over last (the final window) is sent
+        // while the receiver takes requests, for at most DRAIN.
+        while let Ok(reqs) = self.rx.try_recv() {
+            self.take(reqs);
+        }
+        let until = Instant::now() + DRAIN;
+        while !st.failing && !self.spool.is_empty() && Instant::now() < until {
+            if self.attempt(&mut st) == Step::Stopped {
+                return;
+            }
+        }
+        // What waits in memory goes to the spool directory for the next run.
+        if self.spool.on_disk() {
+            let fx = self.spool.spool_all();
+            self.note(&fx);
         }
         self.publish();
         if !self.spool.is_empty() && !self.spool.on_disk() {
@@ -352,6 +320,81 @@ impl Worker {
                 self.spool.len()
             );
         }
+    }
+
+    /// Try the oldest request once.
+    fn attempt(&mut self, st: &mut State) -> Step {
+        let req = match self.spool.front() {
+            Some(Ok(r)) => r,
+            Some(Err(why)) => {
+                lock(&self.stats).dropped += 1;
+                self.log.line(&self.name, &why, true);
+                return Step::Went;
+            }
+            None => return Step::Went,
+        };
+        match self.client.send(&req) {
+            Outcome::Sent(note) => {
+                self.spool.pop_front();
+                lock(&self.stats).sent += 1;
+                if let Some(n) = note {
+                    self.log
+                        .line(&self.name, &format!("{}: {n}", req.what), false);
+                }
+                if st.failing {
+                    let left = self.spool.len();
+                    self.log.line(
+                        &self.name,
+                        &format!("the receiver takes requests again ({left} still waiting)"),
+                        true,
+                    );
+                    st.failing = false;
+                }
+                st.backoff = Duration::from_secs(1);
+            }
+            Outcome::Retry(why) => {
+                lock(&self.stats).failed += 1;
+                let fx = self.spool.spool_all();
+                self.note(&fx);
+                let where_ = if self.spool.on_disk() {
+                    "the spool"
+                } else {
+                    "memory (no --export-spool)"
+                };
+                self.log.line(
+                    &self.name,
+                    &format!(
+                        "{why}; {} requests wait in {where_}, next try in {}s",
+                        self.spool.len(),
+                        st.backoff.as_secs()
+                    ),
+                    !st.failing,
+                );
+                st.failing = true;
+                st.next_try = Instant::now() + st.backoff;
+                st.backoff = (st.backoff * 2).min(self.max_backoff);
+            }
+            Outcome::Drop(why) => {
+                self.spool.pop_front();
+                {
+                    let mut s = lock(&self.stats);
+                    s.failed += 1;
+                    s.dropped += 1;
+                }
+                self.log
+                    .line(&self.name, &format!("{}: {why}: dropped", req.what), true);
+            }
+            Outcome::Stop(why) => {
+                lock(&self.stats).failed += 1;
+                self.log.line(&self.name, &why, true);
+                lock(&self.stats).stopped = Some(why);
+                // Later windows are not queued; the spool keeps what
+                // waits for a receiver that takes it.
+                self.publish();
+                return Step::Stopped;
+            }
+        }
+        Step::Went
     }
 
     fn publish(&self) {

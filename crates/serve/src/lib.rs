@@ -10,6 +10,7 @@
 //! `/metrics`. The host is sampled when scraped (counters are exact at
 //! scrape time and nothing runs between scrapes), one scrape at a time.
 
+pub mod export;
 mod http;
 pub mod profile;
 
@@ -31,10 +32,13 @@ pub enum ServeError {
     /// The rolling recording of `--profile` could not start.
     #[error("--profile: {0}")]
     Profile(String),
+    /// An exporter could not start (its message names the option).
+    #[error("{0}")]
+    Export(String),
 }
 
 /// What `serve` exports and where.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
     /// `HOST:PORT` to listen on (loopback by default: guest profiles and
     /// VM names are tenant data).
@@ -45,10 +49,12 @@ pub struct ServeOptions {
     pub shared_io: Vec<u32>,
     /// Keep a rolling recording and answer `/debug/pprof/profile`.
     pub profile: Option<profile::ProfileOptions>,
+    /// `--export`: where profiles and metrics are pushed.
+    pub export: Option<export::ExportPlan>,
 }
 
 /// What a scrape samples.
-struct Sampler {
+pub(crate) struct Sampler {
     acc: Accountant,
     vmstat: Option<VmStat>,
     totals: Totals,
@@ -59,6 +65,7 @@ pub struct Server {
     http: http::Listener,
     sampler: Arc<Mutex<Sampler>>,
     rolling: Option<Arc<profile::Rolling>>,
+    exports: Option<Arc<export::Exports>>,
 }
 
 impl Server {
@@ -82,6 +89,10 @@ impl Server {
             Some(p) => Some(profile::Rolling::start(p.clone())?),
             None => None,
         };
+        let exports = match &opts.export {
+            Some(plan) => Some(Arc::new(export::Exports::start(plan, rolling.as_deref())?)),
+            None => None,
+        };
         Ok(Server {
             http,
             sampler: Arc::new(Mutex::new(Sampler {
@@ -90,6 +101,7 @@ impl Server {
                 totals: Totals::new(opts.per_cpu),
             })),
             rolling,
+            exports,
         })
     }
 
@@ -106,12 +118,23 @@ impl Server {
         self.http.local_addr()
     }
 
-    /// Answer requests until `stop` is set.
+    /// Answer requests (and export, with `--export`) until `stop` is set.
     pub fn run(&self, stop: &AtomicBool) {
         let sampler = Arc::clone(&self.sampler);
         let rolling = self.rolling.clone();
-        self.http.run(stop, move |req: &http::Request| {
-            handle(req, &sampler, rolling.as_deref())
+        let exports = self.exports.clone();
+        std::thread::scope(|scope| {
+            if let Some(e) = &self.exports {
+                let (sampler, rolling) = (&self.sampler, self.rolling.as_deref());
+                std::thread::Builder::new()
+                    .name("serve-export".into())
+                    .spawn_scoped(scope, move || e.run(stop, sampler, rolling))
+                    .map_err(|e| eprintln!("vmscope serve: cannot start the export thread: {e}"))
+                    .ok();
+            }
+            self.http.run(stop, move |req: &http::Request| {
+                handle(req, &sampler, rolling.as_deref(), exports.as_deref())
+            });
         });
         if let Some(r) = &self.rolling {
             r.stop();
@@ -123,6 +146,7 @@ fn handle(
     req: &http::Request,
     sampler: &Mutex<Sampler>,
     rolling: Option<&profile::Rolling>,
+    exports: Option<&export::Exports>,
 ) -> http::Response {
     let (path, query) = match req.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
@@ -132,7 +156,7 @@ fn handle(
         return http::Response::text(405, "only GET is served\n");
     }
     match path.as_str() {
-        "/metrics" => match metrics(sampler, rolling) {
+        "/metrics" => match metrics(sampler, rolling, exports) {
             Ok(body) => http::Response::new(
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -169,10 +193,12 @@ fn handle(
     }
 }
 
-/// Sample the host (one scrape at a time) and encode the totals.
-fn metrics(
+/// Sample the host (one scrape at a time) and encode the totals, with the
+/// exporters' counters.
+pub(crate) fn metrics(
     sampler: &Mutex<Sampler>,
     rolling: Option<&profile::Rolling>,
+    exports: Option<&export::Exports>,
 ) -> Result<String, vmscope_stat::StatError> {
     let mut s = sampler
         .lock()
@@ -209,7 +235,11 @@ fn metrics(
         totals.set_profilers(&profilers, r.budget());
         totals.set_profile_state(r.state());
     }
-    Ok(totals.encode())
+    let text = totals.encode();
+    Ok(match exports {
+        Some(e) => vmscope_export::metrics::insert(&text, &e.stats()),
+        None => text,
+    })
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ fn start() -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         per_cpu: true,
         shared_io: vec![],
         profile: None,
+        ..ServeOptions::default()
     })
     .unwrap();
     let addr = server.local_addr();
@@ -89,6 +90,7 @@ fn a_used_port_is_named() {
         per_cpu: false,
         shared_io: vec![],
         profile: None,
+        ..ServeOptions::default()
     })
     .err()
     .unwrap()
