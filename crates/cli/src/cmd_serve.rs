@@ -196,6 +196,7 @@ fn export_plan(a: &ServeArgs) -> Result<Option<vmscope_serve::export::ExportPlan
             ca: a.export_ca.clone(),
             credential,
             tenant: a.export_tenant.clone(),
+            timeout: None,
         },
         interval: std::time::Duration::from_secs(a.export_interval),
         spool: a.export_spool.clone(),

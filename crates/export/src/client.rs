@@ -48,6 +48,7 @@ pub struct Client {
     agent: ureq::Agent,
     kind: ExportKind,
     url: String,
+    timeout: Duration,
     authorization: Option<String>,
     tenant: Option<String>,
 }
@@ -86,7 +87,7 @@ impl Client {
         }
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(REQUEST_TIMEOUT))
+            .timeout_global(Some(opts.timeout.unwrap_or(REQUEST_TIMEOUT)))
             .http_status_as_error(false)
             .max_redirects(0)
             .user_agent(concat!("vmscope/", env!("CARGO_PKG_VERSION")))
@@ -104,6 +105,7 @@ impl Client {
             agent,
             kind: spec.kind,
             url: spec.url.clone(),
+            timeout: opts.timeout.unwrap_or(REQUEST_TIMEOUT),
             authorization,
             tenant: opts.tenant.clone(),
         })
@@ -134,7 +136,9 @@ impl Client {
         }
         let mut answer = match r.send(&req.body[..]) {
             Ok(a) => a,
-            Err(e) => return Outcome::Retry(describe(&e, self.url.starts_with("https:"))),
+            Err(e) => {
+                return Outcome::Retry(describe(&e, self.url.starts_with("https:"), self.timeout))
+            }
         };
         let status = answer.status().as_u16();
         let body = answer
@@ -202,7 +206,7 @@ impl Client {
 }
 
 /// One line about a request that got no answer.
-fn describe(e: &ureq::Error, https: bool) -> String {
+fn describe(e: &ureq::Error, https: bool, timeout: Duration) -> String {
     let text = e.to_string();
     let lower = text.to_ascii_lowercase();
     if lower.contains("certificate")
@@ -215,9 +219,9 @@ fn describe(e: &ureq::Error, https: bool) -> String {
     }
     match e {
         ureq::Error::Timeout(_) => format!(
-            "no answer within the time allowed ({}s to connect, {}s in all)",
+            "no answer within the time allowed ({} s to connect, {} s in all)",
             CONNECT_TIMEOUT.as_secs(),
-            REQUEST_TIMEOUT.as_secs()
+            timeout.as_secs()
         ),
         ureq::Error::HostNotFound => "the host name does not resolve".into(),
         ureq::Error::ConnectionFailed => "cannot connect".into(),

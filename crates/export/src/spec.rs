@@ -159,6 +159,8 @@ pub struct ExportOptions {
     /// `X-Scope-OrgID`: the tenant of a multi-tenant Pyroscope, Mimir or
     /// Loki-style receiver.
     pub tenant: Option<String>,
+    /// Longest a request may take; `None`: [`crate::client::REQUEST_TIMEOUT`].
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// The longest secret file read.

@@ -10,6 +10,8 @@
 //! this kind of machine can never make (a hardware PMU, KVM guest-mode
 //! samples) use [`skip_platform`], which is logged but never fails.
 
+pub mod receiver;
+
 use std::io::Write;
 use std::path::PathBuf;
 
