@@ -95,6 +95,23 @@ pub struct ServeArgs {
     /// Tenant sent as X-Scope-OrgID (multi-tenant Pyroscope, Mimir).
     #[arg(long, value_name = "ID")]
     export_tenant: Option<String>,
+    /// Serve HTTPS with the certificate chain in this PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, a PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by a CA in this PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Require "Authorization: Bearer TOKEN" on every request, the token
+    /// read from FILE (never give a secret on the command line).
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_basic_file")]
+    auth_token_file: Option<PathBuf>,
+    /// Require basic authentication with one of the USER:PASSWORD lines of
+    /// FILE.
+    #[arg(long, value_name = "FILE")]
+    auth_basic_file: Option<PathBuf>,
 }
 
 /// `256M`, `1G`, `4096`: a size in bytes.
@@ -211,6 +228,27 @@ const MAX_PROFILE_WINDOW: u32 = 3600;
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
     crate::args::check_pids("--shared-io", &a.shared_io)?;
     let export = export_plan(&a)?;
+    let security = vmscope_serve::Security {
+        tls: match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(vmscope_serve::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: a.tls_client_ca.clone(),
+            }),
+            _ => None,
+        },
+        auth: vmscope_serve::client_auth(
+            a.auth_token_file.as_deref(),
+            a.auth_basic_file.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?,
+    };
+    let open_to_all = security.auth.is_none() && a.tls_client_ca.is_none();
+    let loopback = a
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|s| s.ip().is_loopback())
+        || a.listen.starts_with("localhost:");
     let profile = if a.profile {
         Some(vmscope_serve::profile::ProfileOptions {
             frequency: a.profile_frequency,
@@ -240,13 +278,22 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     };
     let profiling = profile.is_some();
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
-        listen: a.listen,
+        listen: a.listen.clone(),
         per_cpu: a.per_cpu,
         shared_io: a.shared_io,
         profile,
         export: export.clone(),
+        security,
     })?;
-    eprintln!("vmscope serve: http://{}/metrics", server.local_addr());
+    let scheme = server.scheme();
+    eprintln!("vmscope serve: {scheme}://{}/metrics", server.local_addr());
+    if open_to_all && !loopback {
+        eprintln!(
+            "vmscope serve: warning: {} is reachable off this host without authentication: VM names \
+             and guest functions are tenant data (--auth-token-file, --auth-basic-file, --tls-client-ca)",
+            a.listen
+        );
+    }
     if let Some(plan) = &export {
         for s in &plan.specs {
             eprintln!(
@@ -265,7 +312,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     }
     if profiling {
         eprintln!(
-            "vmscope serve: http://{}/debug/pprof/profile?seconds=N",
+            "vmscope serve: {scheme}://{}/debug/pprof/profile?seconds=N",
             server.local_addr()
         );
     }

@@ -220,6 +220,7 @@ pub fn request(w: &ProfileWindow) -> ExportProfilesServiceRequest {
         p.location.iter().map(|l| (l.id, l)).collect();
     let mut by_domain: Vec<(String, Vec<pb::Sample>)> =
         w.domains().into_iter().map(|d| (d, Vec::new())).collect();
+    let mut same: HashMap<(usize, i32, Vec<i32>), usize> = HashMap::new();
     for s in &p.sample {
         let value = s.value.get(vi).copied().unwrap_or(0);
         if value == 0 {
@@ -278,9 +279,22 @@ pub fn request(w: &ProfileWindow) -> ExportProfilesServiceRequest {
             values: vec![value],
             timestamps_unix_nano: Vec::new(),
         };
-        match by_domain.iter_mut().find(|(d, _)| *d == domain) {
-            Some((_, v)) => v.push(sample),
-            None => by_domain.push((domain, vec![sample])),
+        // Rows of one stack and labels in different seconds are one sample
+        // (the proto asks samples of one identity to be combined).
+        let at = match by_domain.iter().position(|(d, _)| *d == domain) {
+            Some(i) => i,
+            None => {
+                by_domain.push((domain, Vec::new()));
+                by_domain.len() - 1
+            }
+        };
+        let key = (at, sample.stack_index, sample.attribute_indices.clone());
+        match same.get(&key) {
+            Some(&j) => by_domain[at].1[j].values[0] += value,
+            None => {
+                same.insert(key, by_domain[at].1.len());
+                by_domain[at].1.push(sample);
+            }
         }
     }
     let period = if p.period > 0 { p.period } else { 1 };

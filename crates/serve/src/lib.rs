@@ -3,16 +3,21 @@
 //! `--profile` `/debug/pprof/profile?seconds=N`, a pprof of the host and its
 //! active VMs from a rolling recording ([`profile`]).
 //!
-//! The HTTP side is [`http`]: each client connection is read and answered
-//! on a thread of its own, so a client that sends nothing, or one byte a
-//! second, holds only its own thread and never delays a scrape, and a slow
-//! answer (a rolling profile waiting for its seconds) never holds up
-//! `/metrics`. The host is sampled when scraped (counters are exact at
+//! The HTTP side is `http`, on hyper and rustls: each client connection is
+//! a task of its own and each answer is built on a thread of its own, so a
+//! client that sends nothing, or one byte a second, holds only its own
+//! connection and never delays a scrape, and a slow answer (a rolling
+//! profile waiting for its seconds) never holds up `/metrics`. With
+//! `--tls-cert` it speaks HTTPS, with client certificates or a token or
+//! password checked on every request. With `--export` ([`export`]) it also
+//! pushes metrics and profiles to receivers (`vmscope_export`). The host is sampled when scraped (counters are exact at
 //! scrape time and nothing runs between scrapes), one scrape at a time.
 
 pub mod export;
 mod http;
 pub mod profile;
+
+pub use http::{client_auth, ClientAuth, Security, TlsFiles};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -35,6 +40,9 @@ pub enum ServeError {
     /// An exporter could not start (its message names the option).
     #[error("{0}")]
     Export(String),
+    /// A TLS or credential file cannot be used (the message names it).
+    #[error("{0}")]
+    Security(String),
 }
 
 /// What `serve` exports and where.
@@ -51,6 +59,8 @@ pub struct ServeOptions {
     pub profile: Option<profile::ProfileOptions>,
     /// `--export`: where profiles and metrics are pushed.
     pub export: Option<export::ExportPlan>,
+    /// TLS and client authentication of the endpoints.
+    pub security: Security,
 }
 
 /// What a scrape samples.
@@ -71,9 +81,15 @@ pub struct Server {
 impl Server {
     /// Bind and take the first sample (the counters start here).
     pub fn bind(opts: &ServeOptions) -> Result<Server, ServeError> {
-        let http = http::Listener::bind(&opts.listen).map_err(|e| ServeError::Listen {
-            addr: opts.listen.clone(),
-            message: e.to_string(),
+        let http = http::Listener::bind(&opts.listen, &opts.security).map_err(|(listen, e)| {
+            if listen {
+                ServeError::Listen {
+                    addr: opts.listen.clone(),
+                    message: e,
+                }
+            } else {
+                ServeError::Security(e)
+            }
         })?;
         let mut acc = Accountant::new(AccountOptions {
             shared_io_pids: opts.shared_io.clone(),
@@ -116,6 +132,11 @@ impl Server {
     /// The address bound (with the port the kernel chose for port 0).
     pub fn local_addr(&self) -> String {
         self.http.local_addr()
+    }
+
+    /// `https` with `--tls-cert`, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        self.http.scheme()
     }
 
     /// Answer requests (and export, with `--export`) until `stop` is set.
