@@ -332,9 +332,18 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
     let out2 = dir.join("otlp-2.jsonl");
     let mut collector = start_collector(&col, dir, col_port, &out1);
     let prom_port = free_port();
+    let saddr = format!("127.0.0.1:{}", free_port());
+    let prom_cfg = dir.join("prometheus.yml");
+    std::fs::write(
+        &prom_cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vmscope\n    static_configs:\n      - targets: ['{saddr}']\n"
+        ),
+    )
+    .unwrap();
     let _prom = Reap(
         Command::new("prometheus")
-            .arg("--config.file=/dev/null")
+            .arg(format!("--config.file={}", prom_cfg.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
                 dir.join("prom").display()
@@ -363,9 +372,15 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
     let pyro = Receiver::start();
     let archive = dir.join("archive");
 
-    let saddr = format!("127.0.0.1:{}", free_port());
     let mut child = vmscope()
-        .args(["serve", "--listen", &saddr, "--profile", "--vm"])
+        .args([
+            "serve",
+            "--listen",
+            &saddr,
+            "--per-cpu",
+            "--profile",
+            "--vm",
+        ])
         .arg(format!("{VM}=active"))
         .arg("--export")
         .arg(format!("otlp=http://127.0.0.1:{col_port}"))
@@ -452,6 +467,9 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
         std::thread::sleep(Duration::from_millis(300));
     }
     let last_metrics = http_get(&saddr, "/metrics").unwrap();
+    // 6. Every panel of the fleet dashboard has series in a Prometheus that
+    // scraped this serve (and took its remote write).
+    dashboard_panels_have_series(&format!("127.0.0.1:{prom_port}"));
     term(&mut child);
     let log = log.join().unwrap();
     assert!(
@@ -674,4 +692,45 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
         "{last_metrics}"
     );
     assert_eq!(counter("dropped"), 0.0);
+}
+
+/// Percent-encode a query parameter.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Each target of `packaging/grafana/vmscope-fleet.json`, with the
+/// dashboard's variables set to "all", returns series from Prometheus.
+fn dashboard_panels_have_series(prom: &str) {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/grafana/vmscope-fleet.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut checked = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$instance", ".+")
+                .replace("$domain", ".+")
+                .replace("$__rate_interval", "20s");
+            let body =
+                http_get(prom, &format!("/api/v1/query?query={}", enc(&expr))).unwrap_or_default();
+            let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            assert_eq!(v["status"], "success", "{}: {expr}: {body}", panel["title"]);
+            let n = v["data"]["result"].as_array().map_or(0, Vec::len);
+            assert!(n > 0, "panel {}: no series for {expr}", panel["title"]);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "{checked} queries");
+    eprintln!("dashboard: {checked} panel queries, each with series");
 }
