@@ -62,9 +62,9 @@ fn rows() -> Vec<Row> {
         .within(5),
         row(
             "e07",
-            "serve --export remote-write=http://127.0.0.1:1 --export-ca f.md",
+            "serve --export remote-write=http://127.0.0.1:1 --export-ca notes.txt",
             2,
-            &["--export-ca f.md", "no CERTIFICATE"],
+            &["--export-ca notes.txt", "no CERTIFICATE"],
         )
         .within(5),
         row(
@@ -90,16 +90,16 @@ fn rows() -> Vec<Row> {
         .within(5),
         row(
             "e11",
-            "serve --export remote-write=http://127.0.0.1:1 --export-spool f.md/sub",
+            "serve --export remote-write=http://127.0.0.1:1 --export-spool notes.txt/sub",
             2,
-            &["--export-spool", "f.md"],
+            &["--export-spool", "notes.txt"],
         )
         .within(5),
         row(
             "e12",
-            "serve --tls-cert f.md --tls-key f.md",
+            "serve --tls-cert notes.txt --tls-key notes.txt",
             2,
-            &["--tls-cert f.md", "no CERTIFICATE"],
+            &["--tls-cert notes.txt", "no CERTIFICATE"],
         )
         .within(5),
         row(
@@ -373,7 +373,7 @@ fn https_exports_check_the_ca_and_send_credentials_from_files() {
     loop {
         let got = agent
             .get(format!(
-                "https://127.0.0.1:{port}/api/v1/query?query=count(vmscope_cpu_busy_seconds_total)"
+                "https://127.0.0.1:{port}/api/v1/query?query=count(vmscope_export_sent_total)"
             ))
             .header("Authorization", "Basic cHVzaGVyOnMzY3JldA==")
             .call()

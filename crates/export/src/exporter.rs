@@ -115,6 +115,7 @@ impl Exporter {
             stop: Arc::clone(&stop),
             max_backoff: cfg.max_backoff.max(Duration::from_secs(1)),
             log: LogLimit::default(),
+            disk_log: LogLimit::default(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("export-{}", cfg.spec.kind.as_str()))
@@ -231,7 +232,11 @@ struct Worker {
     stats: Arc<Mutex<ExporterStats>>,
     stop: Arc<AtomicBool>,
     max_backoff: Duration,
+    /// Lines about sending.
     log: LogLimit,
+    /// Lines about the spool directory (a full disk), apart from those
+    /// about sending so that neither hides the other.
+    disk_log: LogLimit,
 }
 
 impl Worker {
@@ -251,7 +256,7 @@ impl Worker {
         }
         if let Some(p) = &fx.problem {
             let p = p.clone();
-            self.log.line(&self.name, &p, false);
+            self.disk_log.line(&self.name, &p, false);
         }
     }
 

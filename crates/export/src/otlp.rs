@@ -456,7 +456,10 @@ mod tests {
         assert!(res(1).contains(&("service.name".into(), "host".into())));
         let prof = &r.resource_profiles[0].scope_profiles[0].profiles[0];
         let total: i64 = prof.samples.iter().map(|s| s.values[0]).sum();
-        assert_eq!(total, 400_000_000);
+        assert_eq!(total, 420_000_000);
+        // One stack and attribute set in two seconds: one sample.
+        assert_eq!(prof.samples.len(), 2);
+        assert_eq!(prof.samples[0].values, [320_000_000]);
         assert_eq!(prof.duration_nano, 60_000_000_000);
         let a = attrs(d, &prof.samples[0].attribute_indices);
         for want in [

@@ -65,7 +65,7 @@ impl ExportSpec {
     /// Parse `KIND=URL`.
     pub fn parse(text: &str) -> Result<ExportSpec, ExportError> {
         let bad = |why: String| ExportError::Spec {
-            spec: text.to_string(),
+            spec: redacted(text),
             why,
         };
         let kinds = ExportKind::ALL
@@ -127,6 +127,19 @@ impl ExportSpec {
         url.parse::<ureq::http::Uri>()
             .map_err(|e| bad(format!("URL {url:?}: {e}")))?;
         Ok(ExportSpec { kind, url })
+    }
+}
+
+/// `text` with a URL's user and password, if any, left out: an error
+/// line does not repeat a secret given on the command line.
+fn redacted(text: &str) -> String {
+    let Some((head, rest)) = text.split_once("://") else {
+        return text.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{head}://…@{}", &rest[at + 1..]),
+        None => text.to_string(),
     }
 }
 
@@ -243,6 +256,7 @@ mod tests {
             ("otlp=127.0.0.1:4318", "has no scheme"),
             ("otlp=ftp://x", "only http and https"),
             ("otlp=http://user:pw@x", "never on the command line"),
+            ("otlp=http://user:pw@x/p", "\"otlp=http://…@x/p\""),
             ("otlp=http://", "no host"),
             ("otlp=http://:4318", "no host"),
             ("pyroscope=http://x/ingest?name=a", "takes no query"),
@@ -250,7 +264,7 @@ mod tests {
         ] {
             let e = ExportSpec::parse(spec).unwrap_err().to_string();
             assert!(e.contains(says), "{spec}: {e}");
-            assert!(!e.contains('\n'), "{e}");
+            assert!(!e.contains('\n') && !e.contains("pw@"), "{e}");
         }
     }
 

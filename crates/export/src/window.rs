@@ -283,6 +283,17 @@ pub(crate) fn test_window() -> ProfileWindow {
                     num("vcpu", 0),
                 ],
             },
+            // The first row again, in another second of the window.
+            pp::Sample {
+                location_id: vec![1, 2],
+                value: vec![2, 20_000_000],
+                label: vec![
+                    lab("vm", "web"),
+                    lab("context", "guest-user"),
+                    lab("process", "nginx"),
+                    num("vcpu", 1),
+                ],
+            },
             pp::Sample {
                 location_id: vec![2],
                 value: vec![5, 50_000_000],
