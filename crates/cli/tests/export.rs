@@ -245,7 +245,10 @@ fn pyroscope_profile(body: &[u8], content_type: &str) -> vmscope_report::pprof::
 
 /// `m[10m]` from a Prometheus-compatible API: each series' labels and
 /// samples (time s, value).
-fn range(addr: &str, metric: &str) -> Vec<(BTreeMap<String, String>, Vec<(f64, f64)>)> {
+/// A series' labels and its samples (time s, value).
+type Series = (BTreeMap<String, String>, Vec<(f64, f64)>);
+
+fn range(addr: &str, metric: &str) -> Vec<Series> {
     let q = format!("/api/v1/query?query={}", enc(&format!("{metric}[10m]")));
     let body = http_get(addr, &q).unwrap_or_default();
     let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
@@ -423,7 +426,7 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
         starts.len()
     };
     let t = Instant::now();
-    while windows(&[out1.clone()]) < 2 {
+    while windows(std::slice::from_ref(&out1)) < 2 {
         assert!(
             t.elapsed() < Duration::from_secs(60),
             "no OTLP window arrived"
@@ -457,7 +460,7 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
             .lines()
             .find(|l| l.starts_with("vmscope_export_queued_requests{exporter=\"otlp\""))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if queued == Some(0.0) && windows(&[out2.clone()]) >= waiting as usize + 2 {
+        if queued == Some(0.0) && windows(std::slice::from_ref(&out2)) >= waiting as usize + 2 {
             break;
         }
         assert!(

@@ -281,20 +281,19 @@ pub fn request(w: &ProfileWindow) -> ExportProfilesServiceRequest {
         };
         // Rows of one stack and labels in different seconds are one sample
         // (the proto asks samples of one identity to be combined).
-        let at = match by_domain.iter().position(|(d, _)| *d == domain) {
-            Some(i) => i,
-            None => {
+        let at = by_domain
+            .iter()
+            .position(|(d, _)| *d == domain)
+            .unwrap_or_else(|| {
                 by_domain.push((domain, Vec::new()));
                 by_domain.len() - 1
-            }
-        };
+            });
         let key = (at, sample.stack_index, sample.attribute_indices.clone());
-        match same.get(&key) {
-            Some(&j) => by_domain[at].1[j].values[0] += value,
-            None => {
-                same.insert(key, by_domain[at].1.len());
-                by_domain[at].1.push(sample);
-            }
+        if let Some(&j) = same.get(&key) {
+            by_domain[at].1[j].values[0] += value;
+        } else {
+            same.insert(key, by_domain[at].1.len());
+            by_domain[at].1.push(sample);
         }
     }
     let period = if p.period > 0 { p.period } else { 1 };

@@ -70,8 +70,11 @@ pub const HEADERS: [(&str, &str); 1] = [("X-Prometheus-Remote-Write-Version", "0
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
 pub const CONTENT_ENCODING: &str = "snappy";
 
+/// A sample line: name, labels (escapes undone), value.
+type SampleLine = (String, Vec<(String, String)>, f64);
+
 /// One sample line: name, labels as written (escapes undone), value.
-fn parse_line(line: &str) -> Result<(String, Vec<(String, String)>, f64), String> {
+fn parse_line(line: &str) -> Result<SampleLine, String> {
     let (name, rest) = match line.find(['{', ' ']) {
         Some(i) => line.split_at(i),
         None => return Err("no value".into()),
@@ -150,16 +153,17 @@ pub fn request(text: &str, instance: &str, timestamp_ms: i64) -> Result<WriteReq
             let mut f = c.splitn(3, ' ');
             let (kind, family, rest) = (f.next(), f.next(), f.next().unwrap_or(""));
             let Some(family) = family else { continue };
-            let m = match meta.iter_mut().position(|m| m.metric_family_name == family) {
-                Some(i) => &mut meta[i],
-                None => {
+            let i = meta
+                .iter()
+                .position(|m| m.metric_family_name == family)
+                .unwrap_or_else(|| {
                     meta.push(MetricMetadata {
                         metric_family_name: family.to_string(),
                         ..MetricMetadata::default()
                     });
-                    meta.last_mut().expect("pushed")
-                }
-            };
+                    meta.len() - 1
+                });
+            let m = &mut meta[i];
             match kind {
                 Some("TYPE") => {
                     m.r#type = match rest {

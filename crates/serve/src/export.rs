@@ -172,13 +172,18 @@ impl Exports {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let seq = seq + 1;
-        let tmp;
-        let path = match &self.plan.archive {
-            Some(dir) => dir.join(format!("window-{}.db", archive_stamp())),
-            None => {
-                tmp = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
-                tmp.path().join("window.db")
-            }
+        // Without an archive the session lives as long as `tmp`.
+        let tmp = if self.plan.archive.is_none() {
+            Some(tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?)
+        } else {
+            None
+        };
+        let path = if let Some(dir) = &self.plan.archive {
+            dir.join(format!("window-{}.db", archive_stamp()))
+        } else if let Some(t) = &tmp {
+            t.path().join("window.db")
+        } else {
+            return Err("no directory for the window".into());
         };
         let Some(got) = rolling.export_window(after, &path)? else {
             return Ok(());

@@ -126,7 +126,10 @@ impl Receiver {
 
     /// Answer from now on with `status` and `body`.
     pub fn answer(&self, status: u16, body: &[u8]) {
-        let mut a = self.answer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self
+            .answer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         a.status = status;
         a.body = body.to_vec();
         a.silent = false;
@@ -134,12 +137,18 @@ impl Receiver {
 
     /// Accept and read requests but never answer (until `answer`).
     pub fn silent(&self) {
-        self.answer.lock().unwrap_or_else(|e| e.into_inner()).silent = true;
+        self.answer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .silent = true;
     }
 
     /// Every request answered with a 2xx so far, in arrival order.
     pub fn taken(&self) -> Vec<Received> {
-        self.got.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.got
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -192,7 +201,9 @@ fn serve(
         }
     }
     let (status, reply, silent) = {
-        let a = answer.lock().unwrap_or_else(|e| e.into_inner());
+        let a = answer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         (a.status, a.body.clone(), a.silent)
     };
     if silent {
@@ -204,7 +215,7 @@ fn serve(
     }
     if (200..300).contains(&status) {
         got.lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(Received {
                 method,
                 target,
