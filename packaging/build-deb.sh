@@ -20,7 +20,7 @@ command -v cargo-deb >/dev/null 2>&1 || {
 }
 
 echo "build-deb: building vmscope and the static guest agent (release)"
-cargo build --release -p vmscope-cli --quiet
+cargo build --release --workspace --bins --quiet  # as scripts/setup.sh: the same features, nothing rebuilt
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
   cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
 

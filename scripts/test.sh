@@ -11,6 +11,18 @@ export VMSCOPE_AGENT="$PWD/target/x86_64-unknown-linux-gnu/release/vmscope-agent
 # One guest image cache for every lab test of this run.
 export VMSCOPE_CACHE="${VMSCOPE_CACHE:-$PWD/target/vmscope-cache}"
 
+# The fuzz targets (their own workspace and target directory, built with
+# sanitizer flags) build while formatting, lints and the test build run:
+# those leave a CPU idle for much of their time (long chains of crates
+# that wait for each other, links one at a time). Nothing timed runs
+# beside it: the tests start once it is done.
+mkdir -p target
+fuzz_build=""
+if [ -x scripts/fuzz-smoke.sh ]; then
+  echo "== fuzz targets: building in the background (target/fuzz-build.log)"
+  FUZZ_BUILD_ONLY=1 scripts/fuzz-smoke.sh >target/fuzz-build.log 2>&1 &
+  fuzz_build=$!
+fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
@@ -25,8 +37,22 @@ tally() {
     echo "none"
   fi
 }
-trap tally EXIT
-echo "== cargo test (release, so tests reuse the set-up build)"
+finish() {
+  if [ -n "$fuzz_build" ]; then kill "$fuzz_build" 2>/dev/null || true; fi
+  tally
+}
+trap finish EXIT
+echo "== cargo test: build (release, so tests reuse the set-up build)"
+cargo test --workspace --release --no-run --quiet
+if [ -n "$fuzz_build" ]; then
+  fuzz_rc=0
+  wait "$fuzz_build" || fuzz_rc=$?
+  fuzz_build=""
+  # Its outcome is said by the fuzz smoke below (which rebuilds, or runs
+  # its fallback, when this build failed).
+  echo "fuzz targets: $(tail -n 1 target/fuzz-build.log) (exit $fuzz_rc)"
+fi
+echo "== cargo test: run"
 cargo test --workspace --release --no-fail-fast -- --test-threads=2
 echo "== Debian package (build, lintian, install, check, purge)"
 scripts/deb-test.sh

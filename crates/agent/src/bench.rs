@@ -105,6 +105,7 @@ pub fn parse_net<I: IntoIterator<Item = String>>(args: I) -> Result<NetCommand, 
                 streams: number(&kv, "streams", 1)?,
                 buf,
                 accept_timeout: seconds(&kv, "timeout", 60.0)?,
+                idle: net::RECV_IDLE,
             }))
         }
         "check-port" => {

@@ -1,4 +1,4 @@
-//! Hygiene of a sample (docs/architecture.md §8, docs/bench.md): dropping caches before it, and telling
+//! Hygiene of a sample (docs/architecture.md §8, docs/experiments.md): dropping caches before it, and telling
 //! whether the host was busy with other work while it ran.
 //!
 //! Busy detection: the host's busy CPU time over the sample, from

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use vmscope_lab::{LabState, VmState};
-use vmscope_workload::net::{NetRun, RecvSpec, SendSpec};
+use vmscope_workload::net::{NetRun, RecvSpec, SendSpec, RECV_IDLE};
 
 /// The receive buffers of menon2005 Figs 1-2.
 pub const DEFAULT_RECV_BUF: &str = "1k..256k";
@@ -245,6 +245,7 @@ impl NetExperiment {
             streams,
             buf,
             accept_timeout: Duration::from_secs(60),
+            idle: RECV_IDLE,
         };
         let host_recv = match p.receiver {
             End::Host => {

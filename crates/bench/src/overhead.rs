@@ -107,6 +107,8 @@ struct OverheadExperiment {
     guest: Option<Guest>,
     probe: LoadProbe,
     runs: usize,
+    /// Workloads started in the guest (each writes its own result file).
+    guest_runs: usize,
 }
 
 fn failed(e: impl std::fmt::Display) -> VmFailure {
@@ -217,9 +219,18 @@ impl Experiment for OverheadExperiment {
                 if let Some(d) = g.dead() {
                     return Err(VmFailure::Dead(d));
                 }
-                let out = "/tmp/vmscope-overhead.json";
+                // Each sample's workload in a session of its own, its
+                // group id in a file: a workload that an earlier, failed
+                // sample left behind (still sleeping, or running) is killed
+                // first, so it neither takes the guest's CPU from this one
+                // nor writes into its result, which has a name of its own.
+                self.guest_runs += 1;
+                let out = format!("/tmp/vmscope-overhead-{}.json", self.guest_runs);
+                let pid = "/tmp/vmscope-overhead.pid";
                 let script = format!(
-                    "rm -f {out} {out}.tmp; (sleep {}; {} > {out}.tmp 2>&1; mv {out}.tmp {out}) \
+                    "[ -s {pid} ] && kill -9 -- -$(cat {pid}) 2>/dev/null; \
+                     rm -f {pid} /tmp/vmscope-overhead-*.json*; \
+                     setsid sh -c 'echo $$ > {pid}; sleep {}; {} > {out}.tmp 2> {out}.err; mv {out}.tmp {out}' \
                          </dev/null >/dev/null 2>&1 &",
                     self.opts.delay,
                     self.argv().join(" ")
@@ -648,6 +659,7 @@ fn run_in(
         guest,
         probe: LoadProbe::default(),
         runs: 0,
+        guest_runs: 0,
     };
     let drive_opts = DriveOptions::sampling(
         opts.sampling.warmup,

@@ -20,7 +20,13 @@
 //! `--scramble_buffers=0` (no rewriting of the buffer before each write),
 //! and `--clocksource=clock_gettime` (the clock dd and the engine time
 //! with; its default TSC clock is calibrated at start, which a TCG guest
-//! upsets).
+//! upsets). Its I/O is kept to what dd and the engine issue:
+//! `--fadvise_hint=0` (by default fio tells the kernel
+//! `POSIX_FADV_SEQUENTIAL` when it opens the file, which doubles the
+//! file's readahead window for its buffered reads; dd and the engine
+//! leave the default window) and `--zero_buffers=1` (by default fio writes
+//! a random pattern; dd and the engine write zeros, which a host that
+//! detects zero writes would store differently).
 //!
 //! GNU dd writing `if=/dev/zero` does two things per block: it reads a
 //! block of zeros (the kernel clears the buffer), then writes it. The
@@ -29,6 +35,13 @@
 //! small (a 1 MiB block: 0.7 ms to clear in the lab's guest, 0.7 ms to
 //! write), so [`dd_write_speed`] times it with the same dd (`of=/dev/null`)
 //! right after the write and compares the engine with the write alone.
+//! That run also writes each block to /dev/null, one system call per
+//! block more than the part it stands for, so dd's write speed comes out
+//! a little high (about 0.3 µs per block here: 1 % of a 4 KiB direct
+//! write). dd's reads (`of=/dev/null`) keep that write: at 4 KiB, where a
+//! buffered read's own CPU is about half its time per block, it makes dd
+//! 10-15 % slower than the engine (docs/experiments.md, "What the three do per
+//! block").
 
 use serde_json::Value;
 use vmscope_workload::io::{IoRun, Mode};
@@ -99,6 +112,8 @@ pub fn argv(tool: IoTool, exe: &str, mode: Mode, path: &str, bs: u64, count: u64
                 format!("--direct={}", u8::from(mode.direct())),
                 s("--invalidate=0"),
                 s("--fallocate=none"),
+                s("--fadvise_hint=0"),
+                s("--zero_buffers=1"),
                 s("--gtod_reduce=1"),
                 s("--scramble_buffers=0"),
                 s("--clocksource=clock_gettime"),
@@ -458,6 +473,8 @@ mod tests {
             "--direct=1",
             "--ioengine=psync",
             "--output-format=json",
+            "--fadvise_hint=0",
+            "--zero_buffers=1",
         ] {
             assert!(fio.contains(&a.to_string()), "{a} in {fio:?}");
         }

@@ -403,7 +403,20 @@ impl Running {
     fn kill(&mut self) -> std::io::Result<()> {
         // SAFETY: signals the process group this code created.
         unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-        self.child.wait().map(drop)
+        let r = self.child.wait().map(drop);
+        self.mark_ours();
+        r
+    }
+
+    /// Marks the log and a perf.data as vmscope's, so that the next run
+    /// may replace them while they are unchanged: after every end of the
+    /// profiler, a failed or killed one too (a sample redone after a
+    /// failure writes the same names). A session is known by its content.
+    fn mark_ours(&self) {
+        vmscope_store::output::mark(&self.log);
+        if self.kind == Kind::Perf && self.output.exists() {
+            vmscope_store::output::mark(&self.output);
+        }
     }
 
     /// Stops it (SIGINT, up to 60 s, then SIGKILL) and reads what it did.
@@ -438,6 +451,7 @@ impl Running {
         let cpu_s = tv(ru.ru_utime) + tv(ru.ru_stime);
         let mut text = String::new();
         let _ = std::fs::File::open(&self.log).and_then(|mut f| f.read_to_string(&mut text));
+        self.mark_ours();
         // perf record finishes its file on SIGINT, then re-raises the
         // signal: dying of the SIGINT sent above is a clean stop.
         let ok = (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
@@ -447,12 +461,6 @@ impl Running {
                 "the profiler failed (status {status:#x}): {}",
                 log_tail(&self.log)
             ));
-        }
-        // Marked as vmscope's, so the next run may replace them (a session
-        // is known by its content).
-        vmscope_store::output::mark(&self.log);
-        if self.kind == Kind::Perf {
-            vmscope_store::output::mark(&self.output);
         }
         let mut out = Stopped {
             cpu_s,
@@ -541,6 +549,42 @@ pub fn parse_perf_log(text: &str) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample whose profiler was killed (its workload failed, the run was
+    /// redone) leaves its perf.data and log under the names the next runs
+    /// reuse: they are vmscope's, and replaced without `--force`.
+    #[test]
+    fn files_of_a_killed_profiler_are_replaced_by_the_next_run() {
+        if !vmscope_testkit::is_root() {
+            vmscope_testkit::skip("perf record -a needs root");
+            return;
+        }
+        if !vmscope_testkit::require_tools(&[("perf", "linux-perf")]) {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            kind: Kind::Perf,
+            freq: 99,
+            vms: Vec::new(),
+            output: dir.path().join("perf-0.data"),
+            vmscope: PathBuf::from("vmscope"),
+            ready_timeout: Duration::from_secs(30),
+            strict: false,
+            force: false,
+        };
+        drop(start(&spec).unwrap());
+        assert!(spec.output.with_extension("log").exists());
+        let again = start(&spec).expect("the files of the killed run are replaced");
+        again.stop().unwrap();
+        // A file of the same name that vmscope did not write is not.
+        std::fs::write(&spec.output, b"the user's").unwrap();
+        let e = start(&spec)
+            .err()
+            .expect("a file vmscope did not write is kept");
+        assert!(e.contains("perf-0.data"), "{e}");
+        assert_eq!(std::fs::read(&spec.output).unwrap(), b"the user's");
+    }
 
     #[test]
     fn closing_lines() {

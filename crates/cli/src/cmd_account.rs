@@ -14,6 +14,16 @@ use vmscope_stat::render::{self, IntervalFormat};
 use vmscope_stat::session::IntervalSession;
 
 #[derive(Args)]
+#[command(
+    after_help = "Columns, per VM and interval, in seconds: run, steal (vCPU runnable but not running), halt \
+(vCPU idle), dirio (CPU of the VM's own QEMU threads), shrio (its charge for the host's shared I/O \
+work T: cost = T / ΣN per I/O operation, charge = N_i × cost), total, and I/O operations. The \
+`= host` line reconciles Σ VMs + unattributed host work with the host's CPU from /proc/stat.\n\n\
+Examples:\n  \
+vmscope account -i 1s                      every second until Ctrl-C\n  \
+vmscope account -i 1s -n 10 --format csv   ten intervals as CSV\n  \
+vmscope account -i 1s -n 60 -o cost.db     kept in a session: vmscope report cost.db"
+)]
 pub struct AccountArgs {
     /// Interval (100ms, 1s, ...).
     #[arg(short, long, default_value = "100ms", value_parser = vmscope_stat::parse_interval,

@@ -15,6 +15,16 @@ use vmscope_bench::output::Format;
 use vmscope_lab::LabOptions;
 
 #[derive(Args)]
+#[command(
+    after_help = "Each experiment runs its points in shuffled, interleaved rounds until the 95 % interval is \
+within --ci of the mean, redoes samples taken while other load ran, prints a table with units in \
+every header, and can keep every row in a session (-o) and profile each point (--record). Paper \
+figures and current results: docs/experiments.md and bench/README.md in the source tree.\n\n\
+Examples:\n  \
+vmscope bench io --check-paper                      giacobbi2011's findings, checked here\n  \
+vmscope bench web --lab host,guest-same-cpu --rate 50..300:50\n  \
+vmscope bench overhead --lab one-vm                 what profiling costs a VM's workload"
+)]
 pub struct BenchArgs {
     #[command(subcommand)]
     command: BenchCommand,

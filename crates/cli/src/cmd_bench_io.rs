@@ -10,13 +10,6 @@ use vmscope_bench::units::{parse_size, parse_size_list};
 use vmscope_workload::io::Mode;
 
 pub const HELP: &str = "\
-Examples:
-  vmscope bench io --lab storage-quad                 the paper's four machines (host, VM on a raw and a qcow2
-                                                      file image, on a raw device; LVM where device-mapper works)
-  vmscope bench io --target host:/var/tmp/disk.img --bs 4k..1M --size 256M --mode direct-read
-  vmscope bench io --target vm:io0:/dev/vdb --size 1M..1G --bs 1M      data-size sweep (Experiment 2)
-  vmscope bench io --check-paper                      a short run that checks the paper's findings here
-
 --lab brings up a lab (the built-in storage-quad, or a spec file) and measures every disk of its VMs
 and a host file beside their images. Sizes: k, M, G are powers of 1024 (as dd); kB, MB, GB powers of
 1000. Speeds are printed in MiB/s (2^20 bytes/s) and MB/s (10^6 bytes/s); rows (JSON, CSV, sessions)
@@ -24,7 +17,12 @@ store bytes/s. Every sample drops the host's and the guest's page cache (root), 
 load shows in /proc/stat (then kept, flagged), and runs the accountant for the host CPU per GiB.
 Safety: a target must exist, hold no mounted file system, be large enough and take the block sizes
 with O_DIRECT; a device or file with a partition table or file system signature is written only if
---force-destroy-data names it. Exit status: 0, 1 when points failed (a VM died), 2 on bad input.";
+--force-destroy-data names it. Exit status: 0, 1 when points failed (a VM died), 2 on bad input.
+
+Examples:
+  vmscope bench io --lab storage-quad     the paper's machines: host, raw and qcow2 file images, raw device
+  vmscope bench io --target host:/var/tmp/disk.img --bs 4k..1M --size 256M --mode direct-read
+  vmscope bench io --check-paper          a short run that checks the paper's findings here";
 
 #[derive(Args)]
 pub struct IoArgs {

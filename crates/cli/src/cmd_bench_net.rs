@@ -9,12 +9,6 @@ use vmscope_bench::net::NetOptions;
 use vmscope_bench::units::parse_size_list;
 
 pub const HELP: &str = "\
-Examples:
-  vmscope bench net --lab guest-same-cpu              host->guest0 and guest0->host, receive buffers 1K..256K,
-                                                      iperf3 beside the engine on each path
-  vmscope bench net --lab guest-separate-cpu --recv-buf 4k,64k --seconds 5
-  vmscope bench net --path host:guest0 --path vm1:vm2 --streams 4     VMs of running labs
-
 --lab brings up a lab (built-in guest-same-cpu, guest-separate-cpu, or a spec file). A path is
 SENDER:RECEIVER, each `host` or the name of a lab VM with a tap NIC (user networking cannot carry
 the test). The engine's sender sendfile()s a cached 64 KiB file over --streams TCP connections for
@@ -26,7 +20,12 @@ children, the VMs' QEMUs, kernel threads; other programs' load only flags a samp
 10^9 bits moved; with the accountant each VM's vCPU time and I/O charge (QEMU's I/O threads plus its
 share of network softirqs) are read around each sample. Under TCG (no KVM) every guest instruction
 is emulated: absolute numbers are low, and the output says so. Exit status: 0, 1 when points failed
-(a VM died), 2 on bad input.";
+(a VM died), 2 on bad input.
+
+Examples:
+  vmscope bench net --lab guest-same-cpu  host to VM and back, receive buffers 1K..256K, iperf3 beside
+  vmscope bench net --lab guest-separate-cpu --recv-buf 4k,64k --seconds 5
+  vmscope bench net --path host:guest0 --streams 4      a VM of a lab that is already up";
 
 #[derive(Args)]
 pub struct NetArgs {

@@ -12,19 +12,18 @@ use vmscope_bench::profiler::Kind;
 use vmscope_workload::scale::Workload;
 
 pub const HELP: &str = "\
-Examples:
-  vmscope bench overhead                              cpu on the host: none, host-only, active, perf at 1000 Hz
-  vmscope bench overhead --vm guest0 --seconds 8      the workload in a VM of a running lab (its agent runs it)
-  vmscope bench overhead --lab one-vm                 bring up a lab, run in its first VM, tear it down
-  vmscope bench overhead --profilers none,active --freq 4000
-
 Profilers: none; host-only (vmscope record -a, every VM passive: the host's rings); active (vmscope
 record -a, every VM active: host rings plus each guest's agent sampling inside); perf (perf record -a).
 All at --freq. The loss is 1 - throughput / throughput with none, its interval from both points'
 intervals. In a VM the workload starts detached after --delay seconds (the recorder holds the VM's
 agent channel while it runs) and its result is read back after; a profiler slower to start than the
 delay flags the sample. Under TCG the guest's sampling interrupts are emulated in software; the output
-says so. Exit status: 0, 1 when points failed, 2 on bad input.";
+says so. Exit status: 0, 1 when points failed, 2 on bad input.
+
+Examples:
+  vmscope bench overhead                  cpu on the host: none, host-only, active, perf at 1000 Hz
+  vmscope bench overhead --lab one-vm     in the first VM of a lab it brings up and tears down
+  vmscope bench overhead --profilers none,active --freq 4000";
 
 #[derive(Args)]
 pub struct OverheadArgs {

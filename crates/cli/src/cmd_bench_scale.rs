@@ -10,11 +10,6 @@ use vmscope_bench::scale::{Mode, ScaleOptions};
 use vmscope_workload::scale::Workload;
 
 pub const HELP: &str = "\
-Examples:
-  vmscope bench scale                                 cpu, the four modes, N = 1..host CPUs, on a generated lab
-  vmscope bench scale --workload memwrite --size 64M --max 2 --mode host-threads,vms
-  vmscope bench scale --mode host-procs,host-threads  the host alone (no lab)
-
 Modes (theurer2006 §4): host-procs (N processes of vmscope-agent scale), host-threads (this process,
 N threads), vms (N lab VMs of one pinned vCPU each), vcpus (one lab VM of N vCPUs, N threads).
 Without --lab (a spec file, or built-in scale-vms, scale-vcpus), the VM modes bring up a generated
@@ -22,7 +17,12 @@ lab (VMs s0..s{max-1} and big) named by --lab-name (default scale). Throughput i
 process's (VM's) work rate: GiB/s written for memwrite, millions of iterations/s for cpu; rows store
 bytes/s or iterations/s. The scaling factor is a mode's throughput over its own N = 1. Under TCG the
 VM modes' absolute numbers are far below the host's; their scaling factors still compare. Exit
-status: 0, 1 when points failed, 2 on bad input.";
+status: 0, 1 when points failed, 2 on bad input.
+
+Examples:
+  vmscope bench scale                     cpu, the four modes, N = 1..host CPUs, on a generated lab
+  vmscope bench scale --mode host-procs,host-threads    the host alone (no lab)
+  vmscope bench scale --workload memwrite --size 64M --max 2 --mode host-threads,vms";
 
 #[derive(Args)]
 pub struct ScaleArgs {

@@ -10,12 +10,6 @@ use vmscope_bench::units::parse_size;
 use vmscope_bench::web::{parse_rates, WebOptions};
 
 pub const HELP: &str = "\
-Examples:
-  vmscope bench web                                   host, guest-same-cpu, guest-separate-cpu; 1 KiB file,
-                                                      100..1000 req/s in steps of 100
-  vmscope bench web --lab host,guest-separate-cpu --file-size 70k --rate 20..200:20
-  vmscope bench web --lab ./my-lab.toml --lab-name web --seconds 3
-
 --lab is a comma-separated list of configurations [default: host,guest-same-cpu,guest-separate-cpu];
 --lab-name prefixes each lab's name (NAME-SPECNAME).
 A configuration is `host` (busybox httpd on 127.0.0.1) or a lab spec (built-in guest-same-cpu,
@@ -38,7 +32,12 @@ pinned to the host CPUs that none of the VM's pinned threads use (menon2005's cl
 of its own); where none is left (guest-separate-cpu on 2 CPUs) a note says what it shares, and the
 same-cpu/separate-cpu line reads n/a, not yes or no, with its numbers. Under TCG the
 output says absolute numbers are low. Exit status: 0, 1 when points failed (a VM died), 2 on bad
-input.";
+input.
+
+Examples:
+  vmscope bench web                       host, guest-same-cpu, guest-separate-cpu at 100..1000 req/s
+  vmscope bench web --lab host,guest-separate-cpu --file-size 70k --rate 20..200:20
+  vmscope bench web --lab ./my-lab.toml --lab-name web --seconds 3";
 
 #[derive(Args)]
 pub struct WebArgs {

@@ -6,6 +6,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Three functions, alpha, beta and gamma, at 50, 30 and 20 % of each thread's CPU: a \
+known answer to check a profile against. In guests the agent runs the same workload \
+(vmscope-agent demo -d SECONDS -t THREADS -u DUTY_PCT).\n\n\
+Examples:\n  \
+vmscope demo -t 2 -d 10                   two threads for 10 s\n  \
+vmscope record -g -- vmscope demo -d 5    the profile should read 50/30/20"
+)]
 pub struct DemoArgs {
     /// Run for this many seconds.
     #[arg(short = 'd', long = "seconds", default_value_t = 5.0,

@@ -26,7 +26,11 @@ Examples:\n  vmscope lab up                       the built-in one-vm lab\n  vms
 #[command(
     after_help = "Built-in labs (vmscope lab up NAME) and the spec files of the paper experiments in labs/ are the same;\n\
 one-vm is the default lab. Run directories live under $VMSCOPE_RUN (default /run/vmscope/labs), images and the KVM verdict under \
-$VMSCOPE_CACHE (default /var/cache/vmscope)."
+$VMSCOPE_CACHE (default /var/cache/vmscope).\n\n\
+Examples:\n  \
+vmscope lab up                     boot the default lab (one-vm: vm0, 2 vCPUs, agent inside)\n  \
+vmscope lab exec vm0 -- uname -a   run a command in the guest\n  \
+vmscope lab down one-vm            stop it and remove everything it made"
 )]
 pub struct LabArgs {
     #[command(subcommand)]
@@ -56,6 +60,9 @@ enum AccelArg {
 enum LabCommand {
     /// Build (or show the cached) guest image: Debian cloud kernel, busybox
     /// initramfs and the static guest agent.
+    #[command(after_help = "Examples:\n  \
+vmscope lab image                  build it, or show the cached one\n  \
+vmscope lab image --format json")]
     Image {
         /// Guest agent binary [default: $VMSCOPE_AGENT, next to vmscope, target/, /usr/lib/vmscope/vmscope-agent].
         #[arg(long, value_name = "PATH")]
@@ -101,6 +108,9 @@ enum LabCommand {
     },
     /// Show running labs: accelerator (and why), VMs, pids, vCPU threads,
     /// whether each QEMU still runs, and the libvirt domains of a libvirt lab.
+    #[command(after_help = "Examples:\n  \
+vmscope lab status                 every lab that is up\n  \
+vmscope lab status one-vm --format json")]
     Status {
         /// Lab name [default: every lab].
         name: Option<String>,
@@ -108,6 +118,14 @@ enum LabCommand {
         format: LabFormat,
     },
     /// Run a command in a VM through its agent; exits with the command's status.
+    #[command(
+        after_help = "The command runs without a shell; its exit status, stdout and stderr come \
+back when it exits. A background job (sh -c 'JOB &') keeps running in the guest after that; \
+redirect its output, since what it writes later is not returned.\n\n\
+Examples:\n  \
+vmscope lab exec vm0 -- uname -a\n  \
+vmscope lab exec vm0 -- sh -c 'vmscope-agent demo -t 2 -d 60 </dev/null >/dev/null 2>&1 &'"
+    )]
     Exec {
         /// VM name.
         vm: String,
@@ -126,7 +144,10 @@ enum LabCommand {
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
-    /// Copy a host file into a VM through its agent: `lab cp ./prog vm0:/root/prog`.
+    /// Copy a host file into a VM through its agent.
+    #[command(after_help = "Examples:\n  \
+vmscope lab cp ./prog vm0:/root/prog\n  \
+vmscope lab cp ./run.sh vm0:/root/run.sh --mode 755")]
     Cp {
         /// Host file.
         host_path: PathBuf,
@@ -142,6 +163,9 @@ enum LabCommand {
         timeout: u64,
     },
     /// Attach to a VM's serial console (Ctrl-D ends), or print its log with --dump.
+    #[command(after_help = "Examples:\n  \
+vmscope lab console vm0            the guest's shell on its serial console\n  \
+vmscope lab console vm0 --dump     what the console printed so far (boot log)")]
     Console {
         vm: String,
         #[arg(long)]
@@ -153,6 +177,9 @@ enum LabCommand {
     /// Stop a lab and remove everything it made: QEMU processes (libvirt
     /// domains are destroyed, which undefines them), taps, bridge, loop
     /// devices, volumes, sockets, files.
+    #[command(after_help = "Examples:\n  \
+vmscope lab down one-vm\n  \
+vmscope lab down --all")]
     Down {
         /// Spec file or lab name [default: the only lab that is up].
         target: Option<String>,

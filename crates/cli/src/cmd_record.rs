@@ -14,7 +14,18 @@ use vmscope_symbols::SymbolizerOptions;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  vmscope record -a -d 10            every CPU for 10 s\n  vmscope record -a -g -- sleep 5    every CPU with call stacks while a command runs\n  vmscope record -e cpu-clock:250000 -- ./app   a command, one sample per 250 µs of CPU\n  vmscope record -p 1234,5678 -F 999 -d 30\n\nStop early with Ctrl-C (or SIGTERM, SIGHUP); the session keeps what was recorded.\nThe session is written as FILE.partial and renamed to FILE when complete: an existing\nFILE stays intact until then, and a killed recorder leaves FILE.partial readable.\n-o replaces only a vmscope session (--force: any regular file), never a device,\nFIFO or directory; one recorder at a time writes a session file (FILE.lock)."
+    after_help = "VMs with a running agent are profiled active (guest functions, processes and call \
+stacks from inside), the others passive (the host's view of their vCPU threads); --vm sets a role. \
+The report header's # cost lines say what profiling cost each side.\n\n\
+Stop early with Ctrl-C (or SIGTERM, SIGHUP); the session keeps what was recorded.\n\
+The session is written as FILE.partial and renamed to FILE when complete: an existing\n\
+FILE stays intact until then, and a killed recorder leaves FILE.partial readable.\n\
+-o replaces only a vmscope session (--force: any regular file), never a device,\n\
+FIFO or directory; one recorder at a time writes a session file (FILE.lock).\n\n\
+Examples:\n  \
+vmscope record -a -g -d 10                every CPU and every VM, call stacks, 10 s\n  \
+vmscope record -a -d 8 --vm vm0=active    the host and VM vm0's guest functions\n  \
+vmscope record -g -F 999 -- ./app args    one command and its children"
 )]
 pub struct RecordArgs {
     /// Sample every CPU (system-wide).

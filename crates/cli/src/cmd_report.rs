@@ -12,7 +12,22 @@ use vmscope_store::Field;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\nvmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol,\nsrcline (source file:line where the binary has DWARF), cpu, class (function classes: net/core,\nbridge, netfilter, mm, block, sched, kvm, virtio, vhost, QEMU's devices and TCG, else the kernel\nsubsystem, module or binary; add rules with --classes FILE).\n\nColumns: samples as taken, the event count in its unit (CPU s for cpu-clock) and % of it, as perf\nreports it. In the merged view an active VM's guest rows are its agent's samples scaled to the guest\ntime the host measured: the event count adds up to the header's total, samples do not.\n\nExamples:\n  vmscope report                         image and symbol table of vmscope.db\n  vmscope report --by context            where the CPU went: kernel / modules / user / idle / VMs\n  vmscope report --by domain,class       function classes per domain\n  vmscope report --side-by-side web --by class   santos2006's class table of VM web\n  vmscope report --callers tcp_sendmsg   who calls it (needs record -g)\n  vmscope report --format flamegraph -o cpu.svg  the whole machine; --domain web for one VM\n  vmscope report --format pprof -o cpu.pb.gz     for go tool pprof, Parca, Pyroscope\n  vmscope report --format html -o report.html    one self-contained page\n  vmscope report --time 10s-20s --cpu 0,1        a slice of the session\n\nCollapsed stacks and flame graphs count the event (ns of CPU for cpu-clock); each stack starts at\nits domain, a VM's at its vCPU and guest process: host -> VM -> vCPU -> process -> functions."
+    after_help = "Fields for --by: domain (host or a VM), context (guest-user, guest-kernel, guest, vmm-kernel,\n\
+vmm-user, host-kernel, host-user, idle; kernel modules shown apart), process, image, symbol,\n\
+srcline (source file:line where the binary has DWARF), cpu, class (function classes: net/core,\n\
+bridge, netfilter, mm, block, sched, kvm, virtio, vhost, QEMU's devices and TCG, else the kernel\n\
+subsystem, module or binary; add rules with --classes FILE).\n\n\
+Columns: samples as taken, the event count in its unit (CPU s for cpu-clock) and % of it, as perf\n\
+reports it. In the merged view an active VM's guest rows are its agent's samples scaled to the guest\n\
+time the host measured: the event count adds up to the header's total, samples do not.\n\n\
+Formats: table, json, csv; collapsed stacks, flamegraph (SVG) and pprof count the event (ns of CPU\n\
+for cpu-clock), each stack from its domain down: host -> VM -> vCPU -> guest process -> functions;\n\
+html is one self-contained page (tables, flame graphs, timeline). --callers and --callees need a\n\
+recording with call stacks (record -g); --time and --cpu slice the session.\n\n\
+Examples:\n  \
+vmscope report --by domain,context                where the CPU went, per VM and context\n  \
+vmscope report --domain vm0 --by process,symbol   one VM's processes and functions\n  \
+vmscope report --format html -o report.html       one page with flame graphs and charts"
 )]
 pub struct ReportArgs {
     /// Session file.

@@ -7,9 +7,21 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args)]
-#[command(
-    after_help = "Endpoints:\n  /metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\nExamples:\n  vmscope serve --listen 127.0.0.1:9464 --per-cpu\n  curl -s http://127.0.0.1:9464/metrics | grep vmscope_vcpu_run\n  vmscope serve --profile\n  go tool pprof -top -tagfocus vm=web 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  vmscope serve --profile --export otlp=http://collector:4318 --export remote-write=http://prometheus:9090 \\\n      --export-spool /var/lib/vmscope/spool\n  vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key \\\n      --auth-token-file /etc/vmscope/scrape-token\n\nFleets (scrape and push configurations, labels, the dashboard): docs/fleet.md"
-)]
+#[command(after_help = "Endpoints:\n  \
+/metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  \
+/debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  \
+of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\n\
+Examples:\n  \
+vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
+vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
+go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  \
+vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n      \
+push each minute's profile to an OpenTelemetry Collector; what waits is kept on disk\n  \
+vmscope serve --export remote-write=http://prometheus:9090 --export-interval 15\n      \
+push /metrics to Prometheus remote write every 15 s (for a host nobody can scrape)\n  \
+vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key --auth-token-file /etc/vmscope/scrape-token\n      \
+HTTPS, and a bearer token on every request (401 without)\n\n\
+Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]

@@ -42,6 +42,14 @@ pub enum SourceArg {
 }
 
 #[derive(Args)]
+#[command(
+    after_help = "Each line is one host CPU: its busy % and the split, dN-M for VM N's vCPU M, dN-io for the \
+VM's own QEMU threads, d0-CPU for other host work; the legend names each dN.\n\n\
+Examples:\n  \
+vmscope stat                               every second until Ctrl-C\n  \
+vmscope stat -i 100ms -n 50 --format csv   5 s in 100 ms steps, as CSV\n  \
+vmscope stat -i 1s -n 60 -o stat.db        kept in a session: vmscope report stat.db"
+)]
 pub struct StatArgs {
     /// Interval (100ms, 1s, ...).
     #[arg(short, long, default_value = "1s", value_parser = vmscope_stat::parse_interval,

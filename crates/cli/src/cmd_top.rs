@@ -17,7 +17,7 @@ pub enum TopFormat {
 
 #[derive(Args)]
 #[command(
-    after_help = "Keys: q (or Esc, Ctrl-C) quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct"
+    after_help = "Keys: q (or Esc, Ctrl-C) quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top                       the live view (q quits)\n  vmscope top -b -n 3               three text frames, one a second\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct"
 )]
 pub struct TopArgs {
     /// Refresh interval (1s, 500ms, ...).

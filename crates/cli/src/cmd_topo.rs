@@ -28,10 +28,17 @@ pub enum TopoFormat {
     Json,
 }
 
-/// NUMA nodes, and where each VM's vCPUs and memory are.
-#[derive(Args, Debug)]
-#[command(
-    after_long_help = "Lists the host's NUMA nodes (CPUs, total and free memory from \
+/// `topo --help`'s closing examples (also after `-h`).
+const EXAMPLES: &str = "Examples:\n  \
+vmscope topo                                     nodes, and where each VM runs and lives\n  \
+vmscope topo --remote-threshold 5 --format json  flag VMs with more than 5 % remote memory";
+
+/// `topo --help`: what it reads and shows, then the examples.
+fn long_help() -> String {
+    format!("{LONG_HELP}\n\n{EXAMPLES}")
+}
+
+const LONG_HELP: &str = "Lists the host's NUMA nodes (CPUs, total and free memory from \
 /sys/devices/system/node/nodeN/{cpulist,meminfo}) and, for every QEMU VM that `vmscope vms` \
 finds, the nodes of its vCPU threads (their affinity, Cpus_allowed_list of \
 /proc/PID/task/TID/status, and the CPU each last ran on, field 39 of its stat) and of its \
@@ -42,7 +49,13 @@ interconnect bandwidth on every access (theurer2006 §4.1). It is flagged REMOTE
 --remote-threshold percent of its memory is on such nodes. A VM whose affinity allows more \
 nodes than it runs on is told so: the kernel may move its vCPUs away from their memory.\n\n\
 A kernel without NUMA support has no /sys/devices/system/node: one node is made of every \
-CPU and /proc/meminfo, and the output says so. Run as root to read every VM's numa_maps."
+CPU and /proc/meminfo, and the output says so. Run as root to read every VM's numa_maps.";
+
+/// NUMA nodes, and where each VM's vCPUs and memory are.
+#[derive(Args, Debug)]
+#[command(
+    after_help = EXAMPLES,
+    after_long_help = long_help()
 )]
 pub struct TopoArgs {
     /// Output format: `table` (node and VM tables, a verdict line per VM,

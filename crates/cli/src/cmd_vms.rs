@@ -24,10 +24,17 @@ pub enum VmsFormat {
     Json,
 }
 
-/// List every QEMU VM on this host: threads, disks, taps, QMP.
-#[derive(Args, Debug)]
-#[command(
-    after_long_help = "List every QEMU VM on this host, started by `vmscope lab`, libvirt \
+/// `vms --help`'s closing examples (also after `-h`).
+const EXAMPLES: &str = "Examples:\n  \
+vmscope vms                         every QEMU VM, lab or not\n  \
+vmscope vms --format json --no-qmp  every field, without asking the QMP monitors";
+
+/// `vms --help`: what it reads and shows, then the examples.
+fn long_help() -> String {
+    format!("{LONG_HELP}\n\n{EXAMPLES}")
+}
+
+const LONG_HELP: &str = "List every QEMU VM on this host, started by `vmscope lab`, libvirt \
 or by hand: its name, pid, accelerator (KVM or TCG), vCPU threads (thread id → vCPU index), \
 the other QEMU threads (main loop, I/O threads, workers), vhost workers (threads of QEMU, or \
 kernel threads on kernels before 6.4), disks with their backing files, tap interfaces and QMP \
@@ -38,7 +45,13 @@ QEMU runs with `-name NAME,debug-threads=on`; without that and without QMP they 
 unknown. A monitor held by another client (libvirtd) does not answer; use `--no-qmp` to skip \
 waiting for it. When libvirt is installed and answers (`virsh`, `$LIBVIRT_DEFAULT_URI` or \
 qemu:///system), a LIBVIRT column shows each VM's domain name, UUID and state; when it does not, \
-one line says why and the VMs are listed from /proc. Run as root to see every VM's descriptors."
+one line says why and the VMs are listed from /proc. Run as root to see every VM's descriptors.";
+
+/// List every QEMU VM on this host: threads, disks, taps, QMP.
+#[derive(Args, Debug)]
+#[command(
+    after_help = EXAMPLES,
+    after_long_help = long_help()
 )]
 pub struct VmsArgs {
     /// Output format: `table` (one row per VM, warnings on stderr) or

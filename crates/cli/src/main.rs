@@ -39,7 +39,17 @@ pub const VERSION_META_KEY: &str = "vmscope_version";
 
 /// Where the CPU goes on a virtualization host: host, KVM/QEMU and every VM.
 #[derive(Parser)]
-#[command(name = "vmscope", version = VERSION, propagate_version = true)]
+#[command(
+    name = "vmscope",
+    version = VERSION,
+    propagate_version = true,
+    after_help = "Every command has its --help (and a man page: vmscope-record(1), vmscope-lab-up(1), ...). \
+The guides, one per task, are docs/README.md in the source tree.\n\n\
+Examples:\n  \
+vmscope record -a -g -d 10            every CPU and every VM, call stacks, 10 s into vmscope.db\n  \
+vmscope report --by domain,context    where the CPU went, per VM and context\n  \
+vmscope top                           the host and every VM, live"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -71,9 +81,7 @@ enum Command {
     Top(cmd_top::TopArgs),
     /// NUMA nodes, and the nodes of each VM's vCPUs and memory (flags remote memory).
     Topo(cmd_topo::TopoArgs),
-    /// Benchmarks with statistics: `bench io` (giacobbi2011's storage method), `bench net`
-    /// (menon2005's network experiment), `bench scale` and `bench overhead` (theurer2006's scaling
-    /// experiment and cost of profiling).
+    /// The papers' five experiments, with statistics: io, net, web, scale, overhead.
     Bench(cmd_bench::BenchArgs),
 }
 
@@ -198,4 +206,96 @@ fn stdout_closed() -> bool {
     // SAFETY: one pollfd we own; a zero timeout never blocks.
     let n = unsafe { libc::poll(&raw mut p, 1, 0) };
     n == 1 && p.revents & (libc::POLLERR | libc::POLLHUP) != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every command, nested ones included, by its path ("lab up").
+    fn every_command() -> Vec<(String, clap::Command)> {
+        fn walk(path: &str, cmd: &clap::Command, out: &mut Vec<(String, clap::Command)>) {
+            out.push((path.to_string(), cmd.clone()));
+            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                let p = format!("{path} {}", sub.get_name()).trim().to_string();
+                walk(&p, sub, out);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut out = Vec::new();
+        walk("", &cmd, &mut out);
+        out
+    }
+
+    /// The example lines that end a help text: after its last "Examples:"
+    /// line, every line indented and none blank.
+    fn closing_examples(help: &str) -> Result<Vec<String>, String> {
+        let help = help.trim_end();
+        let Some(start) = help.rfind("\nExamples:\n") else {
+            return Err("no \"Examples:\" section".into());
+        };
+        let lines: Vec<String> = help[start + "\nExamples:\n".len()..]
+            .lines()
+            .map(str::to_string)
+            .collect();
+        if let Some(bad) = lines
+            .iter()
+            .find(|l| !l.starts_with("  ") || l.trim().is_empty())
+        {
+            return Err(format!(
+                "the examples are not the end: {bad:?} follows them"
+            ));
+        }
+        Ok(lines)
+    }
+
+    #[test]
+    fn every_help_ends_with_two_or_three_examples() {
+        let mut bad = Vec::new();
+        for (path, mut cmd) in every_command() {
+            for (form, help) in [
+                ("--help", cmd.render_long_help().to_string()),
+                ("-h", cmd.render_help().to_string()),
+            ] {
+                match closing_examples(&help) {
+                    Ok(ex) if (2..=3).contains(&ex.len()) => {}
+                    Ok(ex) => bad.push(format!("vmscope {path} {form}: {} examples", ex.len())),
+                    Err(e) => bad.push(format!("vmscope {path} {form}: {e}")),
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn help_lists_every_command_and_experiment() {
+        let mut cmd = Cli::command();
+        let top = cmd.render_help().to_string();
+        for name in [
+            "record", "report", "compare", "import", "demo", "lab", "vms", "stat", "account",
+            "serve", "top", "topo", "bench",
+        ] {
+            assert!(
+                top.contains(&format!("\n  {name} ")),
+                "{name} missing:\n{top}"
+            );
+        }
+        let bench = cmd
+            .find_subcommand_mut("bench")
+            .unwrap()
+            .render_help()
+            .to_string();
+        for name in ["io", "net", "web", "scale", "overhead"] {
+            assert!(
+                bench.contains(&format!("\n  {name} ")),
+                "{name} missing:\n{bench}"
+            );
+        }
+    }
 }

@@ -301,10 +301,12 @@ fn lab_bench_net_scale_overhead() {
     }
 
     // (2) A VM with user networking only cannot carry the test.
-    let out = lab
-        .cmd(&["bench", "net", "--quiet", "--path", "host:netbench-u"])
-        .output()
-        .unwrap();
+    let out = bench_in(
+        &lab,
+        &["bench", "net", "--quiet", "--path", "host:netbench-u"],
+    )
+    .output()
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(

@@ -46,5 +46,31 @@ fn stat_and_account_keep_their_intervals_for_report() {
         } else {
             assert!(text.contains("# host      measured "), "{text}");
         }
+        // The HTML page of a session of intervals: its header and charts,
+        // nothing about samples it does not have.
+        let html = dir.path().join(format!("{kind}.html"));
+        run_ok(
+            vmscope()
+                .arg("report")
+                .arg(&db)
+                .args(["--format", "html", "-o"])
+                .arg(&html),
+        );
+        let page = std::fs::read_to_string(&html).unwrap();
+        assert!(page.contains("This session holds intervals"), "{kind}");
+        for absent in [
+            "Domains (",
+            "Top functions",
+            "Flame graphs",
+            "recorded without -g",
+            "No per-second counts",
+        ] {
+            assert!(!page.contains(absent), "{kind}: the page says '{absent}'");
+        }
+        // vm-stat charts every domain, the host included; account charts
+        // VMs only, and this host may run none.
+        if kind == "stat" {
+            assert!(page.contains("<polyline"), "{kind}: no chart");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Issue 17 on a real libvirtd: a transient libvirt domain (TCG here) made
 //! from the lab's guest image, with the agent channel declared exactly as
-//! README.md's libvirt section shows (libvirt binds the socket and passes
+//! docs/profile-vm.md's libvirt section shows (libvirt binds the socket and passes
 //! it to QEMU as an inherited descriptor; the port is declared in JSON).
 //! The test starts `virtlogd` and `libvirtd` itself when none answers (no
 //! service manager here) and stops what it started; it destroys its domain
@@ -58,7 +58,8 @@ impl Drop for Domain {
 }
 
 /// The `<channel>` a user adds to an existing domain's `<devices>`: the
-/// README's libvirt section shows this text (a unit test below checks it).
+/// libvirt section of docs/profile-vm.md shows this text (a unit test below
+/// checks it).
 fn channel_xml(socket: &Path) -> String {
     vmscope_discover::agent_channel::libvirt_xml(socket)
 }
@@ -136,12 +137,13 @@ fn guest_exec(socket: &Path, argv: &[&str], timeout: Duration) -> String {
 }
 
 #[test]
-fn libvirt_channel_xml_is_the_readmes() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
-            .unwrap();
+fn libvirt_channel_xml_is_the_guides() {
+    let guide = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/profile-vm.md"),
+    )
+    .unwrap();
     let xml = channel_xml(Path::new("/run/vmscope/NAME.sock"));
-    assert!(readme.contains(&xml), "README.md lacks:\n{xml}");
+    assert!(guide.contains(&xml), "docs/profile-vm.md lacks:\n{xml}");
 }
 
 /// The two tests watch the whole host; one at a time.

@@ -13,7 +13,7 @@ use std::path::Path;
 pub const BUILT_IN: [(&str, &str, &str); 7] = [
     (
         "one-vm",
-        "one VM with a tap NIC and a disk (the default of lab up)",
+        "one VM (vm0) of two vCPUs with a user-mode NIC (the default of lab up)",
         include_str!("../../../labs/one-vm.toml"),
     ),
     (

@@ -4,7 +4,7 @@
 //!   it when it is not ([`check_available`]);
 //! - the domain XML of a lab VM ([`domain_xml`]), built from the VM's
 //!   state once the lab has made its disks, taps and boot files, with the
-//!   agent channel exactly as README.md's libvirt section shows a user;
+//!   agent channel exactly as docs/profile-vm.md's libvirt section shows a user;
 //! - starting a VM as a transient domain (`virsh create`), finding its QEMU
 //!   process and threads, and destroying it at teardown ([`destroy`]: a
 //!   transient domain is undefined when destroyed);
@@ -42,7 +42,7 @@ pub fn domain_name(lab: &str, vm: &str) -> String {
 }
 
 /// The agent socket libvirt binds for a domain: /run/vmscope/NAME.sock, the
-/// path README.md's libvirt section gives a user.
+/// path docs/profile-vm.md's libvirt section gives a user.
 pub fn agent_socket(domain: &str) -> PathBuf {
     Path::new("/run/vmscope").join(format!("{domain}.sock"))
 }

@@ -61,7 +61,7 @@ impl Starter<'_> {
     pub fn start_vm(&mut self, st: &mut LabState, vi: usize, vm: &VmSpec) -> Result<Option<Qmp>> {
         let dir = st.run_dir.join(&vm.name);
         // Under libvirt the same stages run; libvirt binds the agent socket
-        // where README.md tells a user to put it, and starts QEMU.
+        // where docs/profile-vm.md tells a user to put it, and starts QEMU.
         let domain = (st.manager == Manager::Libvirt)
             .then(|| crate::libvirt::domain_name(&self.spec.name, &vm.name));
         let i = st.intend(Resource::Dir { path: dir.clone() })?;

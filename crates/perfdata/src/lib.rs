@@ -15,14 +15,17 @@
 //! - `features`: BUILD_ID and CMDLINE feature sections;
 //! - `convert`: the record loop and the mapping onto the model;
 //! - `error`: [`PerfDataError`];
-//! - [`testutil`] (feature `testutil`): a writer of small perf.data files.
+//! - [`testutil`]: a writer of small perf.data files, for tests. Always
+//!   compiled (the linker drops it from binaries that do not call it): a
+//!   feature for it made `cargo test` rebuild this crate, and the engine,
+//!   serve, top and both binaries above it, with another feature set than
+//!   the release build's, on every CI run.
 
 mod convert;
 mod error;
 mod features;
 mod layout;
 mod sample;
-#[cfg(feature = "testutil")]
 pub mod testutil;
 
 pub use error::PerfDataError;

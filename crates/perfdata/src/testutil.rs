@@ -1,4 +1,4 @@
-//! A writer of small perf.data files for tests (feature `testutil`).
+//! A writer of small perf.data files for tests.
 //!
 //! `linux-perf-data` only reads, so tests that need records no real recording
 //! here produces (guest-mode samples, build-id MMAP2, lost records, piped

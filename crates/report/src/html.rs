@@ -294,12 +294,24 @@ pub fn write(
         esc(&title)
     );
     let _ = writeln!(h, "<h1>{}</h1>", esc(&title));
-    h.push_str("<nav><a href=\"#domains\">Domains</a><a href=\"#functions\">Top functions</a><a href=\"#classes\">Classes</a><a href=\"#flame\">Flame graphs</a><a href=\"#time\">Over time</a></nav>");
+    // A session of intervals only (stat -o, account -o): its header and its
+    // charts; nothing about samples, which it has none of.
+    let samples = !stacks.rows.is_empty() || !domains.rows.is_empty();
+    if samples {
+        h.push_str("<nav><a href=\"#domains\">Domains</a><a href=\"#functions\">Top functions</a><a href=\"#classes\">Classes</a><a href=\"#flame\">Flame graphs</a><a href=\"#time\">Over time</a></nav>");
+    }
     let _ = writeln!(
         h,
         "<pre class=\"header\">{}</pre>",
         esc(&header_lines(&stacks).join("\n"))
     );
+    if !samples {
+        h.push_str("<p class=\"note\">This session holds intervals (what <code>vmscope stat -o</code> and <code>vmscope account -o</code> write), no samples: its charts are below. <code>vmscope record</code> samples functions and call stacks.</p>\n");
+        write_time_charts(session, &event, &mut h)?;
+        finish_page(&stacks, &mut h);
+        out.write_all(h.as_bytes())?;
+        return Ok(());
+    }
     let _ = write!(
         h,
         "<h2 id=\"domains\">Domains ({})</h2>\n{}<h2>Domains and contexts</h2>\n{}",
@@ -337,16 +349,27 @@ pub fn write(
         }
     }
 
+    write_time_charts(session, &event, &mut h)?;
+    finish_page(&stacks, &mut h);
+    out.write_all(h.as_bytes())?;
+    Ok(())
+}
+
+/// The "Over time" section: the per-second timeline of `event` (when the
+/// session has samples), the interval charts and the benchmark charts.
+fn write_time_charts(session: &Session, event: &str, h: &mut String) -> Result<(), ReportError> {
     h.push_str("<h2 id=\"time\">Over time</h2>\n");
     let events = session.events()?;
-    let ev_index = crate::event_index(session, Some(&event)).unwrap_or(0);
+    let ev_index = crate::event_index(session, Some(event)).unwrap_or(0);
     let freq = events.get(ev_index as usize).and_then(|e| e.frequency);
-    match timeline(session, ev_index, crate::is_clock(&event), freq)? {
-        Some(svg) => {
-            h.push_str(&svg);
-            h.push('\n');
+    if !events.is_empty() {
+        match timeline(session, ev_index, crate::is_clock(event), freq)? {
+            Some(svg) => {
+                h.push_str(&svg);
+                h.push('\n');
+            }
+            None => h.push_str("<p class=\"note\">No per-second counts in this session.</p>"),
         }
-        None => h.push_str("<p class=\"note\">No per-second counts in this session.</p>"),
     }
     for kind in session.interval_kinds()? {
         let charts = interval_charts(session, &kind)?;
@@ -365,6 +388,11 @@ pub fn write(
             h.push('\n');
         }
     }
+    Ok(())
+}
+
+/// The page's last line: which vmscope wrote it, from which session.
+fn finish_page(stacks: &Report, h: &mut String) {
     let _ = writeln!(
         h,
         "<p class=\"note\">Written by {} from {}.</p></body></html>",
@@ -374,6 +402,4 @@ pub fn write(
             .map_or("vmscope", String::as_str)),
         esc(&stacks.file)
     );
-    out.write_all(h.as_bytes())?;
-    Ok(())
 }

@@ -201,7 +201,13 @@ pub fn classify(path: &Path, m: &Metadata) -> Content {
         || head.starts_with(b"2ELIFREP")
         || head.starts_with(b"PERFFILE")
     {
-        return Content::PerfData;
+        // One vmscope wrote (`perf record` run by a benchmark, marked when
+        // it ended) and nobody changed since is its artifact.
+        return if has_mark(path) == Mark::Valid {
+            Content::Artifact
+        } else {
+            Content::PerfData
+        };
     }
     if head.starts_with(b"\x7fELF") {
         return Content::Elf;
