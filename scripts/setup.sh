@@ -70,11 +70,12 @@ CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -
 # rebuilt only when its sources change. The module and build caches
 # (~/go/pkg/mod, ~/.cache/go-build) make a rebuild after a fresh clone a link.
 GO=$(command -v go || echo /usr/local/go/bin/go)
-if [ ! -x target/otelcol-vmscope ] || [ tools/otelcol/go.sum -nt target/otelcol-vmscope ] \
-   || [ tools/otelcol/main.go -nt target/otelcol-vmscope ]; then
+otelcol="$(realpath -m "${CARGO_TARGET_DIR:-target}")/otelcol-vmscope"
+if [ ! -x "$otelcol" ] || [ tools/otelcol/go.sum -nt "$otelcol" ] \
+   || [ tools/otelcol/main.go -nt "$otelcol" ]; then
   echo "setup: building the OpenTelemetry Collector for the export tests (tools/otelcol)"
-  mkdir -p target
-  if ! (cd tools/otelcol && "$GO" build -trimpath -ldflags=-s -o ../../target/otelcol-vmscope .); then
+  mkdir -p "$(dirname "$otelcol")"
+  if ! (cd tools/otelcol && "$GO" build -trimpath -ldflags=-s -o "$otelcol" .); then
     echo "setup: building tools/otelcol failed (Go 1.26 and the Go module proxy are needed): the OTLP export tests will skip" >&2
   fi
 fi
