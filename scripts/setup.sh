@@ -14,7 +14,8 @@ PKGS=(
   kmod                # modinfo: guest module order
   iproute2            # taps and bridges for lab NICs
   sysstat             # pidstat, the peer for stat
-  prometheus          # scrapes `vmscope serve` in the stat tests
+  prometheus          # scrapes `vmscope serve` in the stat tests; remote-write receiver in the export tests
+  victoria-metrics    # remote-write receiver (plain and HTTPS) in the export tests
   fio iperf3 httperf  # benchmark peers
   sqlite3             # sessions are readable with the sqlite3 CLI
   time                # GNU time: wall, CPU and peak RSS for bench/vs-perf
@@ -63,6 +64,21 @@ cargo build --release --workspace --bins --quiet
 echo "setup: building the static guest agent"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
   cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
+# The OpenTelemetry Collector that the export tests send OTLP profiles to
+# (OTLP receiver with the profiles feature gate, file exporter), built from
+# the collector's own Go modules (tools/otelcol) once and kept in target/;
+# rebuilt only when its sources change. The module and build caches
+# (~/go/pkg/mod, ~/.cache/go-build) make a rebuild after a fresh clone a link.
+GO=$(command -v go || echo /usr/local/go/bin/go)
+otelcol="$(realpath -m "${CARGO_TARGET_DIR:-target}")/otelcol-vmscope"
+if [ ! -x "$otelcol" ] || [ tools/otelcol/go.sum -nt "$otelcol" ] \
+   || [ tools/otelcol/main.go -nt "$otelcol" ]; then
+  echo "setup: building the OpenTelemetry Collector for the export tests (tools/otelcol)"
+  mkdir -p "$(dirname "$otelcol")"
+  if ! (cd tools/otelcol && "$GO" build -trimpath -ldflags=-s -o "$otelcol" .); then
+    echo "setup: building tools/otelcol failed (Go 1.26 and the Go module proxy are needed): the OTLP export tests will skip" >&2
+  fi
+fi
 if ! command -v cargo-deb >/dev/null 2>&1; then
   echo "setup: installing cargo-deb (builds the Debian package)"
   cargo install cargo-deb --locked --version 3.8.0 --quiet

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args)]
@@ -13,7 +14,14 @@ of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400
 Examples:\n  \
 vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
 vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
-go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'")]
+go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  \
+vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n      \
+push each minute's profile to an OpenTelemetry Collector; what waits is kept on disk\n  \
+vmscope serve --export remote-write=http://prometheus:9090 --export-interval 15\n      \
+push /metrics to Prometheus remote write every 15 s (for a host nobody can scrape)\n  \
+vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key --auth-token-file /etc/vmscope/scrape-token\n      \
+HTTPS, and a bearer token on every request (401 without)\n\n\
+Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]
@@ -57,6 +65,173 @@ pub struct ServeArgs {
     /// measured and exported).
     #[arg(long, requires = "profile", conflicts_with = "overhead_budget")]
     no_overhead_budget: bool,
+    /// Push to a receiver every --export-interval (repeatable): otlp=URL
+    /// (OTLP profiles over HTTP/protobuf, /v1development/profiles),
+    /// pyroscope=URL (Pyroscope /ingest, gzipped pprof per VM) — both send
+    /// the rolling recording and need --profile — or remote-write=URL (the
+    /// /metrics series, Prometheus remote write v1, /api/v1/write). A URL
+    /// without a path gets the kind's usual one.
+    #[arg(long = "export", value_name = "KIND=URL")]
+    exports: Vec<String>,
+    /// Seconds between two exports (each profile export is the recording
+    /// of exactly those seconds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
+    export_interval: u64,
+    /// Keep what a receiver has not taken yet in DIR (one directory per
+    /// exporter), so it survives the receiver's outage and a restart of
+    /// serve; without it the queue is in memory.
+    #[arg(long, value_name = "DIR")]
+    export_spool: Option<PathBuf>,
+    /// The most each exporter's queue (and --export-archive) holds, bytes
+    /// with an optional K, M or G; past it the oldest are dropped (counted
+    /// in vmscope_export_dropped_total).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = byte_size)]
+    export_spool_max: u64,
+    /// Also keep each exported profile window as a session file in DIR
+    /// (window-<ms>.db, what vmscope report reads), the oldest removed past
+    /// --export-spool-max.
+    #[arg(long, value_name = "DIR")]
+    export_archive: Option<PathBuf>,
+    /// Check HTTPS receivers against the CA certificates in this PEM file
+    /// (instead of the web's root CAs).
+    #[arg(long, value_name = "FILE")]
+    export_ca: Option<PathBuf>,
+    /// Send "Authorization: Bearer" with the token in FILE (one line; never
+    /// give a secret on the command line).
+    #[arg(long, value_name = "FILE", conflicts_with = "export_basic_auth_file")]
+    export_token_file: Option<PathBuf>,
+    /// Send basic authentication with the USER:PASSWORD line in FILE.
+    #[arg(long, value_name = "FILE")]
+    export_basic_auth_file: Option<PathBuf>,
+    /// Tenant sent as X-Scope-OrgID (multi-tenant Pyroscope, Mimir).
+    #[arg(long, value_name = "ID")]
+    export_tenant: Option<String>,
+    /// Serve HTTPS with the certificate chain in this PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, a PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by a CA in this PEM file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Require "Authorization: Bearer TOKEN" on every request, the token
+    /// read from FILE (never give a secret on the command line).
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_basic_file")]
+    auth_token_file: Option<PathBuf>,
+    /// Require basic authentication with one of the USER:PASSWORD lines of
+    /// FILE.
+    #[arg(long, value_name = "FILE")]
+    auth_basic_file: Option<PathBuf>,
+}
+
+/// `256M`, `1G`, `4096`: a size in bytes.
+fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let k: u64 = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "must be a size in bytes with an optional K, M or G, not '{s}'"
+            ))
+        }
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("must be a size in bytes with an optional K, M or G, not '{s}'"))?;
+    match n.checked_mul(k) {
+        Some(0) => Err(format!("must be a positive size, not '{s}'")),
+        Some(v) => Ok(v),
+        None => Err(format!("'{s}' is too large")),
+    }
+}
+
+/// The longest `--export-interval`.
+const MAX_EXPORT_INTERVAL: u64 = 3600;
+
+/// `--export*` as the serve library takes it; `None` without `--export`.
+fn export_plan(a: &ServeArgs) -> Result<Option<vmscope_serve::export::ExportPlan>> {
+    use vmscope_export::spec;
+    if a.exports.is_empty() {
+        for (set, name) in [
+            (a.export_spool.is_some(), "--export-spool"),
+            (a.export_archive.is_some(), "--export-archive"),
+            (a.export_ca.is_some(), "--export-ca"),
+            (a.export_token_file.is_some(), "--export-token-file"),
+            (
+                a.export_basic_auth_file.is_some(),
+                "--export-basic-auth-file",
+            ),
+            (a.export_tenant.is_some(), "--export-tenant"),
+        ] {
+            if set {
+                anyhow::bail!(
+                    "{name}: give --export KIND=URL too (nothing is exported without it)"
+                );
+            }
+        }
+        return Ok(None);
+    }
+    let mut specs = Vec::new();
+    for e in &a.exports {
+        let s = spec::ExportSpec::parse(e)?;
+        if s.kind.sends_profiles() && !a.profile {
+            anyhow::bail!(
+                "--export {e}: {} sends the rolling recording: add --profile",
+                s.kind.as_str()
+            );
+        }
+        if specs
+            .iter()
+            .any(|o: &spec::ExportSpec| o.url == s.url && o.kind == s.kind)
+        {
+            anyhow::bail!("--export {e}: given twice");
+        }
+        specs.push(s);
+    }
+    if a.export_interval > MAX_EXPORT_INTERVAL {
+        anyhow::bail!(
+            "--export-interval {}: at most {MAX_EXPORT_INTERVAL} s (the recording of an interval is held in memory)",
+            a.export_interval
+        );
+    }
+    let credential = match (&a.export_token_file, &a.export_basic_auth_file) {
+        (Some(f), _) => Some(spec::bearer_from_file(f)?),
+        (_, Some(f)) => Some(spec::basic_from_file(f)?),
+        _ => None,
+    };
+    if let Some(t) = &a.export_tenant {
+        if t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            anyhow::bail!(
+                "--export-tenant {t:?}: give a tenant id without spaces or control characters"
+            );
+        }
+    }
+    Ok(Some(vmscope_serve::export::ExportPlan {
+        specs,
+        options: spec::ExportOptions {
+            ca: a.export_ca.clone(),
+            credential,
+            tenant: a.export_tenant.clone(),
+            timeout: None,
+        },
+        interval: std::time::Duration::from_secs(a.export_interval),
+        spool: a.export_spool.clone(),
+        spool_max: a.export_spool_max,
+        archive: a.export_archive.clone(),
+    }))
 }
 
 /// The longest `--profile-window`: the window is kept in memory.
@@ -64,6 +239,28 @@ const MAX_PROFILE_WINDOW: u32 = 3600;
 
 pub fn run(a: ServeArgs) -> Result<ExitCode> {
     crate::args::check_pids("--shared-io", &a.shared_io)?;
+    let export = export_plan(&a)?;
+    let security = vmscope_serve::Security {
+        tls: match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(vmscope_serve::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: a.tls_client_ca.clone(),
+            }),
+            _ => None,
+        },
+        auth: vmscope_serve::client_auth(
+            a.auth_token_file.as_deref(),
+            a.auth_basic_file.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?,
+    };
+    let open_to_all = security.auth.is_none() && a.tls_client_ca.is_none();
+    let loopback = a
+        .listen
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|s| s.ip().is_loopback())
+        || a.listen.starts_with("localhost:");
     let profile = if a.profile {
         Some(vmscope_serve::profile::ProfileOptions {
             frequency: a.profile_frequency,
@@ -93,12 +290,32 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     };
     let profiling = profile.is_some();
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
-        listen: a.listen,
+        listen: a.listen.clone(),
         per_cpu: a.per_cpu,
         shared_io: a.shared_io,
         profile,
+        export: export.clone(),
+        security,
     })?;
-    eprintln!("vmscope serve: http://{}/metrics", server.local_addr());
+    let scheme = server.scheme();
+    eprintln!("vmscope serve: {scheme}://{}/metrics", server.local_addr());
+    if open_to_all && !loopback {
+        eprintln!(
+            "vmscope serve: warning: {} is reachable off this host without authentication: VM names \
+             and guest functions are tenant data (--auth-token-file, --auth-basic-file, --tls-client-ca)",
+            a.listen
+        );
+    }
+    if let Some(plan) = &export {
+        for s in &plan.specs {
+            eprintln!(
+                "vmscope serve: exporting to {} ({}) every {} s",
+                s.url,
+                s.kind.as_str(),
+                plan.interval.as_secs()
+            );
+        }
+    }
     for w in server.warnings() {
         eprintln!(
             "vmscope serve: warning: {}",
@@ -107,7 +324,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     }
     if profiling {
         eprintln!(
-            "vmscope serve: http://{}/debug/pprof/profile?seconds=N",
+            "vmscope serve: {scheme}://{}/debug/pprof/profile?seconds=N",
             server.local_addr()
         );
     }

@@ -87,6 +87,12 @@ impl QemuArgs {
         self
     }
 
+    /// `-uuid`: the VM's SMBIOS UUID, what libvirt always gives and fleet
+    /// tools tell VMs apart by.
+    pub fn uuid(&mut self, uuid: &str) -> &mut Self {
+        self.arg("-uuid", uuid)
+    }
+
     /// Name (with named threads, `CPU n/TCG`), accelerator, vCPUs, memory,
     /// no default devices, no display, exit instead of rebooting.
     pub fn machine(
@@ -286,5 +292,44 @@ mod tests {
         let at = argv.iter().position(|a| a == "-cpu").unwrap();
         assert_eq!(argv[at + 1], "host");
         assert_eq!(Accelerator::Kvm { cpu: "host" }.name(), "kvm");
+    }
+}
+
+/// The UUID of lab VM `vm` of lab `lab`: the same at every `lab up`,
+/// different for every lab and VM name (an RFC 9562 version 8 UUID of two
+/// FNV-1a hashes of the names).
+pub fn lab_uuid(lab: &str, vm: &str) -> String {
+    let fnv = |seed: u64| {
+        let mut h = seed;
+        for b in lab.bytes().chain([0]).chain(vm.bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    };
+    let (a, b) = (fnv(0xcbf2_9ce4_8422_2325), fnv(0x6c62_272e_07bb_0142));
+    let a = (a & !0xf000) | 0x8000; // version 8
+    let b = (b & !(0b11 << 62)) | (0b10 << 62); // variant 10
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod uuid_tests {
+    #[test]
+    fn lab_uuids_are_stable_and_apart() {
+        let u = super::lab_uuid("lab", "web");
+        assert_eq!(u, super::lab_uuid("lab", "web"));
+        assert_ne!(u, super::lab_uuid("lab", "db"));
+        assert_ne!(u, super::lab_uuid("lab2", "web"));
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "8");
+        assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"), "{u}");
     }
 }

@@ -93,6 +93,10 @@ impl Starter<'_> {
         if let (Some(sock), None) = (&vs.agent_socket, &domain) {
             q.agent(sock);
         }
+        if domain.is_none() {
+            // libvirt gives its domains their own.
+            q.uuid(&crate::qemu_args::lab_uuid(&st.name, &vm.name));
+        }
         q.iothreads(vm.iothreads);
         let mut kcmd = KernelCmdline::new(vm);
         self.attach_nics(st, vm, &mut q, &mut kcmd, &mut vs)?;

@@ -3,15 +3,21 @@
 //! `--profile` `/debug/pprof/profile?seconds=N`, a pprof of the host and its
 //! active VMs from a rolling recording ([`profile`]).
 //!
-//! The HTTP side is [`http`]: each client connection is read and answered
-//! on a thread of its own, so a client that sends nothing, or one byte a
-//! second, holds only its own thread and never delays a scrape, and a slow
-//! answer (a rolling profile waiting for its seconds) never holds up
-//! `/metrics`. The host is sampled when scraped (counters are exact at
+//! The HTTP side is `http`, on hyper and rustls: each client connection is
+//! a task of its own and each answer is built on a thread of its own, so a
+//! client that sends nothing, or one byte a second, holds only its own
+//! connection and never delays a scrape, and a slow answer (a rolling
+//! profile waiting for its seconds) never holds up `/metrics`. With
+//! `--tls-cert` it speaks HTTPS, with client certificates or a token or
+//! password checked on every request. With `--export` ([`export`]) it also
+//! pushes metrics and profiles to receivers (`vmscope_export`). The host is sampled when scraped (counters are exact at
 //! scrape time and nothing runs between scrapes), one scrape at a time.
 
+pub mod export;
 mod http;
 pub mod profile;
+
+pub use http::{client_auth, ClientAuth, Security, TlsFiles};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -31,10 +37,16 @@ pub enum ServeError {
     /// The rolling recording of `--profile` could not start.
     #[error("--profile: {0}")]
     Profile(String),
+    /// An exporter could not start (its message names the option).
+    #[error("{0}")]
+    Export(String),
+    /// A TLS or credential file cannot be used (the message names it).
+    #[error("{0}")]
+    Security(String),
 }
 
 /// What `serve` exports and where.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
     /// `HOST:PORT` to listen on (loopback by default: guest profiles and
     /// VM names are tenant data).
@@ -45,10 +57,14 @@ pub struct ServeOptions {
     pub shared_io: Vec<u32>,
     /// Keep a rolling recording and answer `/debug/pprof/profile`.
     pub profile: Option<profile::ProfileOptions>,
+    /// `--export`: where profiles and metrics are pushed.
+    pub export: Option<export::ExportPlan>,
+    /// TLS and client authentication of the endpoints.
+    pub security: Security,
 }
 
 /// What a scrape samples.
-struct Sampler {
+pub(crate) struct Sampler {
     acc: Accountant,
     vmstat: Option<VmStat>,
     totals: Totals,
@@ -59,14 +75,21 @@ pub struct Server {
     http: http::Listener,
     sampler: Arc<Mutex<Sampler>>,
     rolling: Option<Arc<profile::Rolling>>,
+    exports: Option<Arc<export::Exports>>,
 }
 
 impl Server {
     /// Bind and take the first sample (the counters start here).
     pub fn bind(opts: &ServeOptions) -> Result<Server, ServeError> {
-        let http = http::Listener::bind(&opts.listen).map_err(|e| ServeError::Listen {
-            addr: opts.listen.clone(),
-            message: e.to_string(),
+        let http = http::Listener::bind(&opts.listen, &opts.security).map_err(|(listen, e)| {
+            if listen {
+                ServeError::Listen {
+                    addr: opts.listen.clone(),
+                    message: e,
+                }
+            } else {
+                ServeError::Security(e)
+            }
         })?;
         let mut acc = Accountant::new(AccountOptions {
             shared_io_pids: opts.shared_io.clone(),
@@ -82,6 +105,10 @@ impl Server {
             Some(p) => Some(profile::Rolling::start(p.clone())?),
             None => None,
         };
+        let exports = match &opts.export {
+            Some(plan) => Some(Arc::new(export::Exports::start(plan, rolling.as_deref())?)),
+            None => None,
+        };
         Ok(Server {
             http,
             sampler: Arc::new(Mutex::new(Sampler {
@@ -90,6 +117,7 @@ impl Server {
                 totals: Totals::new(opts.per_cpu),
             })),
             rolling,
+            exports,
         })
     }
 
@@ -106,12 +134,28 @@ impl Server {
         self.http.local_addr()
     }
 
-    /// Answer requests until `stop` is set.
+    /// `https` with `--tls-cert`, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        self.http.scheme()
+    }
+
+    /// Answer requests (and export, with `--export`) until `stop` is set.
     pub fn run(&self, stop: &AtomicBool) {
         let sampler = Arc::clone(&self.sampler);
         let rolling = self.rolling.clone();
-        self.http.run(stop, move |req: &http::Request| {
-            handle(req, &sampler, rolling.as_deref())
+        let exports = self.exports.clone();
+        std::thread::scope(|scope| {
+            if let Some(e) = &self.exports {
+                let (sampler, rolling) = (&self.sampler, self.rolling.as_deref());
+                std::thread::Builder::new()
+                    .name("serve-export".into())
+                    .spawn_scoped(scope, move || e.run(stop, sampler, rolling))
+                    .map_err(|e| eprintln!("vmscope serve: cannot start the export thread: {e}"))
+                    .ok();
+            }
+            self.http.run(stop, move |req: &http::Request| {
+                handle(req, &sampler, rolling.as_deref(), exports.as_deref())
+            });
         });
         if let Some(r) = &self.rolling {
             r.stop();
@@ -123,6 +167,7 @@ fn handle(
     req: &http::Request,
     sampler: &Mutex<Sampler>,
     rolling: Option<&profile::Rolling>,
+    exports: Option<&export::Exports>,
 ) -> http::Response {
     let (path, query) = match req.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
@@ -132,7 +177,7 @@ fn handle(
         return http::Response::text(405, "only GET is served\n");
     }
     match path.as_str() {
-        "/metrics" => match metrics(sampler, rolling) {
+        "/metrics" => match metrics(sampler, rolling, exports) {
             Ok(body) => http::Response::new(
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -169,10 +214,12 @@ fn handle(
     }
 }
 
-/// Sample the host (one scrape at a time) and encode the totals.
-fn metrics(
+/// Sample the host (one scrape at a time) and encode the totals, with the
+/// exporters' counters.
+pub(crate) fn metrics(
     sampler: &Mutex<Sampler>,
     rolling: Option<&profile::Rolling>,
+    exports: Option<&export::Exports>,
 ) -> Result<String, vmscope_stat::StatError> {
     let mut s = sampler
         .lock()
@@ -209,7 +256,11 @@ fn metrics(
         totals.set_profilers(&profilers, r.budget());
         totals.set_profile_state(r.state());
     }
-    Ok(totals.encode())
+    let text = totals.encode();
+    Ok(match exports {
+        Some(e) => vmscope_export::metrics::insert(&text, &e.stats()),
+        None => text,
+    })
 }
 
 #[cfg(test)]

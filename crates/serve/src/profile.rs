@@ -26,7 +26,7 @@
 
 use crate::ServeError;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use vmscope_engine::cost::{ProfilerCost, ProfilerStep};
@@ -75,6 +75,8 @@ const DEFAULT_SECONDS: u32 = 30;
 
 /// Half a second of the recording.
 struct Slice {
+    /// Counts slices from 1: what the exporters took last.
+    seq: u64,
     start: Instant,
     end: Instant,
     host: Profile,
@@ -102,6 +104,8 @@ struct Window {
     costs: Vec<ProfilerCost>,
     /// Host kernel functions get names (`/proc/kallsyms` shows addresses).
     kernel_symbols: bool,
+    /// The last slice's `seq`.
+    last_seq: u64,
 }
 
 /// The rolling recording and its window.
@@ -112,6 +116,9 @@ pub struct Rolling {
     opts: ProfileOptions,
     events: Vec<EventSpec>,
     stop: AtomicBool,
+    /// Slices are kept at least this many seconds (the export interval),
+    /// even past the window.
+    keep_at_least: AtomicU64,
 }
 
 /// The `agent_<vm>` reason of each VM an `Armed` event says is not active
@@ -191,11 +198,13 @@ impl Rolling {
                 failed: None,
                 costs: session.profiler_costs(),
                 kernel_symbols,
+                last_seq: 0,
             }),
             grew: Condvar::new(),
             opts,
             events,
             stop: AtomicBool::new(false),
+            keep_at_least: AtomicU64::new(0),
         });
         let r = Arc::clone(&rolling);
         std::thread::Builder::new()
@@ -216,8 +225,10 @@ impl Rolling {
         let mut prev_host: HashMap<(Arc<str>, u32), u64> = HashMap::new();
         let mut prev_agent: HashMap<(Arc<str>, u32), (u64, u64)> = HashMap::new();
         let mut start = Instant::now();
-        let keep_for = Duration::from_secs(u64::from(self.opts.window)) + 2 * SLICE;
         while !self.stop.load(Ordering::Relaxed) {
+            let keep_for = Duration::from_secs(
+                u64::from(self.opts.window).max(self.keep_at_least.load(Ordering::Relaxed)),
+            ) + 2 * SLICE;
             // Sleep on the rings until the slice ends (a half-full ring
             // wakes it sooner): each wake-up takes a CPU from the VMs.
             let wait = SLICE.saturating_sub(start.elapsed());
@@ -249,6 +260,7 @@ impl Rolling {
                 })
                 .collect();
             let slice = Slice {
+                seq: 0,
                 start,
                 end,
                 host: session.take_host_delta(),
@@ -268,6 +280,9 @@ impl Rolling {
             {
                 let mut w = self.lock();
                 note_armed(&mut w.meta, events);
+                w.last_seq += 1;
+                let mut slice = slice;
+                slice.seq = w.last_seq;
                 w.slices.push_back(slice);
                 while w
                     .slices
@@ -405,6 +420,58 @@ impl Rolling {
         Ok(out)
     }
 
+    /// Keep slices at least `d` (the export interval), even past the
+    /// window, so that no slice goes before it is exported.
+    pub fn keep_at_least(&self, d: Duration) {
+        self.keep_at_least.store(d.as_secs() + 1, Ordering::Relaxed);
+    }
+
+    /// The slices after `after` (by their `seq`) as one export window:
+    /// written as a session at `path` (what `vmscope report` reads) and
+    /// built into the pprof `report --format pprof` would give. `None`
+    /// when no slice ended since.
+    pub fn export_window(
+        &self,
+        after: u64,
+        path: &std::path::Path,
+    ) -> Result<Option<ExportedSlices>, String> {
+        let w = self.lock();
+        if let Some(f) = &w.failed {
+            return Err(f.clone());
+        }
+        let chosen: Vec<&Slice> = w.slices.iter().filter(|s| s.seq > after).collect();
+        let (Some(first), Some(last)) = (chosen.first(), chosen.last()) else {
+            return Ok(None);
+        };
+        let missed = first.seq.saturating_sub(after + 1);
+        let start_unix = unix_time_of(first.start);
+        let duration = last.end.duration_since(first.start);
+        let last_seq = last.seq;
+        let costs = chosen_costs(&chosen, &w.costs);
+        let vms = w
+            .domains
+            .iter()
+            .map(|(d, _)| (d.name.clone(), d.pid))
+            .collect();
+        self.write_session(path, &w, &chosen)
+            .map_err(|e| format!("storing the window: {e}"))?;
+        drop(w);
+        let session =
+            vmscope_store::Session::open(path).map_err(|e| format!("reading the window: {e}"))?;
+        let profile =
+            vmscope_report::pprof::build(&session, &vmscope_report::ReportOptions::default())
+                .map_err(|e| format!("building the profile: {e}"))?;
+        Ok(Some(ExportedSlices {
+            last_seq,
+            missed,
+            start_unix_nanos: (start_unix * 1e9) as u64,
+            duration_nanos: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+            profile,
+            costs,
+            vms,
+        }))
+    }
+
     /// The chosen slices as a session: what `record` would have stored.
     fn write_session(
         &self,
@@ -490,6 +557,22 @@ impl Rolling {
         writer.set_build_ids(&w.build_ids)?;
         writer.finish(true)
     }
+}
+
+/// Slices taken for an export window ([`Rolling::export_window`]).
+pub struct ExportedSlices {
+    /// The last slice's `seq`: where the next window starts.
+    pub last_seq: u64,
+    /// Slices that had gone from the window before they were taken.
+    pub missed: u64,
+    pub start_unix_nanos: u64,
+    pub duration_nanos: u64,
+    /// The merged view, as `report --format pprof` builds it.
+    pub profile: vmscope_report::pprof::Profile,
+    /// What each profiler cost in these seconds.
+    pub costs: Vec<ProfilerCost>,
+    /// Every VM with its QEMU pid.
+    pub vms: Vec<(String, Option<u32>)>,
 }
 
 /// Each profiler's cost over `chosen`, with the rate asked for and the

@@ -1,6 +1,7 @@
 //! The server against slow, silent and odd clients on a real socket.
 
 use super::*;
+use crate::{ClientAuth, Security, TlsFiles};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
@@ -12,6 +13,7 @@ fn start() -> (String, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         per_cpu: true,
         shared_io: vec![],
         profile: None,
+        ..ServeOptions::default()
     })
     .unwrap();
     let addr = server.local_addr();
@@ -89,6 +91,7 @@ fn a_used_port_is_named() {
         per_cpu: false,
         shared_io: vec![],
         profile: None,
+        ..ServeOptions::default()
     })
     .err()
     .unwrap()
@@ -154,4 +157,154 @@ fn a_scrape_is_answered_while_idle_connections_fill_the_server() {
     assert_eq!(closed, idle.len(), "silent connections still open");
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
+}
+
+/// An agent that trusts `ca` and, when given, shows a client certificate.
+fn tls_agent(
+    ca: &std::path::Path,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+) -> ureq::Agent {
+    use ureq::tls::{parse_pem, ClientCert, PemItem, RootCerts, TlsConfig};
+    let certs = |p: &std::path::Path| -> Vec<ureq::tls::Certificate<'static>> {
+        parse_pem(&std::fs::read(p).unwrap())
+            .filter_map(|i| match i.unwrap() {
+                PemItem::Certificate(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut tls = TlsConfig::builder().root_certs(RootCerts::new_with_certs(&certs(ca)));
+    if let Some((cert, key)) = client {
+        let key = parse_pem(&std::fs::read(key).unwrap())
+            .find_map(|i| match i.unwrap() {
+                PemItem::PrivateKey(k) => Some(k),
+                _ => None,
+            })
+            .unwrap();
+        tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs(cert), key)));
+    }
+    ureq::Agent::config_builder()
+        .tls_config(tls.build())
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into()
+}
+
+/// Issue 34 item 6: HTTPS with a client certificate and a token; without
+/// either the request gets nothing, and plain HTTP on the TLS port is told
+/// to use https at once.
+#[test]
+fn tls_with_client_certificates_and_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = vmscope_testkit::pki::make(dir.path());
+    let server = Server::bind(&ServeOptions {
+        listen: "127.0.0.1:0".into(),
+        security: Security {
+            tls: Some(TlsFiles {
+                cert: pki.server_cert.clone(),
+                key: pki.server_key.clone(),
+                client_ca: Some(pki.ca.clone()),
+            }),
+            auth: Some(ClientAuth::Bearer("s3cret".into())),
+        },
+        ..ServeOptions::default()
+    })
+    .unwrap();
+    assert_eq!(server.scheme(), "https");
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let h = std::thread::spawn(move || server.run(&s2));
+    let url = format!("https://{addr}/metrics");
+    let client = tls_agent(&pki.ca, Some((&pki.client_cert, &pki.client_key)));
+    // Certificate and token: the metrics.
+    let mut r = client
+        .get(&url)
+        .header("Authorization", "Bearer s3cret")
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.body_mut().read_to_string().unwrap().contains("# EOF"));
+    // HEAD over TLS: the head only.
+    let mut r = client
+        .head(&url)
+        .header("Authorization", "Bearer s3cret")
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.body_mut().read_to_vec().unwrap().is_empty());
+    // Certificate, no or a wrong token: 401 with a challenge.
+    for auth in [None, Some("Bearer s3cre"), Some("Basic czNjcmV0")] {
+        let mut req = client.get(&url);
+        if let Some(a) = auth {
+            req = req.header("Authorization", a);
+        }
+        let r = req.call().unwrap();
+        assert_eq!(r.status(), 401, "{auth:?}");
+        assert_eq!(
+            r.headers().get("www-authenticate").unwrap(),
+            "Bearer realm=\"vmscope\""
+        );
+    }
+    // No client certificate: no TLS session at all.
+    let e = tls_agent(&pki.ca, None)
+        .get(&url)
+        .header("Authorization", "Bearer s3cret")
+        .call()
+        .unwrap_err();
+    assert!(!matches!(e, ureq::Error::StatusCode(_)), "{e}");
+    // A client that trusts another CA refuses the server.
+    let e = tls_agent(&pki.other_ca, Some((&pki.client_cert, &pki.client_key)))
+        .get(&url)
+        .call()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"),
+        "{e}"
+    );
+    // Plain HTTP on the TLS port: 400 at once, saying what to use.
+    let (status, body) = get(&addr, "GET", "/metrics", Duration::from_secs(3));
+    assert!(
+        status.contains("400") && body.contains("https://"),
+        "{status} {body}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+#[test]
+fn bad_tls_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = vmscope_testkit::pki::make(dir.path());
+    let bind = |cert: &std::path::Path, key: &std::path::Path| {
+        Server::bind(&ServeOptions {
+            listen: "127.0.0.1:0".into(),
+            security: Security {
+                tls: Some(TlsFiles {
+                    cert: cert.to_path_buf(),
+                    key: key.to_path_buf(),
+                    client_ca: None,
+                }),
+                auth: None,
+            },
+            ..ServeOptions::default()
+        })
+        .err()
+        .unwrap()
+        .to_string()
+    };
+    let e = bind(&dir.path().join("nope.pem"), &pki.server_key);
+    assert!(
+        e.starts_with("--tls-cert ") && e.contains("nope.pem"),
+        "{e}"
+    );
+    let e = bind(&pki.server_cert, &pki.client_key);
+    assert!(
+        e.starts_with("--tls-key ") && e.contains("does not fit"),
+        "{e}"
+    );
+    let e = bind(&pki.server_key, &pki.server_key);
+    assert!(e.starts_with("--tls-cert "), "{e}");
 }

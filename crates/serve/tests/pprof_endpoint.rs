@@ -117,6 +117,7 @@ fn start(profile: ProfileOptions) -> (String, Arc<AtomicBool>, std::thread::Join
         per_cpu: false,
         shared_io: vec![],
         profile: Some(profile),
+        ..ServeOptions::default()
     })
     .unwrap();
     let addr = server.local_addr();

@@ -10,6 +10,9 @@
 //! this kind of machine can never make (a hardware PMU, KVM guest-mode
 //! samples) use [`skip_platform`], which is logged but never fails.
 
+pub mod pki;
+pub mod receiver;
+
 use std::io::Write;
 use std::path::PathBuf;
 
