@@ -78,6 +78,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60,
           value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
     export_interval: u64,
+    /// Give up on a request to a receiver after this many seconds (counted
+    /// in vmscope_export_failed_total; the window is kept and retried).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = crate::args::whole_seconds, allow_negative_numbers = true)]
+    export_timeout: u64,
     /// Keep what a receiver has not taken yet in DIR (one directory per
     /// exporter), so it survives the receiver's outage and a restart of
     /// serve; without it the queue is in memory.
@@ -158,6 +163,9 @@ fn byte_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// The longest `--export-timeout`.
+const MAX_EXPORT_TIMEOUT: u64 = 300;
+
 /// The longest `--export-interval`.
 const MAX_EXPORT_INTERVAL: u64 = 3600;
 
@@ -207,6 +215,12 @@ fn export_plan(a: &ServeArgs) -> Result<Option<vmscope_serve::export::ExportPlan
             a.export_interval
         );
     }
+    if a.export_timeout > MAX_EXPORT_TIMEOUT {
+        anyhow::bail!(
+            "--export-timeout {}: at most {MAX_EXPORT_TIMEOUT} s (a receiver that slow holds the queue)",
+            a.export_timeout
+        );
+    }
     let credential = match (&a.export_token_file, &a.export_basic_auth_file) {
         (Some(f), _) => Some(spec::bearer_from_file(f)?),
         (_, Some(f)) => Some(spec::basic_from_file(f)?),
@@ -225,7 +239,7 @@ fn export_plan(a: &ServeArgs) -> Result<Option<vmscope_serve::export::ExportPlan
             ca: a.export_ca.clone(),
             credential,
             tenant: a.export_tenant.clone(),
-            timeout: None,
+            timeout: Some(std::time::Duration::from_secs(a.export_timeout)),
         },
         interval: std::time::Duration::from_secs(a.export_interval),
         spool: a.export_spool.clone(),
