@@ -70,6 +70,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
         fmt,
         a.interval.as_secs_f64(),
         &acc.softirq_source(),
+        &acc.wait_source(),
     )?;
     let mut session = match &a.output {
         Some(p) => Some(
@@ -79,6 +80,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
                 &std::env::args().collect::<Vec<_>>().join(" "),
                 &[
                     ("softirq_source".into(), acc.softirq_source()),
+                    ("wait_source".into(), acc.wait_source()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
                 a.force,

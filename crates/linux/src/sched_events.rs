@@ -2,14 +2,14 @@
 //! `sched:sched_switch`, `sched:sched_wakeup`, `sched:sched_wakeup_new` and
 //! `sched:sched_migrate_task` tracepoints on every CPU, all four events of a
 //! CPU in one ring (`PERF_EVENT_IOC_SET_OUTPUT`), drained by a thread of its
-//! own and handed out in time order ([`SchedEventRecorder::take`]). What
+//! own and handed to a sink in time order ([`SchedEventRecorder`]). What
 //! the events mean for waiting time is `vmscope_stat::wait`'s business;
 //! this module only opens, decodes and orders them.
 //!
 //! Events of different CPUs are merged by time. A record being written on
 //! one CPU while another CPU's ring is drained can come out one drain late,
-//! so `take(until)` hands out only events before `until` and keeps the rest
-//! for the next call. Payloads are decoded with the field offsets of each
+//! the drain thread holds the last 20 ms back, and `flush(until)` hands on
+//! only events before `until`. Payloads are decoded with the field offsets of each
 //! tracepoint's `format` file.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -157,17 +157,26 @@ impl EventLayout {
     }
 }
 
-/// At most this many events wait between two [`SchedEventRecorder::take`]
-/// calls (about 40 MiB); beyond it they are dropped and counted in
-/// [`SchedEventRecorder::dropped`].
-pub const MAX_PENDING: usize = 1 << 20;
+/// At most this many events wait in memory to be put in order (a
+/// fraction of a second's worth at 50 000 switches a second); beyond it
+/// they are dropped and counted in [`SchedEventRecorder::dropped`].
+pub const MAX_PENDING: usize = 1 << 18;
 
-/// What the drain thread and `take` share.
+/// Events younger than this stay in memory when the drain thread hands
+/// events on, so that one written late on another CPU still comes in order.
+const HOLDBACK_NS: u64 = 20_000_000;
+
+/// Where events go, in time order.
+pub type EventSink = Box<dyn FnMut(&SchedEvent) + Send>;
+
+/// What the drain thread and `flush` share.
 struct Drained {
     rings: Vec<Ring>,
     layout: EventLayout,
     scratch: Vec<u64>,
     pending: Vec<SchedEvent>,
+    ready: Vec<SchedEvent>,
+    sink: EventSink,
     lost: u64,
     dropped: u64,
 }
@@ -181,6 +190,7 @@ impl Drained {
             pending,
             lost,
             dropped,
+            ..
         } = self;
         for ring in rings.iter_mut() {
             ring.drain(scratch, |rec| match layout.decode(rec) {
@@ -191,13 +201,22 @@ impl Drained {
             });
         }
     }
+
+    /// Hand every event before `until` to the sink, in time order.
+    fn deliver(&mut self, until: u64) {
+        split_before(&mut self.pending, until, &mut self.ready);
+        for e in self.ready.drain(..) {
+            (self.sink)(&e);
+        }
+    }
 }
 
 /// How often the drain thread empties the rings at the latest.
 const DRAIN_EVERY: Duration = Duration::from_millis(50);
 
 /// The four scheduler tracepoints on every online CPU, one ring per CPU,
-/// drained by a thread of its own until dropped.
+/// drained by a thread of its own until dropped, which hands the events to
+/// a sink in time order.
 pub struct SchedEventRecorder {
     cpus: Vec<u32>,
     _fds: Vec<OwnedFd>,
@@ -208,9 +227,9 @@ pub struct SchedEventRecorder {
 
 impl SchedEventRecorder {
     /// Open the tracepoints on every online CPU, enable them and start
-    /// draining. `ring_pages` as in [`crate::RingOptions`] (0 = 1 MiB per
-    /// CPU).
-    pub fn open(ring_pages: usize) -> Result<SchedEventRecorder, LinuxError> {
+    /// draining into `sink`. `ring_pages` as in [`crate::RingOptions`]
+    /// (0 = 1 MiB per CPU).
+    pub fn open(ring_pages: usize, sink: EventSink) -> Result<SchedEventRecorder, LinuxError> {
         let page = page_size();
         let data_pages = ring_data_pages(ring_pages, page)?;
         let names = [SWITCH, WAKEUP, WAKEUP_NEW, MIGRATE];
@@ -260,6 +279,8 @@ impl SchedEventRecorder {
             layout,
             scratch: Vec::new(),
             pending: Vec::new(),
+            ready: Vec::new(),
+            sink,
             lost: 0,
             dropped: 0,
         }));
@@ -275,6 +296,7 @@ impl SchedEventRecorder {
                         let _ = crate::sys::poll_fds(&mut pollfds, DRAIN_EVERY, "poll");
                         if let Ok(mut d) = shared.lock() {
                             d.drain();
+                            d.deliver(crate::clock_monotonic_ns().saturating_sub(HOLDBACK_NS));
                         }
                     }
                 })
@@ -292,15 +314,13 @@ impl SchedEventRecorder {
         })
     }
 
-    /// Drain every ring and append to `out`, in time order, every event
-    /// before `until` (CLOCK_MONOTONIC ns) not handed out yet; later ones
-    /// wait for the next call.
-    pub fn take(&mut self, until: u64, out: &mut Vec<SchedEvent>) {
-        let Ok(mut d) = self.shared.lock() else {
-            return;
-        };
-        d.drain();
-        split_before(&mut d.pending, until, out);
+    /// Drain every ring and hand the sink every event before `until`
+    /// (CLOCK_MONOTONIC ns) not handed on yet; later ones wait.
+    pub fn flush(&self, until: u64) {
+        if let Ok(mut d) = self.shared.lock() {
+            d.drain();
+            d.deliver(until);
+        }
     }
 
     pub fn cpus(&self) -> &[u32] {
@@ -312,7 +332,7 @@ impl SchedEventRecorder {
         self.shared.lock().map(|d| d.lost).unwrap_or(0)
     }
 
-    /// Events dropped because [`MAX_PENDING`] were waiting.
+    /// Events dropped because [`MAX_PENDING`] were waiting to be ordered.
     pub fn dropped(&self) -> u64 {
         self.shared.lock().map(|d| d.dropped).unwrap_or(0)
     }

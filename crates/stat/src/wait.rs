@@ -301,6 +301,93 @@ impl WaitTimeline {
     }
 }
 
+/// One culprit of a VM's waiting in an interval, as reports show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WaitShare {
+    /// `vm` (another VM's thread), `same-vm` (another thread of the VM
+    /// that waited), `host` (a host task), `idle` (no task ran: wake-up
+    /// latency), `other` (culprits beyond the bound, summed), `unknown` (a
+    /// CPU whose running task was not seen yet).
+    pub kind: &'static str,
+    /// The culprit's domain number (`dN`; 0 for the host, idle and the
+    /// buckets).
+    pub culprit_domain: u32,
+    /// The culprit's VM name, or `host`.
+    pub culprit_vm: String,
+    /// `vCPU N`, `I/O COMM` (a VM's other thread), `COMM (pid TID)` (a host
+    /// task), `idle`, `other` or `unknown`.
+    pub culprit: String,
+    pub seconds: f64,
+}
+
+impl WaitShare {
+    /// `d2 web vCPU 0`, `host backup (pid 812)`, `idle`.
+    pub fn label(&self) -> String {
+        match self.kind {
+            "vm" | "same-vm" => format!("d{} {} {}", self.culprit_domain, self.culprit_vm, self.culprit),
+            "host" => format!("host {}", self.culprit),
+            _ => self.culprit.clone(),
+        }
+    }
+}
+
+/// A followed thread's identity: its VM's domain number and name, and its
+/// vCPU index (`None` for the VM's other threads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadRole {
+    pub domain: u32,
+    pub vm: String,
+    pub vcpu: Option<u32>,
+}
+
+/// The waits of `waiters` (threads of domain `own`), summed by culprit and
+/// named with `roles`, largest first (ties by label).
+pub fn shares<'a>(
+    waiters: impl IntoIterator<Item = &'a ThreadWait>,
+    own: u32,
+    roles: &HashMap<u32, ThreadRole>,
+) -> Vec<WaitShare> {
+    let mut sum: HashMap<(&'static str, u32, String, String), u64> = HashMap::new();
+    for w in waiters {
+        for (c, &ns) in &w.by_culprit {
+            let key = match *c {
+                Culprit::IDLE => ("idle", 0, "host".to_string(), "idle".to_string()),
+                Culprit::OTHER => ("other", 0, "host".to_string(), "other".to_string()),
+                Culprit::UNKNOWN => ("unknown", 0, "host".to_string(), "unknown".to_string()),
+                _ => match roles.get(&c.tid) {
+                    Some(r) => (
+                        if r.domain == own { "same-vm" } else { "vm" },
+                        r.domain,
+                        r.vm.clone(),
+                        match r.vcpu {
+                            Some(i) => format!("vCPU {i}"),
+                            None => format!("I/O {}", c.comm),
+                        },
+                    ),
+                    None => ("host", 0, "host".to_string(), format!("{} (pid {})", c.comm, c.tid)),
+                },
+            };
+            *sum.entry(key).or_default() += ns;
+        }
+    }
+    let mut out: Vec<WaitShare> = sum
+        .into_iter()
+        .map(|((kind, culprit_domain, culprit_vm, culprit), ns)| WaitShare {
+            kind,
+            culprit_domain,
+            culprit_vm,
+            culprit,
+            seconds: ns as f64 / 1e9,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.seconds
+            .total_cmp(&a.seconds)
+            .then_with(|| a.label().cmp(&b.label()))
+    });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,6 +521,40 @@ mod tests {
         assert!(t.take().is_empty());
         let a = t.anomalies();
         assert_eq!((a.lost_waits, a.unchained), (1, 1));
+    }
+
+    #[test]
+    fn shares_name_vms_threads_host_tasks_and_idle() {
+        let mut w = ThreadWait::default();
+        w.add(c(20, "CPU 0/TCG"), 3_000_000_000);
+        w.add(c(21, "worker"), 1_000_000_000);
+        w.add(c(11, "IO iothread0"), 500_000_000);
+        w.add(c(812, "backup"), 250_000_000);
+        w.add(Culprit::IDLE, 125_000_000);
+        let mut roles = HashMap::new();
+        let role = |domain, vm: &str, vcpu| ThreadRole {
+            domain,
+            vm: vm.into(),
+            vcpu,
+        };
+        roles.insert(20, role(2, "web", Some(0)));
+        roles.insert(21, role(2, "web", None));
+        roles.insert(11, role(1, "db", None));
+        let s = shares([&w], 1, &roles);
+        let labels: Vec<String> = s.iter().map(WaitShare::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "d2 web vCPU 0",
+                "d2 web I/O worker",
+                "d1 db I/O IO iothread0",
+                "host backup (pid 812)",
+                "idle"
+            ]
+        );
+        let kinds: Vec<&str> = s.iter().map(|x| x.kind).collect();
+        assert_eq!(kinds, ["vm", "vm", "same-vm", "host", "idle"]);
+        assert_eq!(s[0].seconds, 3.0);
     }
 
     #[test]
