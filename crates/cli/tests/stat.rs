@@ -1179,3 +1179,211 @@ fn lab_cherkasova_io_charging() {
         "512-byte reads are not charged more host I/O CPU per second: {rows:?}"
     );
 }
+
+/// A thread's `run_delay` (ns) from its `schedstat`, read by the test.
+fn run_delay_ns(pid: u32, tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `account -i 1s -n N --format json` as it streams; `at_start` runs when
+/// the header comes (the baseline is taken), `at_end` after the last
+/// interval. The intervals and the header.
+fn account_run(
+    lab: &TestLab,
+    n: u32,
+    mut at_start: impl FnMut(),
+    mut at_end: impl FnMut(),
+) -> (Vec<Value>, Value) {
+    let mut child = lab
+        .vmscope(&[
+            "account",
+            "-i",
+            "1s",
+            "-n",
+            &n.to_string(),
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (mut intervals, mut header) = (Vec::new(), Value::Null);
+    for line in out.lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or(Value::Null);
+        if v["type"] == "header" {
+            at_start();
+            header = v;
+        } else if v["type"] == "interval" {
+            intervals.push(v);
+            if intervals.len() == n as usize {
+                at_end();
+            }
+        }
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "account failed: {err}");
+    (intervals, header)
+}
+
+/// One VM's vCPU waits in one interval: (runnable s, attributed s, the
+/// waited-behind list).
+fn waits_of(iv: &Value, vm: &str) -> (f64, f64, Vec<Value>) {
+    let v = vm_of(iv, vm).unwrap_or_else(|| panic!("{vm} missing from {iv}"));
+    (
+        f(v, "vcpu_runnable_s"),
+        f(v, "wait_attributed_s"),
+        v["waited_behind"].as_array().cloned().unwrap_or_default(),
+    )
+}
+
+/// Two one-vCPU VMs pinned to one host CPU, both busy, then a host process
+/// pinned beside them: what each vCPU waited behind, against the vCPU
+/// threads' `run_delay` read by the test itself.
+#[test]
+fn lab_wait_attribution() {
+    let env = need_lab!("lw", &[("taskset", "util-linux"), ("dash", "dash")]);
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cpus = vmscope_linux::online_cpus(Path::new("/sys")).unwrap();
+    let cpu = *cpus.last().unwrap();
+    let vm = |name: &str| {
+        format!("[[vm]]\nname = \"{name}\"\nvcpus = 1\nmemory_mib = 160\npin_vcpus = [{cpu}]\n")
+    };
+    let lab = TestLab::new(env, "ci-wait");
+    let state = lab.up_text(&format!(
+        "name = \"ci-wait\"\naccel = \"tcg\"\n\n{}\n{}",
+        vm("wa"),
+        vm("wb")
+    ));
+    let vcpu = |name: &str| {
+        let v = state.vm(name).unwrap();
+        (v.pid.unwrap(), v.vcpu_tids[0])
+    };
+    let (a, b) = (vcpu("wa"), vcpu("wb"));
+    let _loops: Vec<Reap> = ["wa", "wb"]
+        .iter()
+        .map(|v| {
+            Reap(
+                lab.cmd(&["exec", v, "--", "sh", "-c", "while :; do :; done"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let delays = || [run_delay_ns(a.0, a.1), run_delay_ns(b.0, b.1)];
+    let check_totals = |phase: &str, intervals: &[Value], before: [u64; 2], after: [u64; 2]| {
+        for (i, name) in ["wa", "wb"].iter().enumerate() {
+            let reference = (after[i] - before[i]) as f64 / 1e9;
+            let attributed: f64 = intervals.iter().map(|iv| waits_of(iv, name).1).sum();
+            let err = (attributed - reference) / reference;
+            eprintln!(
+                "{phase}: {name} waited {reference:.4} s by its vCPU's run_delay, {attributed:.4} s attributed ({:+.2} %)",
+                100.0 * err
+            );
+            assert!(
+                err.abs() <= 0.02,
+                "{phase}: {name}'s attributed wait {attributed:.4} s vs run_delay {reference:.4} s"
+            );
+            for iv in intervals {
+                let (runnable, attributed, _) = waits_of(iv, name);
+                assert!(
+                    (attributed - runnable).abs() <= 0.02 * runnable + 0.001,
+                    "{phase}: {name} attributed {attributed:.4} s vs account's runnable {runnable:.4} s in {iv}"
+                );
+            }
+        }
+    };
+
+    // 1. The two VMs alone on the CPU: each waits half the time, behind
+    // the other's vCPU.
+    let (mut before, mut after) = ([0; 2], [0; 2]);
+    let (intervals, header) = account_run(&lab, 4, || before = delays(), || after = delays());
+    assert!(
+        header["wait_source"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("sched_switch"),
+        "no wait attribution: {header}"
+    );
+    for iv in &intervals {
+        for (name, other) in [("wa", "wb"), ("wb", "wa")] {
+            let (runnable, attributed, split) = waits_of(iv, name);
+            let share = runnable / f(iv, "interval_s");
+            let top = &split[0];
+            eprintln!(
+                "two VMs: {name} waited {:.1} % of the interval, {:.1} % of it behind {} {} ({})",
+                100.0 * share,
+                100.0 * f(top, "seconds") / attributed,
+                top["culprit_vm"],
+                top["culprit"],
+                top["kind"]
+            );
+            assert!(
+                (0.4..=0.6).contains(&share),
+                "{name} waited {:.1} % of the interval",
+                100.0 * share
+            );
+            assert!(
+                top["kind"] == "vm" && top["culprit_vm"] == other && top["culprit"] == "vCPU 0",
+                "{name} did not wait mostly behind {other}'s vCPU: {split:?}"
+            );
+            assert!(
+                f(top, "seconds") >= 0.9 * attributed,
+                "{name} waited only {:.1} % behind {other}'s vCPU: {split:?}",
+                100.0 * f(top, "seconds") / attributed
+            );
+        }
+    }
+    check_totals("two VMs", &intervals, before, after);
+
+    // 2. A host process pinned beside them is named by comm and pid.
+    let hog_path = lab.env.run.join("wait-hog");
+    let _ = std::fs::remove_file(&hog_path);
+    std::os::unix::fs::symlink(which("dash").unwrap(), &hog_path).unwrap();
+    let hog = Reap(
+        Command::new("taskset")
+            .args(["-c", &cpu.to_string()])
+            .arg(&hog_path)
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let hog_name = format!("wait-hog (pid {})", hog.0.id());
+    std::thread::sleep(Duration::from_millis(500));
+    let (intervals, _) = account_run(&lab, 3, || before = delays(), || after = delays());
+    drop(hog);
+    for iv in &intervals {
+        for name in ["wa", "wb"] {
+            let (_, attributed, split) = waits_of(iv, name);
+            let hog_s: f64 = split
+                .iter()
+                .filter(|w| w["kind"] == "host" && w["culprit"] == hog_name.as_str())
+                .map(|w| f(w, "seconds"))
+                .sum();
+            eprintln!(
+                "with a host hog: {name} waited {attributed:.4} s, {:.1} % behind {hog_name}",
+                100.0 * hog_s / attributed
+            );
+            assert!(
+                hog_s >= 0.25 * attributed,
+                "{name} waited only {hog_s:.4} s of {attributed:.4} s behind {hog_name}: {split:?}"
+            );
+        }
+    }
+    check_totals("with a host hog", &intervals, before, after);
+}

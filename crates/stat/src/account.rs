@@ -23,8 +23,8 @@ use crate::wait::{ThreadRole, ThreadWait, WaitShare, WaitTimeline};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmscope_linux::procfs::{self, ProcRoot, ProcStat, SchedStat};
 
@@ -1298,8 +1298,16 @@ mod tests {
             waits: Some(HashMap::from([(101, {
                 let mut w = ThreadWait::default();
                 let comm = vmscope_linux::TaskComm::from_bytes;
-                for (tid, name, ms) in [(401, "CPU 0/TCG", 30), (103, "worker", 12), (50, "backup", 5), (0, "", 2)] {
-                    w.by_culprit.insert(crate::wait::Culprit::task(tid, comm(name.as_bytes())), ms * 1_000_000);
+                for (tid, name, ms) in [
+                    (401, "CPU 0/TCG", 30),
+                    (103, "worker", 12),
+                    (50, "backup", 5),
+                    (0, "", 2),
+                ] {
+                    w.by_culprit.insert(
+                        crate::wait::Culprit::task(tid, comm(name.as_bytes())),
+                        ms * 1_000_000,
+                    );
                 }
                 w.waits = 9;
                 w

@@ -3,8 +3,8 @@
 //! its units (seconds, percent, operations).
 
 use crate::account::AccountInterval;
-use crate::wait::WaitShare;
 use crate::vmstat::{CpuRow, Source, StatInterval};
+use crate::wait::WaitShare;
 use serde_json::json;
 use std::io::Write;
 use vmscope_model::text::{csv_field, visible, visible_cut, NAME_WIDTH};
@@ -155,7 +155,10 @@ pub fn account_header(
             writeln!(out, "# vmscope account: per VM per {interval_s:.3} s interval; times in seconds, I/O in operations per interval")?;
             writeln!(out, "# shared I/O T = softirq + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
             writeln!(out, "# softirq: {softirq_source}")?;
-            writeln!(out, "# waited behind (steal by what ran instead, top {WAIT_TOP}): {wait_source}")?;
+            writeln!(
+                out,
+                "# waited behind (steal by what ran instead, top {WAIT_TOP}): {wait_source}"
+            )?;
             writeln!(
                 out,
                 "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>10} {:>9} {:>7}  notes",
@@ -218,7 +221,13 @@ fn waited_behind_csv(v: &crate::account::VmAccount) -> String {
     let one = |who: &str, split: &[WaitShare]| {
         split
             .iter()
-            .map(|w| format!("{who}:{}={:.6}", visible(&w.label()).replace(['"', ';', '='], "'"), w.seconds))
+            .map(|w| {
+                format!(
+                    "{who}:{}={:.6}",
+                    visible(&w.label()).replace(['"', ';', '='], "'"),
+                    w.seconds
+                )
+            })
             .collect::<Vec<_>>()
     };
     let mut all = one("vcpu", &v.waited_behind);
@@ -256,11 +265,27 @@ pub fn account_interval(
                     visible(&v.notes.join("; "))
                 )?;
                 for (what, split, total, of) in [
-                    ("vCPUs", &v.waited_behind, v.wait_attributed_s, v.vcpu_runnable_s),
-                    ("I/O threads", &v.io_waited_behind, v.io_wait_attributed_s, v.io_runnable_s),
+                    (
+                        "vCPUs",
+                        &v.waited_behind,
+                        v.wait_attributed_s,
+                        v.vcpu_runnable_s,
+                    ),
+                    (
+                        "I/O threads",
+                        &v.io_waited_behind,
+                        v.io_wait_attributed_s,
+                        v.io_runnable_s,
+                    ),
                 ] {
                     if total >= WAIT_SHOWN_S {
-                        writeln!(out, "{:>8} {:<14} {}", "", "", waited_behind_text(what, split, total, of))?;
+                        writeln!(
+                            out,
+                            "{:>8} {:<14} {}",
+                            "",
+                            "",
+                            waited_behind_text(what, split, total, of)
+                        )?;
                     }
                 }
             }

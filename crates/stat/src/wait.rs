@@ -324,7 +324,10 @@ impl WaitShare {
     /// `d2 web vCPU 0`, `host backup (pid 812)`, `idle`.
     pub fn label(&self) -> String {
         match self.kind {
-            "vm" | "same-vm" => format!("d{} {} {}", self.culprit_domain, self.culprit_vm, self.culprit),
+            "vm" | "same-vm" => format!(
+                "d{} {} {}",
+                self.culprit_domain, self.culprit_vm, self.culprit
+            ),
             "host" => format!("host {}", self.culprit),
             _ => self.culprit.clone(),
         }
@@ -364,7 +367,12 @@ pub fn shares<'a>(
                             None => format!("I/O {}", c.comm),
                         },
                     ),
-                    None => ("host", 0, "host".to_string(), format!("{} (pid {})", c.comm, c.tid)),
+                    None => (
+                        "host",
+                        0,
+                        "host".to_string(),
+                        format!("{} (pid {})", c.comm, c.tid),
+                    ),
                 },
             };
             *sum.entry(key).or_default() += ns;
@@ -372,13 +380,15 @@ pub fn shares<'a>(
     }
     let mut out: Vec<WaitShare> = sum
         .into_iter()
-        .map(|((kind, culprit_domain, culprit_vm, culprit), ns)| WaitShare {
-            kind,
-            culprit_domain,
-            culprit_vm,
-            culprit,
-            seconds: ns as f64 / 1e9,
-        })
+        .map(
+            |((kind, culprit_domain, culprit_vm, culprit), ns)| WaitShare {
+                kind,
+                culprit_domain,
+                culprit_vm,
+                culprit,
+                seconds: ns as f64 / 1e9,
+            },
+        )
         .collect();
     out.sort_by(|a, b| {
         b.seconds

@@ -94,8 +94,17 @@ fn two_pinned_loops_wait_behind_each_other_as_schedstat_says() {
             assert!(d > 300_000_000, "a loop sharing one CPU waited only {d} ns");
             // The machine is shared, so others' work on CPU 0 may take a
             // part; the other loop must still be the main culprit.
-            let top = t.by_culprit.iter().max_by_key(|(_, n)| **n).map(|(c, _)| c.tid);
-            assert_eq!(top, Some(other), "pid {pid}'s main culprit: {:?}", t.by_culprit);
+            let top = t
+                .by_culprit
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map(|(c, _)| c.tid);
+            assert_eq!(
+                top,
+                Some(other),
+                "pid {pid}'s main culprit: {:?}",
+                t.by_culprit
+            );
         }
         before = after;
     }
