@@ -1261,9 +1261,13 @@ fn lab_wait_attribution() {
     let vm = |name: &str| {
         format!("[[vm]]\nname = \"{name}\"\nvcpus = 1\nmemory_mib = 160\npin_vcpus = [{cpu}]\n")
     };
+    // wa's disk is served by its I/O thread, pinned beside the vCPUs.
+    let disk = format!(
+        "iothreads = 1\npin_io = [{cpu}]\n[[vm.disk]]\nbackend = \"file\"\nformat = \"raw\"\nsize_mib = 32\ncache = \"none\"\naio = \"native\"\niothread = 0\n"
+    );
     let lab = TestLab::new(env, "ci-wait");
     let state = lab.up_text(&format!(
-        "name = \"ci-wait\"\naccel = \"tcg\"\n\n{}\n{}",
+        "name = \"ci-wait\"\naccel = \"tcg\"\n\n{}{disk}\n{}",
         vm("wa"),
         vm("wb")
     ));
@@ -1386,4 +1390,48 @@ fn lab_wait_attribution() {
         }
     }
     check_totals("with a host hog", &intervals, before, after);
+
+    // 3. Disk reads in wa: its I/O thread, on the same CPU, is a culprit
+    // of wa's vCPU (a thread of its own VM).
+    let dev = state.vm("wa").unwrap().disks[0]
+        .guest_device
+        .clone()
+        .expect("wa's disk is in the guest");
+    let reads = format!(
+        "while :; do {} dd if={dev} bs=4k count=2048 iflag=direct >/dev/null; done",
+        vmscope_lab::image::GUEST_AGENT_PATH
+    );
+    let _dd = Reap(
+        lab.cmd(&["exec", "wa", "--", "sh", "-c", &reads])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (intervals, _) = account_run(&lab, 2, || before = delays(), || after = delays());
+    for iv in &intervals {
+        let (_, attributed, split) = waits_of(iv, "wa");
+        let io_s: f64 = split
+            .iter()
+            .filter(|w| {
+                w["kind"] == "same-vm"
+                    && w["culprit"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with("I/O IO iothread"))
+            })
+            .map(|w| f(w, "seconds"))
+            .sum();
+        let disk_ops = vm_of(iv, "wa").map_or(0.0, |v| f(v, "disk_ops"));
+        eprintln!(
+            "disk reads in wa ({disk_ops} requests): its vCPU waited {attributed:.4} s, {io_s:.4} s ({:.1} %) behind its own I/O thread",
+            100.0 * io_s / attributed
+        );
+        assert!(disk_ops > 0.0, "no disk requests in wa: {iv}");
+        assert!(
+            io_s >= 0.001,
+            "wa's vCPU did not wait behind its I/O thread: {split:?}"
+        );
+    }
+    check_totals("disk reads in wa", &intervals, before, after);
 }

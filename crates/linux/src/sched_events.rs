@@ -411,7 +411,7 @@ mod tests {
         let s = rec(372, &[(24, 5), (56, 6)], 64, 1, 13);
         match l.decode(&s) {
             Ok(Some(SchedEvent::Switch(sw))) => {
-                assert_eq!((sw.cpu, sw.prev_pid, sw.next_pid, sw.time), (1, 5, 6, 13))
+                assert_eq!((sw.cpu, sw.prev_pid, sw.next_pid, sw.time), (1, 5, 6, 13));
             }
             other => panic!("{other:?}"),
         }
