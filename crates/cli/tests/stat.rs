@@ -1258,8 +1258,11 @@ fn lab_wait_attribution() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cpus = vmscope_linux::online_cpus(Path::new("/sys")).unwrap();
     let cpu = *cpus.last().unwrap();
+    // QEMU's main loops on another CPU: the test is about the vCPUs (and,
+    // later, wa's I/O thread) sharing one.
+    let other = cpus.iter().find(|&&c| c != cpu).copied().unwrap_or(cpu);
     let vm = |name: &str| {
-        format!("[[vm]]\nname = \"{name}\"\nvcpus = 1\nmemory_mib = 160\npin_vcpus = [{cpu}]\n")
+        format!("[[vm]]\nname = \"{name}\"\nvcpus = 1\nmemory_mib = 160\npin_vcpus = [{cpu}]\npin_emulator = [{other}]\n")
     };
     // wa's disk is served by its I/O thread, pinned beside the vCPUs.
     let disk = format!(

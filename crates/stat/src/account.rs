@@ -245,6 +245,8 @@ pub struct Accountant {
     /// The scheduler events and the wait timeline they feed, or why there
     /// are none.
     waits: Result<Waits, String>,
+    /// Host culprits' processes by thread id (see `vm_rows`).
+    host_procs: HashMap<u32, Option<(u32, String)>>,
     /// taskstats exit records, or why there are none.
     exits: Result<vmscope_linux::ExitListener, String>,
     /// Exit records not yet matched to an interval, with their age in
@@ -260,6 +262,9 @@ pub struct Accountant {
 /// thread that exits while another starts keeps the count the lister
 /// checks).
 const RELIST_EVERY: Duration = Duration::from_secs(2);
+
+/// Host culprits' processes kept between intervals.
+const HOST_PROCS_KEPT: usize = 4096;
 
 /// Wait attribution's recorder and the timeline it feeds.
 struct Waits {
@@ -313,6 +318,7 @@ impl Accountant {
         };
         Accountant {
             waits,
+            host_procs: HashMap::new(),
             softirq,
             irqtime,
             sirq_in_tasks: irqtime != Some(true),
@@ -683,6 +689,22 @@ impl Accountant {
                 .as_ref()
                 .map_or(0.0, |s| s.io_ns_of(tid) as f64 / 1e9)
         };
+        // Host culprits by process: thread id -> (process id, its name),
+        // looked up once per thread (the cache is emptied when it grows).
+        if self.host_procs.len() > HOST_PROCS_KEPT {
+            self.host_procs.clear();
+        }
+        let mut host_procs = std::mem::take(&mut self.host_procs);
+        let proc = self.proc.clone();
+        let mut process = |tid: u32| {
+            host_procs
+                .entry(tid)
+                .or_insert_with(|| {
+                    let pid = proc.tgid(tid).ok()?;
+                    Some((pid, proc.comm(pid).ok()?))
+                })
+                .clone()
+        };
         let mut out = VmRows::default();
         for d in &cur.domains {
             let is_new = !prev_ids.contains_key(&d.id);
@@ -711,7 +733,7 @@ impl Accountant {
                     ..s
                 };
                 let waited_behind = match &cur.waits {
-                    Some(w) => crate::wait::shares(w.get(&t.tid), d.id, roles),
+                    Some(w) => crate::wait::shares(w.get(&t.tid), d.id, roles, &mut process),
                     None => Vec::new(),
                 };
                 v.vcpus.push(VcpuAccount {
@@ -741,10 +763,18 @@ impl Accountant {
                 }
             }
             if let Some(w) = &cur.waits {
-                v.waited_behind =
-                    crate::wait::shares(vcpu_tids.iter().filter_map(|t| w.get(t)), d.id, roles);
-                v.io_waited_behind =
-                    crate::wait::shares(io_tids.iter().filter_map(|t| w.get(t)), d.id, roles);
+                v.waited_behind = crate::wait::shares(
+                    vcpu_tids.iter().filter_map(|t| w.get(t)),
+                    d.id,
+                    roles,
+                    &mut process,
+                );
+                v.io_waited_behind = crate::wait::shares(
+                    io_tids.iter().filter_map(|t| w.get(t)),
+                    d.id,
+                    roles,
+                    &mut process,
+                );
                 let sum = |l: &[WaitShare]| l.iter().fold(0.0, |a, x| a + x.seconds);
                 v.wait_attributed_s = sum(&v.waited_behind);
                 v.io_wait_attributed_s = sum(&v.io_waited_behind);
@@ -770,6 +800,7 @@ impl Accountant {
         }
         self.last_devices
             .retain(|id, _| cur.domains.iter().any(|d| d.id == *id));
+        self.host_procs = host_procs;
         out
     }
 

@@ -344,11 +344,14 @@ pub struct ThreadRole {
 }
 
 /// The waits of `waiters` (threads of domain `own`), summed by culprit and
-/// named with `roles`, largest first (ties by label).
+/// named with `roles`, largest first (ties by label). A host task is named
+/// by its process where `process` knows it (thread id → process id and
+/// name), else by its own thread name and id.
 pub fn shares<'a>(
     waiters: impl IntoIterator<Item = &'a ThreadWait>,
     own: u32,
     roles: &HashMap<u32, ThreadRole>,
+    process: &mut dyn FnMut(u32) -> Option<(u32, String)>,
 ) -> Vec<WaitShare> {
     let mut sum: HashMap<(&'static str, u32, String, String), u64> = HashMap::new();
     for w in waiters {
@@ -367,12 +370,11 @@ pub fn shares<'a>(
                             None => format!("I/O {}", c.comm),
                         },
                     ),
-                    None => (
-                        "host",
-                        0,
-                        "host".to_string(),
-                        format!("{} (pid {})", c.comm, c.tid),
-                    ),
+                    None => {
+                        let (pid, name) =
+                            process(c.tid).unwrap_or_else(|| (c.tid, c.comm.to_string()));
+                        ("host", 0, "host".to_string(), format!("{name} (pid {pid})"))
+                    }
                 },
             };
             *sum.entry(key).or_default() += ns;
@@ -540,6 +542,7 @@ mod tests {
         w.add(c(21, "worker"), 1_000_000_000);
         w.add(c(11, "IO iothread0"), 500_000_000);
         w.add(c(812, "backup"), 250_000_000);
+        w.add(c(813, "backup-io"), 50_000_000); // a thread of process 812
         w.add(Culprit::IDLE, 125_000_000);
         let mut roles = HashMap::new();
         let role = |domain, vm: &str, vcpu| ThreadRole {
@@ -550,7 +553,8 @@ mod tests {
         roles.insert(20, role(2, "web", Some(0)));
         roles.insert(21, role(2, "web", None));
         roles.insert(11, role(1, "db", None));
-        let s = shares([&w], 1, &roles);
+        let mut process = |tid| (tid == 813).then(|| (812, "backup".to_string()));
+        let s = shares([&w], 1, &roles, &mut process);
         let labels: Vec<String> = s.iter().map(WaitShare::label).collect();
         assert_eq!(
             labels,
@@ -565,6 +569,7 @@ mod tests {
         let kinds: Vec<&str> = s.iter().map(|x| x.kind).collect();
         assert_eq!(kinds, ["vm", "vm", "same-vm", "host", "idle"]);
         assert_eq!(s[0].seconds, 3.0);
+        assert_eq!(s[3].seconds, 0.3);
     }
 
     #[test]

@@ -349,14 +349,17 @@ fn main_culprit(d: &DomainView) -> String {
     }
 }
 
-/// The full split of a VM's steal, one line per culprit, under its row.
+/// The split of a VM's steal under its row: its main culprits, one line
+/// each, and the rest summed.
 pub fn wait_lines(d: &DomainView) -> Vec<String> {
     let total: f64 = d.waited_behind.iter().map(|w| w.steal_pct).sum();
     if total < CULPRIT_SHOWN_PCT {
         return Vec::new();
     }
-    d.waited_behind
+    let mut lines: Vec<String> = d
+        .waited_behind
         .iter()
+        .take(WAIT_LINES)
         .map(|w| {
             format!(
                 "    {:>5.1} %  steal behind {}",
@@ -364,8 +367,20 @@ pub fn wait_lines(d: &DomainView) -> Vec<String> {
                 visible(&w.culprit)
             )
         })
-        .collect()
+        .collect();
+    if d.waited_behind.len() > WAIT_LINES {
+        let rest = &d.waited_behind[WAIT_LINES..];
+        lines.push(format!(
+            "    {:>5.1} %  steal behind {} more",
+            rest.iter().map(|w| w.steal_pct).sum::<f64>(),
+            rest.len()
+        ));
+    }
+    lines
 }
+
+/// Culprits listed under a VM; the rest are one line (JSON has them all).
+pub const WAIT_LINES: usize = 5;
 
 /// One function under its domain.
 pub fn function_line(f: &FunctionView) -> String {

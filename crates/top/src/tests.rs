@@ -67,6 +67,18 @@ fn frame() -> Frame {
                         culprit: "idle".into(),
                         steal_pct: 0.3,
                     },
+                    WaitView {
+                        culprit: "host cc1 (pid 5000)".into(),
+                        steal_pct: 0.2,
+                    },
+                    WaitView {
+                        culprit: "host cc1 (pid 5001)".into(),
+                        steal_pct: 0.1,
+                    },
+                    WaitView {
+                        culprit: "host cc1 (pid 5002)".into(),
+                        steal_pct: 0.05,
+                    },
                 ],
                 functions: vec![fun(
                     "guest",
