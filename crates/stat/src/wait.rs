@@ -360,22 +360,23 @@ pub fn shares<'a>(
                 Culprit::IDLE => ("idle", 0, "host".to_string(), "idle".to_string()),
                 Culprit::OTHER => ("other", 0, "host".to_string(), "other".to_string()),
                 Culprit::UNKNOWN => ("unknown", 0, "host".to_string(), "unknown".to_string()),
-                _ => match roles.get(&c.tid) {
-                    Some(r) => (
-                        if r.domain == own { "same-vm" } else { "vm" },
-                        r.domain,
-                        r.vm.clone(),
-                        match r.vcpu {
-                            Some(i) => format!("vCPU {i}"),
-                            None => format!("I/O {}", c.comm),
-                        },
-                    ),
-                    None => {
+                _ => {
+                    if let Some(r) = roles.get(&c.tid) {
+                        (
+                            if r.domain == own { "same-vm" } else { "vm" },
+                            r.domain,
+                            r.vm.clone(),
+                            match r.vcpu {
+                                Some(i) => format!("vCPU {i}"),
+                                None => format!("I/O {}", c.comm),
+                            },
+                        )
+                    } else {
                         let (pid, name) =
                             process(c.tid).unwrap_or_else(|| (c.tid, c.comm.to_string()));
                         ("host", 0, "host".to_string(), format!("{name} (pid {pid})"))
                     }
-                },
+                }
             };
             *sum.entry(key).or_default() += ns;
         }
