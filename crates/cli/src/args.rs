@@ -31,6 +31,7 @@ positive_int!(threads, usize, "number of threads");
 positive_int!(pid, u32, "process id");
 positive_int!(whole_seconds, u64, "whole number of seconds");
 positive_int!(window, usize, "number of intervals");
+positive_int!(culprits, usize, "number of culprits");
 
 /// Ring size in pages: 0 (the default size) or a positive power of two.
 pub fn pages(s: &str) -> Result<usize, String> {

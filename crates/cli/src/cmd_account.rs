@@ -19,9 +19,15 @@ use vmscope_stat::session::IntervalSession;
 (vCPU idle), dirio (CPU of the VM's own QEMU threads), shrio (its charge for the host's shared I/O \
 work T: cost = T / ΣN per I/O operation, charge = N_i × cost), total, and I/O operations. The \
 `= host` line reconciles Σ VMs + unattributed host work with the host's CPU from /proc/stat.\n\n\
+Under a VM row, `vCPUs waited behind:` splits its steal by what ran instead on the CPU its vCPUs \
+waited for (another VM's vCPU or I/O thread, a thread of its own, a host task by name and pid, \
+or idle: wake-up latency), top 3 and how many more; `I/O threads waited behind:` does the same \
+for its other threads. JSON and CSV carry every culprit. From the scheduler's tracepoints \
+(root); the header says when they are not available.\n\n\
 Examples:\n  \
 vmscope account -i 1s                      every second until Ctrl-C\n  \
 vmscope account -i 1s -n 10 --format csv   ten intervals as CSV\n  \
+vmscope account -i 1s -n 5 --format json | jq '.vms[]?.waited_behind'   who took each VM's CPU\n  \
 vmscope account -i 1s -n 60 -o cost.db     kept in a session: vmscope report cost.db"
 )]
 pub struct AccountArgs {
@@ -43,6 +49,9 @@ pub struct AccountArgs {
     /// Do not ask QMP for disk requests (use /proc/PID/io).
     #[arg(long)]
     no_qmp: bool,
+    /// Do not split steal by what ran instead (no scheduler tracepoints).
+    #[arg(long)]
+    no_wait: bool,
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
@@ -57,6 +66,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
     let mut acc = Accountant::new(AccountOptions {
         shared_io_pids: a.shared_io,
         use_qmp: !a.no_qmp,
+        wait_attribution: !a.no_wait,
         ..AccountOptions::default()
     });
     let fmt: IntervalFormat = a.format.into();
@@ -70,6 +80,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
         fmt,
         a.interval.as_secs_f64(),
         &acc.softirq_source(),
+        &acc.wait_source(),
     )?;
     let mut session = match &a.output {
         Some(p) => Some(
@@ -79,6 +90,7 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
                 &std::env::args().collect::<Vec<_>>().join(" "),
                 &[
                     ("softirq_source".into(), acc.softirq_source()),
+                    ("wait_source".into(), acc.wait_source()),
                     ("vmscope_version".into(), crate::VERSION.into()),
                 ],
                 a.force,

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\n\
 Examples:\n  \
 vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
+vmscope serve --wait-culprits 10   what each VM's vCPUs waited behind: its 10 main culprits, the rest as other\n  \
 vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
 go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  \
 vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n      \
@@ -33,6 +34,12 @@ pub struct ServeArgs {
     #[arg(long = "shared-io", value_name = "PID", value_parser = crate::args::pid,
           allow_negative_numbers = true)]
     shared_io: Vec<u32>,
+    /// Culprits of each VM's waiting that get series of their own in
+    /// vmscope_vcpu_wait_seconds_total (the first N to rank among an
+    /// interval's largest keep them); the rest are summed as culprit=other.
+    #[arg(long, value_name = "N", default_value_t = vmscope_stat::metrics::DEFAULT_WAIT_TOP,
+          value_parser = crate::args::culprits, allow_negative_numbers = true)]
+    wait_culprits: usize,
     /// Keep a rolling recording of the host and its active VMs (cpu-clock)
     /// and answer /debug/pprof/profile?seconds=N with a pprof of it.
     #[arg(long)]
@@ -306,6 +313,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
         listen: a.listen.clone(),
         per_cpu: a.per_cpu,
+        wait_culprits: Some(a.wait_culprits),
         shared_io: a.shared_io,
         profile,
         export: export.clone(),

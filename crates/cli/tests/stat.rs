@@ -15,6 +15,11 @@
 //! test (within 0.15 CPU-seconds/s). stat's per-VM vCPU time is also held
 //! to that schedstat over its own window (within 5 points); its per-CPU
 //! totals against `/proc/stat` are an internal invariant (stat's input).
+//! `account`'s waited-behind split (`lab_wait_attribution`): two busy
+//! one-vCPU VMs pinned to one CPU wait about half of each interval, mostly
+//! behind each other; a host process pinned beside them and a VM's own I/O
+//! thread are named as culprits; the split against the vCPU threads'
+//! `run_delay` read by the test.
 //!
 //! Tests print `SKIP: <reason>` when what they need is missing (a failure
 //! under CI, which installs everything: see vmscope-testkit).
@@ -1178,4 +1183,341 @@ fn lab_cherkasova_io_charging() {
         rows[0].1 > rows[1].1,
         "512-byte reads are not charged more host I/O CPU per second: {rows:?}"
     );
+}
+
+/// A thread's `run_delay` (ns) from its `schedstat`, read by the test.
+fn run_delay_ns(pid: u32, tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `account -i 1s -n N --format json` as it streams; `at_start` runs when
+/// the header comes (the baseline is taken), `at_end` after the last
+/// interval. The intervals and the header.
+fn account_run(
+    lab: &TestLab,
+    n: u32,
+    mut at_start: impl FnMut(),
+    mut at_end: impl FnMut(),
+) -> (Vec<Value>, Value) {
+    let mut child = lab
+        .vmscope(&[
+            "account",
+            "-i",
+            "1s",
+            "-n",
+            &n.to_string(),
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (mut intervals, mut header) = (Vec::new(), Value::Null);
+    for line in out.lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap_or(Value::Null);
+        if v["type"] == "header" {
+            at_start();
+            header = v;
+        } else if v["type"] == "interval" {
+            intervals.push(v);
+            if intervals.len() == n as usize {
+                at_end();
+            }
+        }
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "account failed: {err}");
+    (intervals, header)
+}
+
+/// One VM's vCPU waits in one interval: (runnable s, attributed s, the
+/// waited-behind list).
+fn waits_of(iv: &Value, vm: &str) -> (f64, f64, Vec<Value>) {
+    let v = vm_of(iv, vm).unwrap_or_else(|| panic!("{vm} missing from {iv}"));
+    (
+        f(v, "vcpu_runnable_s"),
+        f(v, "wait_attributed_s"),
+        v["waited_behind"].as_array().cloned().unwrap_or_default(),
+    )
+}
+
+/// Two one-vCPU VMs pinned to one host CPU, both busy, then a host process
+/// pinned beside them: what each vCPU waited behind, against the vCPU
+/// threads' `run_delay` read by the test itself.
+#[test]
+fn lab_wait_attribution() {
+    let env = need_lab!(
+        "lw",
+        &[
+            ("taskset", "util-linux"),
+            ("renice", "bsdutils"),
+            ("dash", "dash")
+        ]
+    );
+    let _s = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cpus = vmscope_linux::online_cpus(Path::new("/sys")).unwrap();
+    let cpu = *cpus.last().unwrap();
+    // QEMU's main loops on another CPU: the test is about the vCPUs (and,
+    // later, wa's I/O thread) sharing one.
+    let other = cpus.iter().find(|&&c| c != cpu).copied().unwrap_or(cpu);
+    let vm = |name: &str| {
+        format!("[[vm]]\nname = \"{name}\"\nvcpus = 1\nmemory_mib = 160\npin_vcpus = [{cpu}]\npin_emulator = [{other}]\n")
+    };
+    // wa's disk is served by its I/O thread, pinned beside the vCPUs.
+    let disk = format!(
+        "iothreads = 1\npin_io = [{cpu}]\n[[vm.disk]]\nbackend = \"file\"\nformat = \"raw\"\nsize_mib = 32\ncache = \"none\"\naio = \"native\"\niothread = 0\n"
+    );
+    let lab = TestLab::new(env, "ci-wait");
+    let state = lab.up_text(&format!(
+        "name = \"ci-wait\"\naccel = \"tcg\"\n\n{}{disk}\n{}",
+        vm("wa"),
+        vm("wb")
+    ));
+    let vcpu = |name: &str| {
+        let v = state.vm(name).unwrap();
+        (v.pid.unwrap(), v.vcpu_tids[0])
+    };
+    let (a, b) = (vcpu("wa"), vcpu("wb"));
+    // The machine is shared: unpinned work of others lands on the CPU too
+    // (a compiler took 20 % of it in one run). The test's threads run at
+    // the highest nice level so that others get about 1 % of it; the
+    // host process of step 2 too, so it competes with the vCPUs as an
+    // equal.
+    let top_priority = |tid: u32| {
+        let st = Command::new("renice")
+            .args(["-n", "-20", "-p", &tid.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "renice {tid}");
+    };
+    let mut ours = vec![a.1, b.1];
+    ours.extend(
+        state
+            .vm("wa")
+            .unwrap()
+            .iothread_tids
+            .iter()
+            .map(|(_, t)| *t),
+    );
+    for tid in ours {
+        top_priority(tid);
+    }
+    let _loops: Vec<Reap> = ["wa", "wb"]
+        .iter()
+        .map(|v| {
+            Reap(
+                lab.cmd(&["exec", v, "--", "sh", "-c", "while :; do :; done"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let delays = || [run_delay_ns(a.0, a.1), run_delay_ns(b.0, b.1)];
+    let check_totals = |phase: &str, intervals: &[Value], before: [u64; 2], after: [u64; 2]| {
+        for (i, name) in ["wa", "wb"].iter().enumerate() {
+            let reference = (after[i] - before[i]) as f64 / 1e9;
+            let attributed: f64 = intervals.iter().map(|iv| waits_of(iv, name).1).sum();
+            let err = (attributed - reference) / reference;
+            eprintln!(
+                "{phase}: {name} waited {reference:.4} s by its vCPU's run_delay, {attributed:.4} s attributed ({:+.2} %)",
+                100.0 * err
+            );
+            // 2 %; short by up to 5 % only where account said it missed
+            // waits (switch-ins the kernel did not deliver: 2.4 % in one
+            // run on this machine at load 9).
+            let said = intervals.iter().any(|iv| {
+                iv["notes"].as_array().is_some_and(|n| {
+                    n.iter().any(|n| {
+                        n.as_str()
+                            .is_some_and(|n| n.contains("waits not attributed"))
+                    })
+                })
+            });
+            assert!(
+                err.abs() <= 0.02 || (said && (-0.05..0.0).contains(&err)),
+                "{phase}: {name}'s attributed wait {attributed:.4} s vs run_delay {reference:.4} s"
+            );
+            // Per interval too, except where account says the kernel did
+            // not deliver a waiting thread's switch-in (this host's
+            // tracepoint streams have holes; see docs/stat.md): those
+            // waits are missing from the split, and said to be.
+            let mut holes = 0;
+            for iv in intervals {
+                let (runnable, attributed, _) = waits_of(iv, name);
+                let said = iv["notes"].as_array().is_some_and(|n| {
+                    n.iter().any(|n| {
+                        n.as_str()
+                            .is_some_and(|n| n.contains("waits not attributed"))
+                    })
+                });
+                if said && attributed < runnable {
+                    holes += 1;
+                    continue;
+                }
+                assert!(
+                    (attributed - runnable).abs() <= 0.02 * runnable + 0.001,
+                    "{phase}: {name} attributed {attributed:.4} s vs account's runnable {runnable:.4} s in {iv}"
+                );
+            }
+            eprintln!(
+                "{phase}: {name} within 2 % of account's runnable in {} of {} intervals ({holes} with undelivered switch-ins, said in a note)",
+                intervals.len() - holes,
+                intervals.len()
+            );
+        }
+    };
+
+    // 1. The two VMs alone on the CPU: each waits half the time, behind
+    // the other's vCPU.
+    let (mut before, mut after) = ([0; 2], [0; 2]);
+    let (intervals, header) = account_run(&lab, 4, || before = delays(), || after = delays());
+    assert!(
+        header["wait_source"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("sched_switch"),
+        "no wait attribution: {header}"
+    );
+    // Over the phase, per VM: (seconds behind the other's vCPU, attributed).
+    let mut behind = [(0.0, 0.0); 2];
+    for iv in &intervals {
+        for (i, (name, other)) in [("wa", "wb"), ("wb", "wa")].into_iter().enumerate() {
+            let (runnable, attributed, split) = waits_of(iv, name);
+            let share = runnable / f(iv, "interval_s");
+            let top = &split[0];
+            eprintln!(
+                "two VMs: {name} waited {:.1} % of the interval, {:.1} % of it behind {} {} ({})",
+                100.0 * share,
+                100.0 * f(top, "seconds") / attributed,
+                top["culprit_vm"],
+                top["culprit"],
+                top["kind"]
+            );
+            assert!(
+                (0.4..=0.6).contains(&share),
+                "{name} waited {:.1} % of the interval",
+                100.0 * share
+            );
+            assert!(
+                top["kind"] == "vm" && top["culprit_vm"] == other && top["culprit"] == "vCPU 0",
+                "{name} did not wait mostly behind {other}'s vCPU: {split:?}"
+            );
+            behind[i].0 += f(top, "seconds");
+            behind[i].1 += attributed;
+        }
+    }
+    // Others' work on this shared machine still gets a little of the CPU
+    // (88 % in one interval of one run, with a build running beside it):
+    // the share is held over the phase.
+    for (i, name) in ["wa", "wb"].into_iter().enumerate() {
+        let (other_s, total) = behind[i];
+        eprintln!(
+            "two VMs: {name} waited {:.1} % of its wait behind the other VM's vCPU over the phase",
+            100.0 * other_s / total
+        );
+        assert!(
+            other_s >= 0.9 * total,
+            "{name} waited only {:.1} % behind the other VM's vCPU over the phase",
+            100.0 * other_s / total
+        );
+    }
+    check_totals("two VMs", &intervals, before, after);
+
+    // 2. A host process pinned beside them is named by comm and pid.
+    let hog_path = lab.env.run.join("wait-hog");
+    let _ = std::fs::remove_file(&hog_path);
+    std::os::unix::fs::symlink(which("dash").unwrap(), &hog_path).unwrap();
+    let hog = Reap(
+        Command::new("taskset")
+            .args(["-c", &cpu.to_string()])
+            .arg(&hog_path)
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    top_priority(hog.0.id());
+    let hog_name = format!("wait-hog (pid {})", hog.0.id());
+    std::thread::sleep(Duration::from_millis(500));
+    let (intervals, _) = account_run(&lab, 3, || before = delays(), || after = delays());
+    drop(hog);
+    for iv in &intervals {
+        for name in ["wa", "wb"] {
+            let (_, attributed, split) = waits_of(iv, name);
+            let hog_s: f64 = split
+                .iter()
+                .filter(|w| w["kind"] == "host" && w["culprit"] == hog_name.as_str())
+                .map(|w| f(w, "seconds"))
+                .sum();
+            eprintln!(
+                "with a host hog: {name} waited {attributed:.4} s, {:.1} % behind {hog_name}",
+                100.0 * hog_s / attributed
+            );
+            assert!(
+                hog_s >= 0.25 * attributed,
+                "{name} waited only {hog_s:.4} s of {attributed:.4} s behind {hog_name}: {split:?}"
+            );
+        }
+    }
+    check_totals("with a host hog", &intervals, before, after);
+
+    // 3. Disk reads in wa: its I/O thread, on the same CPU, is a culprit
+    // of wa's vCPU (a thread of its own VM).
+    let dev = state.vm("wa").unwrap().disks[0]
+        .guest_device
+        .clone()
+        .expect("wa's disk is in the guest");
+    let reads = format!(
+        "while :; do {} dd if={dev} bs=4k count=2048 iflag=direct >/dev/null; done",
+        vmscope_lab::image::GUEST_AGENT_PATH
+    );
+    let _dd = Reap(
+        lab.cmd(&["exec", "wa", "--", "sh", "-c", &reads])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (intervals, _) = account_run(&lab, 2, || before = delays(), || after = delays());
+    for iv in &intervals {
+        let (_, attributed, split) = waits_of(iv, "wa");
+        let io_s: f64 = split
+            .iter()
+            .filter(|w| {
+                w["kind"] == "same-vm"
+                    && w["culprit"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with("I/O IO iothread"))
+            })
+            .map(|w| f(w, "seconds"))
+            .sum();
+        let disk_ops = vm_of(iv, "wa").map_or(0.0, |v| f(v, "disk_ops"));
+        eprintln!(
+            "disk reads in wa ({disk_ops} requests): its vCPU waited {attributed:.4} s, {io_s:.4} s ({:.1} %) behind its own I/O thread",
+            100.0 * io_s / attributed
+        );
+        assert!(disk_ops > 0.0, "no disk requests in wa: {iv}");
+        assert!(
+            io_s >= 0.001,
+            "wa's vCPU did not wait behind its I/O thread: {split:?}"
+        );
+    }
+    check_totals("disk reads in wa", &intervals, before, after);
 }

@@ -5,6 +5,8 @@
 //!   decoded into [`vmscope_model::Record`]s ([`Recorder`]);
 //! - [`sched`]: the `sched:sched_switch` tracepoint per CPU
 //!   ([`SchedSwitchRecorder`]) for exact per-CPU scheduling (vm-stat);
+//! - [`sched_events`]: switches, wake-ups and migrations of every CPU in
+//!   time order ([`SchedEventRecorder`]), for waiting time by culprit;
 //! - [`procfs`]: the one rooted `/proc` reader of every crate ([`ProcRoot`]),
 //!   its cached paths for per-interval sampling, and records synthesized
 //!   from a `/proc` tree;
@@ -28,6 +30,7 @@ pub mod recorder;
 mod ring;
 pub mod samplecost;
 pub mod sched;
+pub mod sched_events;
 pub mod selfcost;
 pub mod softirq;
 pub mod sys;
@@ -38,6 +41,7 @@ pub use procfs::{synthesize_from_proc, ProcRoot};
 pub use recorder::{working_events, RawMark, RawRead, RecordStream, Recorder, RingOptions, Target};
 
 pub use sched::{SchedSwitch, SchedSwitchRecorder, TaskComm};
+pub use sched_events::{SchedEvent, SchedEventRecorder};
 pub use softirq::{SoftirqRecorder, SoftirqTotals};
 pub use sys::{
     clock_monotonic_ns, irq_time_accounting, net_stats, online_cpus, parse_cpu_list, NetStats,

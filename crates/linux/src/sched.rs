@@ -24,6 +24,12 @@ pub struct TaskComm {
 }
 
 impl TaskComm {
+    /// The empty name.
+    pub const EMPTY: TaskComm = TaskComm {
+        bytes: [0; 16],
+        len: 0,
+    };
+
     /// From a NUL-padded kernel buffer (at most 16 bytes are kept).
     pub fn from_bytes(b: &[u8]) -> TaskComm {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len()).min(16);

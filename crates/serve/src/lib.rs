@@ -53,6 +53,10 @@ pub struct ServeOptions {
     pub listen: String,
     /// Per host CPU series: busy time, and time per VM (vm-stat).
     pub per_cpu: bool,
+    /// Culprits per VM with series of their own in
+    /// `vmscope_vcpu_wait_seconds_total` (default
+    /// [`vmscope_stat::metrics::DEFAULT_WAIT_TOP`]).
+    pub wait_culprits: Option<usize>,
     /// Processes whose CPU is shared I/O work for all VMs.
     pub shared_io: Vec<u32>,
     /// Keep a rolling recording and answer `/debug/pprof/profile`.
@@ -114,7 +118,10 @@ impl Server {
             sampler: Arc::new(Mutex::new(Sampler {
                 acc,
                 vmstat,
-                totals: Totals::new(opts.per_cpu),
+                totals: Totals::new(opts.per_cpu).with_wait_top(
+                    opts.wait_culprits
+                        .unwrap_or(vmscope_stat::metrics::DEFAULT_WAIT_TOP),
+                ),
             })),
             rolling,
             exports,

@@ -19,10 +19,12 @@
 
 use crate::math::{self, Reconciliation};
 use crate::tracker::{Change, TrackedVm, VmTracker};
+use crate::wait::{ThreadRole, ThreadWait, WaitShare, WaitTimeline};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmscope_linux::procfs::{self, ProcRoot, ProcStat, SchedStat};
 
@@ -38,6 +40,9 @@ pub struct AccountOptions {
     pub qmp_timeout: Duration,
     /// Measure softirq time with the softirq tracepoints (else `/proc/stat`).
     pub softirq_tracepoints: bool,
+    /// Charge each vCPU and I/O thread's waiting to what ran instead, from
+    /// the scheduler tracepoints ([`crate::wait`]).
+    pub wait_attribution: bool,
 }
 
 impl Default for AccountOptions {
@@ -49,6 +54,7 @@ impl Default for AccountOptions {
             use_qmp: true,
             qmp_timeout: Duration::from_millis(200),
             softirq_tracepoints: true,
+            wait_attribution: true,
         }
     }
 }
@@ -61,6 +67,10 @@ pub struct VcpuAccount {
     pub run_s: f64,
     pub runnable_s: f64,
     pub blocked_s: f64,
+    /// Its runnable time by what ran instead, largest first (empty without
+    /// wait attribution). Sums to `runnable_s` up to waits whose start was
+    /// not seen.
+    pub waited_behind: Vec<WaitShare>,
 }
 
 /// I/O operations of one device in one interval.
@@ -82,7 +92,16 @@ pub struct VmAccount {
     pub vcpu_run_s: f64,
     pub vcpu_runnable_s: f64,
     pub vcpu_blocked_s: f64,
+    /// What its vCPUs waited behind, summed over them, largest first.
+    pub waited_behind: Vec<WaitShare>,
+    /// Σ `waited_behind`: the vCPUs' runnable time attributed.
+    pub wait_attributed_s: f64,
     pub direct_io_s: f64,
+    /// Runnable time (`run_delay`) of the VM's own non-vCPU threads.
+    pub io_runnable_s: f64,
+    /// What those threads waited behind, largest first.
+    pub io_waited_behind: Vec<WaitShare>,
+    pub io_wait_attributed_s: f64,
     pub devices: Vec<DeviceOps>,
     /// N_i: packets on its taps + requests on its disks.
     pub io_ops: u64,
@@ -110,7 +129,12 @@ impl VmAccount {
             vcpu_run_s: 0.0,
             vcpu_runnable_s: 0.0,
             vcpu_blocked_s: 0.0,
+            waited_behind: Vec::new(),
+            wait_attributed_s: 0.0,
             direct_io_s: 0.0,
+            io_runnable_s: 0.0,
+            io_waited_behind: Vec::new(),
+            io_wait_attributed_s: 0.0,
             devices: Vec::new(),
             io_ops: 0,
             net_packets: 0,
@@ -185,6 +209,8 @@ struct Snapshot {
     others: HashMap<(u32, u32), u64>,
     /// Softirq time since the previous snapshot (tracepoints).
     softirq: Option<vmscope_linux::SoftirqTotals>,
+    /// Waits committed since the previous snapshot, by thread.
+    waits: Option<HashMap<u32, ThreadWait>>,
     io: HashMap<u32, VmCounters>,
     domains: Vec<TrackedVm>,
 }
@@ -216,6 +242,11 @@ pub struct Accountant {
     /// Whether tasks' run time holds the softirqs that interrupted them.
     sirq_in_tasks: bool,
     softirq_lost: u64,
+    /// The scheduler events and the wait timeline they feed, or why there
+    /// are none.
+    waits: Result<Waits, String>,
+    /// Host culprits' processes by thread id (see `vm_rows`).
+    host_procs: HashMap<u32, Option<(u32, String)>>,
     /// taskstats exit records, or why there are none.
     exits: Result<vmscope_linux::ExitListener, String>,
     /// Exit records not yet matched to an interval, with their age in
@@ -232,6 +263,42 @@ pub struct Accountant {
 /// checks).
 const RELIST_EVERY: Duration = Duration::from_secs(2);
 
+/// Host culprits' processes kept between intervals.
+const HOST_PROCS_KEPT: usize = 4096;
+
+/// Wait attribution's recorder and the timeline it feeds.
+struct Waits {
+    recorder: vmscope_linux::SchedEventRecorder,
+    timeline: Arc<Mutex<WaitTimeline>>,
+    lost: u64,
+    dropped: u64,
+    anomalies: crate::wait::WaitAnomalies,
+}
+
+impl Waits {
+    fn open() -> Result<Waits, String> {
+        let timeline = Arc::new(Mutex::new(WaitTimeline::new()));
+        let sink = {
+            let t = timeline.clone();
+            Box::new(move |e: &vmscope_linux::SchedEvent| {
+                if let Ok(mut t) = t.lock() {
+                    t.push(e);
+                }
+            })
+        };
+        // 256 KiB per CPU: the drain thread empties them every 50 ms.
+        let recorder =
+            vmscope_linux::SchedEventRecorder::open(64, sink).map_err(|e| e.to_string())?;
+        Ok(Waits {
+            recorder,
+            timeline,
+            lost: 0,
+            dropped: 0,
+            anomalies: Default::default(),
+        })
+    }
+}
+
 impl Accountant {
     pub fn new(opts: AccountOptions) -> Accountant {
         let proc = ProcRoot::new(&opts.proc_root);
@@ -244,7 +311,14 @@ impl Accountant {
             Err("not asked for".to_string())
         };
         let irqtime = vmscope_linux::irq_time_accounting();
+        let waits = if opts.wait_attribution {
+            Waits::open()
+        } else {
+            Err("not asked for".to_string())
+        };
         Accountant {
+            waits,
+            host_procs: HashMap::new(),
             softirq,
             irqtime,
             sirq_in_tasks: irqtime != Some(true),
@@ -291,10 +365,24 @@ impl Accountant {
         }
     }
 
+    /// Where the waited-behind split comes from, for headers.
+    pub fn wait_source(&self) -> String {
+        match &self.waits {
+            Ok(_) => "sched_switch, sched_wakeup(_new) and sched_migrate_task tracepoint rings; a wait counts in the interval it ends in, as schedstat's run_delay".to_string(),
+            Err(why) => format!("none (scheduler tracepoints: {why})"),
+        }
+    }
+
     /// Take a sample. Returns `None` on the first call (the baseline),
     /// otherwise the interval since the previous sample.
     pub fn sample(&mut self) -> Result<(Option<AccountInterval>, Vec<Change>), StatError> {
         let changes = self.domains.refresh()?;
+        if let Ok(w) = &self.waits {
+            let tids: Vec<u32> = self.domains.tid_map().into_keys().collect();
+            if let Ok(mut t) = w.timeline.lock() {
+                t.follow(tids);
+            }
+        }
         let snap = self.snapshot()?;
         let first = *self.first.get_or_insert(snap.at);
         let prev = self.prev.take();
@@ -314,6 +402,8 @@ impl Accountant {
             .as_mut()
             .ok()
             .map(vmscope_linux::SoftirqRecorder::take);
+        // Waits that end before this instant belong to this interval.
+        let wait_cut = vmscope_linux::clock_monotonic_ns();
         let mut threads = HashMap::new();
         let mut io = HashMap::new();
         let reader = &mut self.reader;
@@ -336,6 +426,10 @@ impl Accountant {
                 }
             }
         }
+        let waits = self.waits.as_mut().ok().map(|w| {
+            w.recorder.flush(wait_cut);
+            w.timeline.lock().map(|mut t| t.take()).unwrap_or_default()
+        });
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
             for tid in root.tids(pid).unwrap_or_default() {
                 read(&mut threads, pid, tid);
@@ -436,6 +530,7 @@ impl Accountant {
             threads,
             others,
             softirq,
+            waits,
             io,
             domains: self.domains.current().to_vec(),
         })
@@ -451,7 +546,8 @@ impl Accountant {
     ) -> AccountInterval {
         let dt = cur.at.duration_since(prev.at).as_secs_f64();
         let exits = self.match_exits(prev, cur);
-        let mut rows = self.vm_rows(prev, cur, &exits, dt);
+        let roles = self.roles(cur);
+        let mut rows = self.vm_rows(prev, cur, &exits, dt, &roles);
         let exited_notes = vm_changes(changes, prev, &exits, &mut rows, self.exits.is_ok());
         let shared = self.shared_io(prev, cur);
         let ops: Vec<u64> = rows.vms.iter().map(|v| v.io_ops).collect();
@@ -539,10 +635,40 @@ impl Accountant {
         m
     }
 
+    /// Every VM thread's role, for naming culprits: the sample's vCPU and
+    /// I/O threads, and every other thread of the QEMU processes.
+    fn roles(&self, cur: &Snapshot) -> HashMap<u32, ThreadRole> {
+        let mut roles = HashMap::new();
+        for d in &cur.domains {
+            let role = |vcpu| ThreadRole {
+                domain: d.id,
+                vm: d.name.clone(),
+                vcpu,
+            };
+            for &tid in self.domains.threads(d.pid) {
+                roles.insert(tid, role(None));
+            }
+            for t in &d.io {
+                roles.insert(t.tid, role(None));
+            }
+            for (i, t) in &d.vcpus {
+                roles.insert(t.tid, role(Some(*i)));
+            }
+        }
+        roles
+    }
+
     /// One row per VM in the current sample: vCPU run / runnable / blocked,
     /// direct I/O of its other threads, the last slice of its threads that
     /// exited, and its I/O operations.
-    fn vm_rows(&mut self, prev: &Snapshot, cur: &Snapshot, exits: &ExitMatch, dt: f64) -> VmRows {
+    fn vm_rows(
+        &mut self,
+        prev: &Snapshot,
+        cur: &Snapshot,
+        exits: &ExitMatch,
+        dt: f64,
+        roles: &HashMap<u32, ThreadRole>,
+    ) -> VmRows {
         let prev_ids: HashMap<u32, &TrackedVm> = prev.domains.iter().map(|d| (d.id, d)).collect();
         // A thread missing from the previous sample appeared during the
         // interval (a new worker, a VM that just started): all the time it
@@ -563,11 +689,28 @@ impl Accountant {
                 .as_ref()
                 .map_or(0.0, |s| s.io_ns_of(tid) as f64 / 1e9)
         };
+        // Host culprits by process: thread id -> (process id, its name),
+        // looked up once per thread (the cache is emptied when it grows).
+        if self.host_procs.len() > HOST_PROCS_KEPT {
+            self.host_procs.clear();
+        }
+        let mut host_procs = std::mem::take(&mut self.host_procs);
+        let proc = self.proc.clone();
+        let mut process = |tid: u32| {
+            host_procs
+                .entry(tid)
+                .or_insert_with(|| {
+                    let pid = proc.tgid(tid).ok()?;
+                    Some((pid, proc.comm(pid).ok()?))
+                })
+                .clone()
+        };
         let mut out = VmRows::default();
         for d in &cur.domains {
             let is_new = !prev_ids.contains_key(&d.id);
             let mut v = VmAccount::empty(d.id, d.name.clone(), d.pid);
             let mut vcpu_tids = Vec::new();
+            let mut io_tids = Vec::new();
             for (index, t) in &d.vcpus {
                 vcpu_tids.push(t.tid);
                 let Some((p, c)) = run_of((t.pid, t.tid)) else {
@@ -589,12 +732,17 @@ impl Accountant {
                     run: s.run - sirq,
                     ..s
                 };
+                let waited_behind = match &cur.waits {
+                    Some(w) => crate::wait::shares(w.get(&t.tid), d.id, roles, &mut process),
+                    None => Vec::new(),
+                };
                 v.vcpus.push(VcpuAccount {
                     index: *index,
                     tid: t.tid,
                     run_s: s.run,
                     runnable_s: s.runnable,
                     blocked_s: s.blocked,
+                    waited_behind,
                 });
                 v.vcpu_run_s += s.run;
                 v.vcpu_runnable_s += s.runnable;
@@ -606,10 +754,30 @@ impl Accountant {
             }) {
                 if let Some((p, c)) = run_of((pid, tid)) {
                     let run = math::run_seconds(p, c);
+                    v.io_runnable_s +=
+                        c.wait_ns.saturating_sub(p.map_or(0, |p| p.wait_ns)) as f64 / 1e9;
+                    io_tids.push(tid);
                     let sirq = io_softirq_s(tid).min(run);
                     out.vm_thread_sirq_s += sirq;
                     v.direct_io_s += run - sirq;
                 }
+            }
+            if let Some(w) = &cur.waits {
+                v.waited_behind = crate::wait::shares(
+                    vcpu_tids.iter().filter_map(|t| w.get(t)),
+                    d.id,
+                    roles,
+                    &mut process,
+                );
+                v.io_waited_behind = crate::wait::shares(
+                    io_tids.iter().filter_map(|t| w.get(t)),
+                    d.id,
+                    roles,
+                    &mut process,
+                );
+                let sum = |l: &[WaitShare]| l.iter().fold(0.0, |a, x| a + x.seconds);
+                v.wait_attributed_s = sum(&v.waited_behind);
+                v.io_wait_attributed_s = sum(&v.io_waited_behind);
             }
             // Threads that exited during the interval: their last slice.
             if !is_new {
@@ -632,6 +800,7 @@ impl Accountant {
         }
         self.last_devices
             .retain(|id, _| cur.domains.iter().any(|d| d.id == *id));
+        self.host_procs = host_procs;
         out
     }
 
@@ -759,6 +928,26 @@ impl Accountant {
                 ));
                 self.softirq_lost = r.lost();
             }
+        }
+        if let Ok(w) = &mut self.waits {
+            let (lost, dropped) = (w.recorder.lost(), w.recorder.dropped());
+            if lost > w.lost || dropped > w.dropped {
+                notes.push(format!(
+                    "{} scheduler tracepoint records lost (ring overflow) and {} dropped (more than {} waiting to be ordered): waits across the gap are not attributed",
+                    lost - w.lost,
+                    dropped - w.dropped,
+                    vmscope_linux::sched_events::MAX_PENDING
+                ));
+                (w.lost, w.dropped) = (lost, dropped);
+            }
+            let a = w.timeline.lock().map(|t| t.anomalies()).unwrap_or_default();
+            let lost_waits = a.lost_waits - w.anomalies.lost_waits;
+            if lost_waits > 0 {
+                notes.push(format!(
+                    "{lost_waits} waits not attributed: the thread was seen switched out before its switch-in (a record the tracepoints did not deliver)"
+                ));
+            }
+            w.anomalies = a;
         }
         if let Ok(l) = &self.exits {
             if l.overruns() > self.exit_overruns {
@@ -1060,6 +1249,7 @@ mod tests {
             shared_io_pids: vec![900],
             use_qmp: false,
             softirq_tracepoints: false,
+            wait_attribution: false,
             ..AccountOptions::default()
         });
         acc.ksoftirqd = vec![15];
@@ -1095,6 +1285,7 @@ mod tests {
             ]),
             others: HashMap::from([((50, 50), 1000), ((50, 51), 40), ((60, 60), 100)]),
             softirq: None,
+            waits: None,
             io: HashMap::from([
                 (
                     1,
@@ -1133,6 +1324,25 @@ mod tests {
                 count: 40,
                 unmatched: 0,
             }),
+            // web's vCPU 0 was runnable 50 ms: 49 ms of it seen, behind the
+            // new VM's vCPU, web's own worker, a host task and idle.
+            waits: Some(HashMap::from([(101, {
+                let mut w = ThreadWait::default();
+                let comm = vmscope_linux::TaskComm::from_bytes;
+                for (tid, name, ms) in [
+                    (401, "CPU 0/TCG", 30),
+                    (103, "worker", 12),
+                    (50, "backup", 5),
+                    (0, "", 2),
+                ] {
+                    w.by_culprit.insert(
+                        crate::wait::Culprit::task(tid, comm(name.as_bytes())),
+                        ms * 1_000_000,
+                    );
+                }
+                w.waits = 9;
+                w
+            })])),
             io: HashMap::from([
                 (
                     1,
@@ -1180,6 +1390,22 @@ mod tests {
         }
         let expected = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, expected, "differs from {}", path.display());
+        // The same interval as text and CSV (the waited-behind lines).
+        for (f, ext) in [
+            (crate::render::IntervalFormat::Text, "txt"),
+            (crate::render::IntervalFormat::Csv, "csv"),
+        ] {
+            let mut out = Vec::new();
+            crate::render::account_header(&mut out, f, 1.0, "test", "test").unwrap();
+            crate::render::account_interval(&mut out, f, &iv).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let path = path.with_extension(ext);
+            if std::env::var_os("VMSCOPE_BLESS").is_some() {
+                std::fs::write(&path, &text).unwrap();
+            }
+            let expected = std::fs::read_to_string(&path).unwrap_or_default();
+            assert_eq!(text, expected, "differs from {}", path.display());
+        }
     }
 
     fn exit(tid: u32, run_ms: u64) -> TaskExit {

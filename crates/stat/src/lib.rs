@@ -8,6 +8,8 @@
 //! - [`fit`]: sched_switch slices fitted to `schedstat` and `/proc/stat`;
 //! - [`tracker`]: the VMs followed across intervals, with stable `dN`
 //!   numbers and their threads;
+//! - [`wait`]: each followed thread's runnable-not-running time charged to
+//!   what ran instead, from the scheduler's events;
 //! - [`render`]: text (the vm-stat layout), JSON lines and CSV;
 //! - [`session`]: intervals kept in a session file (`stat -o`, `account -o`).
 
@@ -21,6 +23,7 @@ pub mod render;
 pub mod session;
 pub mod tracker;
 pub mod vmstat;
+pub mod wait;
 
 pub use error::StatError;
 

@@ -39,6 +39,15 @@ pub struct Totals {
     cpu_busy: BTreeMap<Labels, f64>,
     cpu_domain: BTreeMap<Labels, f64>,
     softirq: BTreeMap<Labels, f64>,
+    /// Waited-behind seconds by (domain, vcpu, culprit_domain, culprit).
+    vcpu_wait: BTreeMap<Labels, f64>,
+    /// Per VM: the culprits with series of their own, at most `wait_top`
+    /// (kept once given, so every series is a counter that only grows).
+    wait_named: BTreeMap<String, std::collections::BTreeSet<(String, String)>>,
+    /// Per VM: distinct culprits summed in `other` (counted up to
+    /// [`MAX_FOLDED_COUNTED`]).
+    wait_folded: BTreeMap<String, std::collections::HashSet<(String, String)>>,
+    wait_top: usize,
     per_cpu: bool,
     /// `serve --profile`: each profiler's cost, what it observed, its rate.
     profiler_cost: BTreeMap<Labels, f64>,
@@ -80,11 +89,75 @@ fn l(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
+/// Culprits a VM gets series for by default (`serve --wait-culprits`).
+pub const DEFAULT_WAIT_TOP: usize = 5;
+/// Distinct culprits counted per VM in `other` (the count stops there).
+pub const MAX_FOLDED_COUNTED: usize = 100_000;
+
 impl Totals {
     pub fn new(per_cpu: bool) -> Totals {
         Totals {
             per_cpu,
+            wait_top: DEFAULT_WAIT_TOP,
             ..Totals::default()
+        }
+    }
+
+    /// Give at most `n` culprits of each VM a series of their own in
+    /// `vmscope_vcpu_wait_seconds_total`; the rest are summed as `other`.
+    pub fn with_wait_top(mut self, n: usize) -> Totals {
+        self.wait_top = n;
+        self
+    }
+
+    /// A VM's waits of one interval: each culprit in order of this
+    /// interval's seconds joins the named ones while there is room.
+    fn add_waits(&mut self, v: &crate::account::VmAccount) {
+        let dom = v.name.as_str();
+        let mut by_culprit: BTreeMap<(String, String), f64> = BTreeMap::new();
+        let per_thread = v
+            .vcpus
+            .iter()
+            .map(|c| (c.index.to_string(), &c.waited_behind))
+            .chain(std::iter::once(("io".to_string(), &v.io_waited_behind)));
+        let per_thread: Vec<_> = per_thread.collect();
+        for (_, split) in &per_thread {
+            for w in split.iter() {
+                *by_culprit
+                    .entry((w.culprit_vm.clone(), w.culprit.clone()))
+                    .or_default() += w.seconds;
+            }
+        }
+        let mut ranked: Vec<_> = by_culprit.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let named = self.wait_named.entry(dom.to_string()).or_default();
+        for (k, _) in &ranked {
+            if !named.contains(k) && named.len() < self.wait_top {
+                named.insert(k.clone());
+            }
+        }
+        let folded = self.wait_folded.entry(dom.to_string()).or_default();
+        for (vcpu, split) in per_thread {
+            for w in split.iter() {
+                let k = (w.culprit_vm.clone(), w.culprit.clone());
+                let (cd, c) = if named.contains(&k) {
+                    (k.0.as_str(), k.1.as_str())
+                } else {
+                    if folded.len() < MAX_FOLDED_COUNTED {
+                        folded.insert(k.clone());
+                    }
+                    ("", "other")
+                };
+                *self
+                    .vcpu_wait
+                    .entry(l(&[
+                        ("domain", dom),
+                        ("vcpu", &vcpu),
+                        ("culprit_domain", cd),
+                        ("culprit", c),
+                    ]))
+                    .or_default() += w.seconds;
+            }
         }
     }
 
@@ -113,6 +186,9 @@ impl Totals {
                     .entry(l(&[("domain", dom), ("device", &d.device)]))
                     .or_default() += d.ops as f64;
             }
+        }
+        for v in &a.vms {
+            self.add_waits(v);
         }
         for (vector, s) in &a.softirq_by_vector_s {
             *self.softirq.entry(l(&[("vector", vector)])).or_default() += s;
@@ -217,6 +293,25 @@ impl Totals {
             "I/O operations of a VM: packets on its taps, requests on its disks",
             fam(&self.io_ops),
         );
+        if !self.vcpu_wait.is_empty() {
+            reg.register_with_unit(
+                "vmscope_vcpu_wait",
+                "Time a VM's vCPU (vcpu=N) or other threads (vcpu=io) were runnable but waited, by what ran instead: culprit_domain is a VM, or host (culprit: a host task COMM (pid TID), or idle for wake-up latency); each VM's top culprits get series (serve --wait-culprits), the rest are culprit=other",
+                Unit::Seconds,
+                fam(&self.vcpu_wait),
+            );
+            let folded = Family::<Labels, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
+            for (dom, set) in &self.wait_folded {
+                folded
+                    .get_or_create(&l(&[("domain", dom)]))
+                    .set(set.len() as i64);
+            }
+            reg.register(
+                "vmscope_vcpu_wait_other_culprits",
+                "Distinct culprits summed in a VM's culprit=other wait series",
+                folded,
+            );
+        }
         if !self.softirq.is_empty() {
             reg.register_with_unit(
                 "vmscope_host_softirq",
@@ -350,11 +445,17 @@ mod tests {
                 run_s: 0.25,
                 runnable_s: 0.05,
                 blocked_s: 0.7,
+                waited_behind: vec![],
             }],
             vcpu_run_s: 0.25,
             vcpu_runnable_s: 0.05,
             vcpu_blocked_s: 0.7,
+            waited_behind: vec![],
+            wait_attributed_s: 0.0,
             direct_io_s: 0.01,
+            io_runnable_s: 0.0,
+            io_waited_behind: vec![],
+            io_wait_attributed_s: 0.0,
             devices: vec![DeviceOps {
                 device: "tap:vmst0".into(),
                 ops: 12,
@@ -392,10 +493,52 @@ mod tests {
             cpu_busy_s: vec![(0, 0.3), (1, 0.2)],
             notes: vec![],
         };
+        // Waits: with room for two culprits, a third one and one that
+        // comes later are summed as other.
+        let share = |kind, vm: &str, culprit: &str, seconds| crate::wait::WaitShare {
+            kind,
+            culprit_domain: 0,
+            culprit_vm: vm.into(),
+            culprit: culprit.into(),
+            seconds,
+        };
+        let mut waited = a.clone();
+        waited.vms[0].vcpus[0].waited_behind = vec![
+            share("vm", "db", "vCPU 0", 0.03),
+            share("host", "host", "backup (pid 812)", 0.015),
+            share("idle", "host", "idle", 0.005),
+        ];
+        waited.vms[0].io_waited_behind = vec![share("vm", "db", "vCPU 0", 0.001)];
+        let mut later = waited.clone();
+        later.vms[0].vcpus[0].waited_behind = vec![
+            share("host", "host", "cron (pid 9)", 0.04),
+            share("vm", "db", "vCPU 0", 0.01),
+        ];
+        later.vms[0].io_waited_behind = vec![];
+        let mut t = Totals::new(false).with_wait_top(2);
+        t.add(&waited);
+        t.add(&later);
+        let s = t.encode();
+        for line in [
+            "vmscope_vcpu_wait_seconds_total{domain=\"t0\",vcpu=\"0\",culprit_domain=\"db\",culprit=\"vCPU 0\"} 0.04",
+            "vmscope_vcpu_wait_seconds_total{domain=\"t0\",vcpu=\"io\",culprit_domain=\"db\",culprit=\"vCPU 0\"} 0.001",
+            "vmscope_vcpu_wait_seconds_total{domain=\"t0\",vcpu=\"0\",culprit_domain=\"host\",culprit=\"backup (pid 812)\"} 0.015",
+            "vmscope_vcpu_wait_seconds_total{domain=\"t0\",vcpu=\"0\",culprit_domain=\"\",culprit=\"other\"} 0.045",
+            "vmscope_vcpu_wait_other_culprits{domain=\"t0\"} 2",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} missing:\n{s}");
+        }
+        assert_eq!(
+            s.matches("vmscope_vcpu_wait_seconds_total{").count(),
+            4,
+            "{s}"
+        );
+
         let mut t = Totals::new(false);
         t.add(&a);
         t.add(&a);
         let s = t.encode();
+        assert!(!s.contains("vmscope_vcpu_wait"), "no waits, no family: {s}");
         assert!(
             s.contains("vmscope_vcpu_run_seconds_total{domain=\"t0\",vcpu=\"0\"} 0.5"),
             "{s}"

@@ -4,6 +4,7 @@
 
 use crate::account::AccountInterval;
 use crate::vmstat::{CpuRow, Source, StatInterval};
+use crate::wait::WaitShare;
 use serde_json::json;
 use std::io::Write;
 use vmscope_model::text::{csv_field, visible, visible_cut, NAME_WIDTH};
@@ -137,21 +138,27 @@ pub fn stat_interval(
     out.flush()
 }
 
-const ACCOUNT_COLS: &str = "time_s,domain,vm,vcpu_run_s,vcpu_runnable_s,vcpu_blocked_s,direct_io_s,net_packets,disk_ops,disk_bytes,io_ops,shared_io_s,total_s,total_pct_of_one_cpu,notes";
+const ACCOUNT_COLS: &str = "time_s,domain,vm,vcpu_run_s,vcpu_runnable_s,vcpu_blocked_s,direct_io_s,net_packets,disk_ops,disk_bytes,io_ops,shared_io_s,total_s,total_pct_of_one_cpu,notes,vcpu_wait_attributed_s,io_runnable_s,waited_behind";
 
 /// The header of `account`; `softirq_source` says where softirq time comes
-/// from ([`crate::account::Accountant::softirq_source`]).
+/// from ([`crate::account::Accountant::softirq_source`]), `wait_source`
+/// where the waited-behind split does ([`crate::account::Accountant::wait_source`]).
 pub fn account_header(
     out: &mut dyn Write,
     f: IntervalFormat,
     interval_s: f64,
     softirq_source: &str,
+    wait_source: &str,
 ) -> std::io::Result<()> {
     match f {
         IntervalFormat::Text => {
             writeln!(out, "# vmscope account: per VM per {interval_s:.3} s interval; times in seconds, I/O in operations per interval")?;
             writeln!(out, "# shared I/O T = softirq + ksoftirqd + --shared-io processes, charged by cost = T / sum(N), charge = N_i * cost")?;
             writeln!(out, "# softirq: {softirq_source}")?;
+            writeln!(
+                out,
+                "# waited behind (steal by what ran instead, top {WAIT_TOP}): {wait_source}"
+            )?;
             writeln!(
                 out,
                 "{:>8} {:<14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>11} {:>10} {:>9} {:>7}  notes",
@@ -173,11 +180,59 @@ pub fn account_header(
         IntervalFormat::Json => writeln!(
             out,
             "{}",
-            json!({"type": "header", "interval_s": interval_s, "softirq_source": softirq_source,
+            json!({"type": "header", "interval_s": interval_s, "softirq_source": softirq_source, "wait_source": wait_source,
             "units": {"*_s": "seconds", "*_pct": "percent", "net_packets": "packets", "disk_ops": "requests", "disk_bytes": "bytes"}})
         )?,
     }
     Ok(())
+}
+
+/// Culprits a text row names; JSON and CSV carry all of them.
+pub const WAIT_TOP: usize = 3;
+/// Waits shorter than this (seconds per interval) get no text line.
+const WAIT_SHOWN_S: f64 = 0.0005;
+
+/// `vCPUs waited behind: d2 web vCPU 0 0.4812 s (97.1 %), ...; 0.4952 s of runnable 0.4960 s`.
+fn waited_behind_text(what: &str, split: &[WaitShare], total: f64, runnable: f64) -> String {
+    let mut parts: Vec<String> = split
+        .iter()
+        .take(WAIT_TOP)
+        .map(|w| {
+            format!(
+                "{} {:.4} s ({:.1} %)",
+                visible(&w.label()),
+                w.seconds,
+                crate::math::pct(w.seconds, total)
+            )
+        })
+        .collect();
+    if split.len() > WAIT_TOP {
+        let rest: f64 = split[WAIT_TOP..].iter().map(|w| w.seconds).sum();
+        parts.push(format!("{} more {:.4} s", split.len() - WAIT_TOP, rest));
+    }
+    format!(
+        "{what} waited behind: {}; attributed {total:.4} s of runnable {runnable:.4} s",
+        parts.join(", ")
+    )
+}
+
+/// Every culprit of a VM row: `vcpu|io:LABEL=SECONDS;...`.
+fn waited_behind_csv(v: &crate::account::VmAccount) -> String {
+    let one = |who: &str, split: &[WaitShare]| {
+        split
+            .iter()
+            .map(|w| {
+                format!(
+                    "{who}:{}={:.6}",
+                    visible(&w.label()).replace(['"', ';', '='], "'"),
+                    w.seconds
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut all = one("vcpu", &v.waited_behind);
+    all.extend(one("io", &v.io_waited_behind));
+    all.join(";")
 }
 
 pub fn account_interval(
@@ -209,6 +264,30 @@ pub fn account_interval(
                     crate::math::pct(v.total_s, a.interval_s),
                     visible(&v.notes.join("; "))
                 )?;
+                for (what, split, total, of) in [
+                    (
+                        "vCPUs",
+                        &v.waited_behind,
+                        v.wait_attributed_s,
+                        v.vcpu_runnable_s,
+                    ),
+                    (
+                        "I/O threads",
+                        &v.io_waited_behind,
+                        v.io_wait_attributed_s,
+                        v.io_runnable_s,
+                    ),
+                ] {
+                    if total >= WAIT_SHOWN_S {
+                        writeln!(
+                            out,
+                            "{:>8} {:<14} {}",
+                            "",
+                            "",
+                            waited_behind_text(what, split, total, of)
+                        )?;
+                    }
+                }
             }
             writeln!(
                 out,
@@ -231,7 +310,7 @@ pub fn account_interval(
             for v in &a.vms {
                 writeln!(
                     out,
-                    "{:.3},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.6},{:.6},{:.2},\"{}\"",
+                    "{:.3},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.6},{:.6},{:.2},\"{}\",{:.6},{:.6},\"{}\"",
                     a.time_s,
                     v.domain,
                     csv_field(&v.name),
@@ -246,12 +325,15 @@ pub fn account_interval(
                     v.shared_io_s,
                     v.total_s,
                     crate::math::pct(v.total_s, a.interval_s),
-                    visible(&v.notes.join("; ")).replace('"', "'")
+                    visible(&v.notes.join("; ")).replace('"', "'"),
+                    v.wait_attributed_s,
+                    v.io_runnable_s,
+                    waited_behind_csv(v)
                 )?;
             }
             writeln!(
                 out,
-                "{:.3},,host-unattributed,,,,,,,,{},{:.6},{:.6},{:.2},\"measured {:.6} s, residual {:.6} s\"",
+                "{:.3},,host-unattributed,,,,,,,,{},{:.6},{:.6},{:.2},\"measured {:.6} s, residual {:.6} s\",,,",
                 a.time_s,
                 a.shared_ops,
                 a.shared_io_s,

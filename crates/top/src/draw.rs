@@ -4,7 +4,7 @@
 //! script reads and what a person sees agree. A terminal smaller than
 //! [`MIN_WIDTH`] × [`MIN_HEIGHT`] gets a message saying so instead.
 
-use crate::{domain_header, domain_line, function_line, Frame, View};
+use crate::{domain_header, domain_line, function_line, wait_lines, Frame, View};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -80,6 +80,9 @@ pub fn draw(f: &mut ratatui::Frame<'_>, frame: &Frame, view: &View) {
         }
         if let Some(r) = &d.reason {
             lines.push(Line::from(format!("      ({r})")));
+        }
+        for w in wait_lines(d) {
+            lines.push(Line::from(format!("  {w}")));
         }
         for fun in view.functions_of(d) {
             lines.push(Line::from(format!("  {}", function_line(fun))));

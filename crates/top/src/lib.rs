@@ -72,8 +72,21 @@ pub struct DomainView {
     pub lost: u64,
     /// Why a VM is not profiled actively, when it is not.
     pub reason: Option<String>,
+    /// What its vCPUs waited behind, biggest first: each culprit's part of
+    /// `steal_pct` (empty without wait attribution).
+    pub waited_behind: Vec<WaitView>,
     /// Top functions of the rolling profile, biggest first.
     pub functions: Vec<FunctionView>,
+}
+
+/// One culprit of a VM's steal.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaitView {
+    /// `d2 web vCPU 0`, `host backup (pid 812)`, `idle`, ...
+    pub culprit: String,
+    /// Its part of the VM's steal, percent of the interval averaged over
+    /// the vCPUs (as `steal_pct`).
+    pub steal_pct: f64,
 }
 
 /// One function of a domain's rolling profile.
@@ -275,7 +288,7 @@ impl View {
 /// The column headings of [`domain_line`].
 pub fn domain_header() -> String {
     format!(
-        "{:<16} {:<11} {:>7} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}",
+        "{:<16} {:<11} {:>7} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}  {}",
         "DOMAIN",
         "ROLE",
         "CPU%",
@@ -285,7 +298,8 @@ pub fn domain_header() -> String {
         "HALT%",
         "I/O CPU%",
         "I/O OPS/s",
-        "LOST"
+        "LOST",
+        "STOLEN BY"
     )
 }
 
@@ -300,7 +314,7 @@ pub fn domain_line(d: &DomainView) -> String {
         }
     };
     format!(
-        "{:<16} {:<11} {:>7.1} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}",
+        "{:<16} {:<11} {:>7.1} {:>5} {:>6} {:>7} {:>7} {:>8} {:>9} {:>6}  {}",
         visible_cut(&d.name, NAME_WIDTH),
         d.role,
         d.cpu_pct,
@@ -314,9 +328,59 @@ pub fn domain_line(d: &DomainView) -> String {
         } else {
             "-".into()
         },
-        d.lost
+        d.lost,
+        main_culprit(d)
     )
 }
+
+/// Steal below this share of the interval names no culprit.
+const CULPRIT_SHOWN_PCT: f64 = 0.5;
+
+/// The main culprit of a VM's steal and its share of it: `d2 web vCPU 0 (97%)`.
+fn main_culprit(d: &DomainView) -> String {
+    let total: f64 = d.waited_behind.iter().map(|w| w.steal_pct).sum();
+    match d.waited_behind.first() {
+        Some(w) if total >= CULPRIT_SHOWN_PCT => format!(
+            "{} ({:.0}%)",
+            visible_cut(&w.culprit, NAME_WIDTH + 8),
+            100.0 * w.steal_pct / total
+        ),
+        _ => "-".into(),
+    }
+}
+
+/// The split of a VM's steal under its row: its main culprits, one line
+/// each, and the rest summed.
+pub fn wait_lines(d: &DomainView) -> Vec<String> {
+    let total: f64 = d.waited_behind.iter().map(|w| w.steal_pct).sum();
+    if total < CULPRIT_SHOWN_PCT {
+        return Vec::new();
+    }
+    let mut lines: Vec<String> = d
+        .waited_behind
+        .iter()
+        .take(WAIT_LINES)
+        .map(|w| {
+            format!(
+                "    {:>5.1} %  steal behind {}",
+                w.steal_pct,
+                visible(&w.culprit)
+            )
+        })
+        .collect();
+    if d.waited_behind.len() > WAIT_LINES {
+        let rest = &d.waited_behind[WAIT_LINES..];
+        lines.push(format!(
+            "    {:>5.1} %  steal behind {} more",
+            rest.iter().map(|w| w.steal_pct).sum::<f64>(),
+            rest.len()
+        ));
+    }
+    lines
+}
+
+/// Culprits listed under a VM; the rest are one line (JSON has them all).
+pub const WAIT_LINES: usize = 5;
 
 /// One function under its domain.
 pub fn function_line(f: &FunctionView) -> String {
@@ -345,6 +409,9 @@ pub fn write_text(frame: &Frame, view: &View, out: &mut dyn Write) -> std::io::R
         writeln!(out, "{}", domain_line(d))?;
         if let Some(r) = &d.reason {
             writeln!(out, "    ({})", visible(r))?;
+        }
+        for w in wait_lines(d) {
+            writeln!(out, "{w}")?;
         }
         for f in view.functions_of(d) {
             writeln!(out, "{}", function_line(f))?;

@@ -318,6 +318,7 @@ impl FrameSource for LiveTop {
             io_ops_per_s: 0.0,
             lost: host_lost,
             reason: None,
+            waited_behind: Vec::new(),
             functions: functions.remove("host").unwrap_or_default(),
         }];
         for v in &iv.vms {
@@ -343,6 +344,14 @@ impl FrameSource for LiveTop {
                 io_ops_per_s: v.io_ops as f64 / dt,
                 lost: lost_now.saturating_sub(lost_prev),
                 reason: self.reasons.get(&v.name).cloned(),
+                waited_behind: v
+                    .waited_behind
+                    .iter()
+                    .map(|w| crate::WaitView {
+                        culprit: w.label(),
+                        steal_pct: 100.0 * w.seconds / dt / n,
+                    })
+                    .collect(),
                 functions: functions.remove(&v.name).unwrap_or_default(),
             });
         }

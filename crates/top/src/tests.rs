@@ -36,6 +36,7 @@ fn frame() -> Frame {
                 io_ops_per_s: 0.0,
                 lost: 0,
                 reason: None,
+                waited_behind: vec![],
                 functions: vec![
                     fun("host-kernel", "kworker/0:1", "process_one_work", 40, 38.1),
                     fun("host-user", "make", "main", 30, 28.6),
@@ -53,6 +54,32 @@ fn frame() -> Frame {
                 io_ops_per_s: 120.0,
                 lost: 0,
                 reason: Some("passive: its agent did not answer within 3 s".into()),
+                waited_behind: vec![
+                    WaitView {
+                        culprit: "d2 web vCPU 1".into(),
+                        steal_pct: 4.5,
+                    },
+                    WaitView {
+                        culprit: "host make (pid 4242)".into(),
+                        steal_pct: 1.2,
+                    },
+                    WaitView {
+                        culprit: "idle".into(),
+                        steal_pct: 0.3,
+                    },
+                    WaitView {
+                        culprit: "host cc1 (pid 5000)".into(),
+                        steal_pct: 0.2,
+                    },
+                    WaitView {
+                        culprit: "host cc1 (pid 5001)".into(),
+                        steal_pct: 0.1,
+                    },
+                    WaitView {
+                        culprit: "host cc1 (pid 5002)".into(),
+                        steal_pct: 0.05,
+                    },
+                ],
                 functions: vec![fun(
                     "guest",
                     "CPU 0/TCG",
@@ -73,6 +100,10 @@ fn frame() -> Frame {
                 io_ops_per_s: 474.0,
                 lost: 3,
                 reason: None,
+                waited_behind: vec![WaitView {
+                    culprit: "idle".into(),
+                    steal_pct: 0.2,
+                }],
                 functions: vec![
                     fun(
                         "guest-user",
@@ -152,7 +183,7 @@ fn terminal_view_and_keys() {
     let f = frame();
     let mut v = View::default();
     v.expanded.insert("web".into());
-    check("screen-default.txt", &screen(&f, &v, 110, 16));
+    check("screen-default.txt", &screen(&f, &v, 130, 16));
     // s: sort by steal (db first), e on the selected host expands it.
     assert_eq!(v.key('s', &f), Action::Continue);
     assert_eq!(v.sort, SortKey::Steal);
@@ -168,7 +199,7 @@ fn terminal_view_and_keys() {
     v.key('j', &f);
     assert_eq!(v.selected, 2, "the selection stays on the last domain");
     v.key('p', &f);
-    check("screen-filtered.txt", &screen(&f, &v, 110, 16));
+    check("screen-filtered.txt", &screen(&f, &v, 130, 16));
     v.key('f', &f);
     assert_eq!(v.only.as_deref(), Some("db"));
     assert_eq!(v.order(&f).len(), 2);

@@ -156,6 +156,20 @@ impl ProcRoot {
         read_comm(&self.pid_path(pid, "comm"))
     }
 
+    /// The process (thread group) thread `tid` belongs to, from
+    /// `/proc/TID/status` (every thread id is reachable there).
+    pub fn tgid(&self, tid: u32) -> Result<u32> {
+        let path = self.pid_path(tid, "status");
+        let text = read_string(&path)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| LinuxError::Parse {
+                path,
+                msg: "no Tgid line".into(),
+            })
+    }
+
     /// `comm` of one thread of a process.
     pub fn thread_comm(&self, pid: u32, tid: u32) -> Result<String> {
         read_comm(&self.task_path(pid, tid, "comm"))
