@@ -37,6 +37,8 @@ pub struct HistoryPlan {
 /// The recorder and what it did.
 pub struct Keeper {
     recorder: Mutex<Option<Recorder>>,
+    /// The history as the page reads it (opened at the first request).
+    reader: Mutex<Option<vmscope_history::History>>,
     plan: HistoryPlan,
     state: Mutex<RecorderState>,
 }
@@ -57,6 +59,7 @@ impl Keeper {
             Recorder::open(plan.options.clone()).map_err(|e| ServeError::History(e.to_string()))?;
         Ok(Keeper {
             recorder: Mutex::new(Some(recorder)),
+            reader: Mutex::new(None),
             plan,
             state: Mutex::new(RecorderState::default()),
         })
@@ -65,6 +68,27 @@ impl Keeper {
     /// The history's directory.
     pub fn dir(&self) -> &std::path::Path {
         &self.plan.options.dir
+    }
+
+    /// Run `f` on the history as recorded so far (one request at a time).
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&mut vmscope_history::History) -> Result<T, (u16, String)>,
+    ) -> Result<T, (u16, String)> {
+        let mut r = self
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if r.is_none() {
+            *r =
+                Some(vmscope_history::History::open(self.dir()).map_err(|e| (500, e.to_string()))?);
+        }
+        let h = r.as_mut().ok_or((500, String::new()))?;
+        let out = f(h);
+        for line in h.take_skipped() {
+            eprintln!("vmscope serve: {}", vmscope_model::text::visible(&line));
+        }
+        out
     }
 
     /// What the recorder did so far.

@@ -16,6 +16,7 @@
 pub mod export;
 pub mod history;
 mod http;
+mod page;
 pub mod profile;
 
 pub use http::{client_auth, ClientAuth, Security, TlsFiles};
@@ -238,6 +239,20 @@ fn handle(
                 },
             },
         },
+        "/" if history.is_some() => match history.map(|h| h.read(|r| page::page(r, &query))) {
+            Some(Ok(body)) => {
+                http::Response::new(200, "text/html; charset=utf-8", body.into_bytes())
+            }
+            Some(Err((code, e))) => http::Response::text(code, format!("{e}\n")),
+            None => http::Response::text(500, "no history\n"),
+        },
+        "/report" if history.is_some() => {
+            match history.map(|h| h.read(|r| page::report(r, &query))) {
+                Some(Ok(body)) => http::Response::new(200, "text/html; charset=utf-8", body),
+                Some(Err((code, e))) => http::Response::text(code, format!("{e}\n")),
+                None => http::Response::text(500, "no history\n"),
+            }
+        }
         "/" => http::Response::text(
             200,
             if rolling.is_some() {
