@@ -149,12 +149,14 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
         f.at = Some(time::rfc3339(d.t_end, utc));
         frames.push((d.t_end, f));
     }
-    // The interval holding --at: the first that ends at or after it.
+    // The interval holding --at: the first that ends at or after it (an
+    // end up to a tenth of an interval before it counts: a document's time
+    // is its interval's end, taken a few milliseconds after the tick).
     let start = at
         .map(|t| {
             frames
                 .iter()
-                .position(|(e, _)| *e >= t)
+                .position(|(e, f)| *e >= t - 0.1 * f.interval_s)
                 .unwrap_or(frames.len().saturating_sub(1))
         })
         .unwrap_or(0);

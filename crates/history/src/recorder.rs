@@ -25,8 +25,8 @@ pub struct HistoryOptions {
     pub dir: PathBuf,
     /// Length of one segment file.
     pub segment: Duration,
-    /// The most bytes the segments take together (the open one may add
-    /// at most one segment's worth).
+    /// The most bytes the closed segments take together (the open one
+    /// comes on top: at most one segment's worth).
     pub max_size: u64,
     /// Segments whose last write is older than this are removed.
     pub max_age: Duration,
@@ -442,10 +442,20 @@ impl Recorder {
         let Ok(all) = segments(&self.opts.dir) else {
             return;
         };
-        let sizes: Vec<u64> = all.iter().map(|(_, p)| segment_bytes(p)).collect();
+        // The open segment is the one allowed beyond `max_size`.
+        let open = self.open.as_ref().map(|s| s.path.clone());
+        let sizes: Vec<u64> = all
+            .iter()
+            .map(|(_, p)| {
+                if Some(p) == open.as_ref() {
+                    0
+                } else {
+                    segment_bytes(p)
+                }
+            })
+            .collect();
         let mut total: u64 = sizes.iter().sum();
         let now = std::time::SystemTime::now();
-        let open = self.open.as_ref().map(|s| s.path.clone());
         for ((_, path), size) in all.iter().zip(&sizes) {
             if Some(path) == open.as_ref() {
                 continue;
@@ -473,7 +483,7 @@ impl Recorder {
             total = total.saturating_sub(*size);
             self.state.segments_removed += 1;
         }
-        self.state.bytes = total;
+        self.state.bytes = total + open.as_deref().map_or(0, segment_bytes);
     }
 
     /// Close the open segment cleanly (at the end of `serve`).

@@ -234,3 +234,13 @@ pub fn parse_range(text: &str, now: f64, utc: bool) -> Result<(f64, f64), String
         "'{t}' is not a time range; give FROM-TO with each side one of {FORMS}"
     ))
 }
+
+/// How long until the wall clock is next at a whole multiple of `every`
+/// (so that intervals of several measurers, `top` and `serve --history`,
+/// cover the same seconds).
+pub fn until_next_tick(every: std::time::Duration) -> std::time::Duration {
+    let e = every.as_secs_f64().max(1e-3);
+    let now = now();
+    let next = ((now / e).floor() + 1.0) * e;
+    std::time::Duration::from_secs_f64((next - now).max(0.0))
+}

@@ -135,11 +135,11 @@ impl Keeper {
         let started = Instant::now();
         let mut last_seq = 0;
         let mut kept: VecDeque<Kept> = VecDeque::new();
-        let mut n: u32 = 0;
         let mut said_error = false;
         'outer: while !stop.load(Ordering::Relaxed) {
-            n += 1;
-            let due = started + self.plan.interval * n;
+            // Intervals end on whole multiples of the interval on the wall
+            // clock, as `top`'s do: both cover the same seconds.
+            let due = Instant::now() + vmscope_history::time::until_next_tick(self.plan.interval);
             loop {
                 if stop.load(Ordering::Relaxed) {
                     break 'outer;

@@ -188,9 +188,15 @@ impl LiveTop {
 
 impl FrameSource for LiveTop {
     fn next_frame(&mut self) -> Result<Frame, TopError> {
-        let t0 = Instant::now();
-        while t0.elapsed() < self.opts.interval {
-            let left = self.opts.interval.saturating_sub(t0.elapsed());
+        // Frames end on whole multiples of the interval on the wall clock
+        // (as `serve --history` records them), so a replay of a moment
+        // covers the seconds the live frame did.
+        let due = Instant::now() + vmscope_history::time::until_next_tick(self.opts.interval);
+        loop {
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
             self.session
                 .step(left.min(Duration::from_millis(100)))
                 .map_err(err)?;
