@@ -26,8 +26,8 @@ html is one self-contained page (tables, flame graphs, timeline). --callers and 
 recording with call stacks (record -g); --time and --cpu slice the session.\n\n\
 Examples:\n  \
 vmscope report --by domain,context                where the CPU went, per VM and context\n  \
-vmscope report --domain vm0 --by process,symbol   one VM's processes and functions\n  \
-vmscope report --format html -o report.html       one page with flame graphs and charts"
+vmscope report --format html -o report.html       one page with flame graphs and charts\n  \
+vmscope report /var/lib/vmscope/history --time 03:05-03:15   ten minutes of serve --history"
 )]
 pub struct ReportArgs {
     /// Session file, or a history directory (serve --history DIR).

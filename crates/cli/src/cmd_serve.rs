@@ -10,7 +10,8 @@ use std::process::ExitCode;
 #[command(after_help = "Endpoints:\n  \
 /metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  \
 /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  \
-of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\n\
+of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n  \
+/                               with --history: a page with each domain's timeline and the report of a range (?from=&to=)\n\n\
 Examples:\n  \
 vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
 vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
@@ -20,8 +21,11 @@ push each minute's profile to an OpenTelemetry Collector; what waits is kept on 
 vmscope serve --export remote-write=http://prometheus:9090 --export-interval 15\n      \
 push /metrics to Prometheus remote write every 15 s (for a host nobody can scrape)\n  \
 vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key --auth-token-file /etc/vmscope/scrape-token\n      \
-HTTPS, and a bearer token on every request (401 without)\n\n\
-Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md")]
+HTTPS, and a bearer token on every request (401 without)\n  \
+vmscope serve --profile --history /var/lib/vmscope/history\n      \
+a flight recorder: every second of top and its functions, for top --replay and report DIR --time\n\n\
+Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md\n\
+The history (retention, crash safety, replay, the page): docs/history.md")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]

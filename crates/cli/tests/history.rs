@@ -120,8 +120,11 @@ fn flight_recorder_on_a_lab_vm() {
             "--listen",
             &addr,
             "--profile",
+            // Sampled as live top samples (99 Hz, no stacks), so the two
+            // documents of one moment can be compared.
             "--profile-frequency",
-            "250",
+            "99",
+            "--profile-no-stacks",
             "--no-overhead-budget",
             "--history",
             dir.to_str().unwrap(),

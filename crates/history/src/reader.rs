@@ -384,7 +384,7 @@ impl History {
                 format!("{} to {}", time::show(from, false), time::show(to, false)),
             ),
         ] {
-            w.set_meta(&k, &v)?;
+            w.set_meta(k, &v)?;
         }
         w.close(true)?;
         Ok(Extracted {

@@ -275,7 +275,7 @@ impl Recorder {
                     ));
                 }
                 self.appends += 1;
-                if self.appends % 10 == 0 {
+                if self.appends.is_multiple_of(10) {
                     self.retain();
                 }
                 Ok(())

@@ -19,9 +19,9 @@ fn broken_down(t: f64, utc: bool) -> (libc::tm, i64) {
     // SAFETY: both pointers are to live values of the right types.
     unsafe {
         if utc {
-            libc::gmtime_r(&secs, &mut tm);
+            libc::gmtime_r(&raw const secs, &raw mut tm);
         } else {
-            libc::localtime_r(&secs, &mut tm);
+            libc::localtime_r(&raw const secs, &raw mut tm);
         }
     }
     let off = if utc { 0 } else { tm.tm_gmtoff };
@@ -42,9 +42,9 @@ fn to_unix(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: f64, utc: bool) -> Optio
     // SAFETY: `tm` is a live, initialized value.
     let t = unsafe {
         if utc {
-            libc::timegm(&mut tm)
+            libc::timegm(&raw mut tm)
         } else {
-            libc::mktime(&mut tm)
+            libc::mktime(&raw mut tm)
         }
     };
     (t != -1).then(|| t as f64 + s.fract())

@@ -43,6 +43,9 @@ pub struct Keeper {
     state: Mutex<RecorderState>,
 }
 
+/// (second, VM, event) of an active VM's scale parts.
+type ScaleKey = (u32, Arc<str>, u32);
+
 /// One slice as `top_functions` reads it (event 0 per VM).
 struct Kept {
     end_s: f64,
@@ -168,7 +171,7 @@ impl Keeper {
             }
             let mut host = Profile::new();
             let mut agent = Profile::new();
-            let mut scales: HashMap<(u32, Arc<str>, u32), (u64, u64, u64)> = HashMap::new();
+            let mut scales: HashMap<ScaleKey, (u64, u64, u64)> = HashMap::new();
             for s in &slices {
                 add_profile(&mut host, &s.host);
                 add_profile(&mut agent, &s.agent);
@@ -301,7 +304,7 @@ impl Keeper {
 
 /// Host CPUs (for the segments' meta).
 fn acc_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 fn add_profile(into: &mut Profile, p: &Profile) {

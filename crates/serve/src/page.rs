@@ -89,10 +89,9 @@ fn decode(v: &str) -> String {
 pub fn page(h: &mut History, query: &str) -> Result<String, (u16, String)> {
     h.refresh().map_err(|e| (500, e.to_string()))?;
     let Some(span) = h.span() else {
-        return Ok(format!(
-            "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>vmscope</title></head>\
+        return Ok("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>vmscope</title></head>\
              <body><h1>vmscope serve</h1><p>The history holds no intervals yet: come back in a second.</p></body></html>"
-        ));
+            .to_string());
     };
     let (from, to) = range(query, span).map_err(|e| (400, e))?;
     // One bucket per point across the whole history.
