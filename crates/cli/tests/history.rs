@@ -249,8 +249,11 @@ fn flight_recorder_on_a_lab_vm() {
             a["cpu_pct"].as_f64().unwrap(),
             b["cpu_pct"].as_f64().unwrap(),
         );
+        // Two measurers of one second on a host shared with other work
+        // differ by a few points (each reads the VM's CPU time a few
+        // milliseconds apart); their means over the range agree closer.
         assert!(
-            (ca - cb).abs() <= 3.0,
+            (ca - cb).abs() <= 6.0,
             "{VM}'s CPU at {}: live {ca}, replayed {cb}",
             at(i)
         );
@@ -263,6 +266,43 @@ fn flight_recorder_on_a_lab_vm() {
         assert_eq!(top_function(b), "vmscope_demo_alpha");
         assert!(replayed["at"].as_str().is_some());
     }
+
+    // The range replayed: one document per live one, the VM's mean CPU
+    // within 2 points.
+    let out = common::run_ok(Command::new(VMSCOPE).args([
+        "top",
+        "--replay",
+        dir.to_str().unwrap(),
+        "--batch",
+        "--format",
+        "json",
+        "--from",
+        &from,
+        "--to",
+        &to,
+    ]));
+    let replayed: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mean = |fs: &[serde_json::Value]| {
+        fs.iter()
+            .map(|f| vm_of(f)["cpu_pct"].as_f64().unwrap())
+            .sum::<f64>()
+            / fs.len() as f64
+    };
+    let live_range = &frames[4..=17];
+    assert!(
+        (replayed.len() as i64 - live_range.len() as i64).abs() <= 1,
+        "{} documents replayed for {} live ones",
+        replayed.len(),
+        live_range.len()
+    );
+    let (ml, mr) = (mean(live_range), mean(&replayed));
+    assert!(
+        (ml - mr).abs() <= 2.0,
+        "{VM}'s mean CPU from {from} to {to}: live {ml}, replayed {mr}"
+    );
 
     // The report of those seconds: the workload's split.
     let out = common::run_ok(Command::new(VMSCOPE).args([
