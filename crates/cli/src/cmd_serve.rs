@@ -12,20 +12,12 @@ use std::process::ExitCode;
 /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  \
 of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n  \
 /                               with --history: a page with each domain's timeline and the report of a range (?from=&to=)\n\n\
+Fleets (scrape and push configurations, TLS and tokens, labels, the Grafana dashboard): docs/fleet.md\n\
+The history (retention, crash safety, replay, the page): docs/history.md\n\n\
 Examples:\n  \
-vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
-vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
-go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  \
-vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n      \
-push each minute's profile to an OpenTelemetry Collector; what waits is kept on disk\n  \
-vmscope serve --export remote-write=http://prometheus:9090 --export-interval 15\n      \
-push /metrics to Prometheus remote write every 15 s (for a host nobody can scrape)\n  \
-vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key --auth-token-file /etc/vmscope/scrape-token\n      \
-HTTPS, and a bearer token on every request (401 without)\n  \
-vmscope serve --profile --history /var/lib/vmscope/history\n      \
-a flight recorder: every second of top and its functions, for top --replay and report DIR --time\n\n\
-Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md\n\
-The history (retention, crash safety, replay, the page): docs/history.md")]
+vmscope serve --profile --per-cpu       /metrics and a rolling recording at /debug/pprof/profile\n  \
+vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n  \
+vmscope serve --profile --history /var/lib/vmscope/history   a flight recorder for top --replay and report DIR --time")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]
