@@ -259,7 +259,16 @@ fn a_full_file_system_pauses_and_resumes_the_history() {
     let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let log = tmp.path().join("serve.log");
-    let s = serve(&dir, &addr, &["--history-segment", "2s"], &log);
+    // Ended before the tmpfs is unmounted, also when the test fails.
+    struct Serve(Option<Child>);
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            if let Some(c) = self.0.take() {
+                stop(c);
+            }
+        }
+    }
+    let mut s = Serve(Some(serve(&dir, &addr, &["--history-segment", "2s"], &log)));
     let metric = |name: &str| -> Option<f64> {
         let m = common::http_get(&addr, "/metrics")?;
         m.lines()
@@ -300,7 +309,9 @@ fn a_full_file_system_pauses_and_resumes_the_history() {
     let before = metric("vmscope_history_intervals_total").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(metric("vmscope_history_intervals_total").unwrap() > before);
-    stop(s);
+    if let Some(c) = s.0.take() {
+        stop(c);
+    }
     let err = std::fs::read_to_string(&log).unwrap();
     assert_eq!(err.matches("history: paused").count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
