@@ -26,11 +26,11 @@ html is one self-contained page (tables, flame graphs, timeline). --callers and 
 recording with call stacks (record -g); --time and --cpu slice the session.\n\n\
 Examples:\n  \
 vmscope report --by domain,context                where the CPU went, per VM and context\n  \
-vmscope report --domain vm0 --by process,symbol   one VM's processes and functions\n  \
-vmscope report --format html -o report.html       one page with flame graphs and charts"
+vmscope report --format html -o report.html       one page with flame graphs and charts\n  \
+vmscope report /var/lib/vmscope/history --time 03:05-03:15   ten minutes of serve --history"
 )]
 pub struct ReportArgs {
-    /// Session file.
+    /// Session file, or a history directory (serve --history DIR).
     #[arg(default_value = "vmscope.db")]
     pub file: PathBuf,
     /// Group by these fields, comma-separated, in this order.
@@ -93,9 +93,14 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 6)]
     pub depth: usize,
     /// Only these seconds since the session's start: START-END (10s-20s,
-    /// 10-20, 30s-, -5s); whole seconds.
+    /// 10-20, 30s-, -5s); whole seconds. For a history directory (serve
+    /// --history): wall-clock times, 03:05-03:15, -15m--5m, yesterday
+    /// 23:50-00:10 or RFC 3339 (default: all of it).
     #[arg(long, value_name = "START-END")]
     pub time: Option<String>,
+    /// Read and show a history's times in UTC instead of local time.
+    #[arg(long)]
+    pub utc: bool,
     /// Only samples that ran on these host CPUs (0,1 or 0-3). Agents' rows
     /// are scaled to the guest time the host measured on them.
     #[arg(long, value_name = "CPUS")]
@@ -132,6 +137,51 @@ fn spinner(what: &str) -> indicatif::ProgressBar {
     pb.set_message(what.to_string());
     pb.enable_steady_tick(std::time::Duration::from_millis(120));
     pb
+}
+
+/// The range `--time` names in the history directory `args.file`, written
+/// as one session in a temporary directory (kept alive by the caller).
+fn extract_history(args: &ReportArgs) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
+    use vmscope_history::time;
+    let dir = &args.file;
+    let mut h = vmscope_history::History::open(dir)?;
+    for line in h.take_skipped() {
+        eprintln!("vmscope: {}", vmscope_model::text::visible(&line));
+    }
+    let Some((first, last)) = h.span() else {
+        return Err(h
+            .outside(&format!("report {}", dir.display()), args.utc)
+            .into());
+    };
+    let (from, to) = match &args.time {
+        Some(t) => time::parse_range(t, time::now(), args.utc)
+            .map_err(|e| anyhow::anyhow!("--time {t}: {e}"))?,
+        None => (first, last),
+    };
+    if to < first || from > last {
+        return Err(h
+            .outside(
+                &format!("--time {}", args.time.as_deref().unwrap_or_default()),
+                args.utc,
+            )
+            .into());
+    }
+    let tmp = anyhow::Context::context(
+        tempfile::tempdir(),
+        "a temporary directory for the history's range",
+    )?;
+    let path = tmp.path().join("history.db");
+    let x = h.extract(from.max(first), to.min(last), &path)?;
+    eprintln!(
+        "vmscope: the history in {} from {} to {}: {} intervals in {} segments (seconds below count from {})",
+        dir.display(),
+        time::show(from.max(first), args.utc),
+        time::show(to.min(last), args.utc),
+        x.intervals,
+        x.segments,
+        time::show(x.start, args.utc)
+    );
+    Ok((tmp, path))
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
@@ -193,7 +243,21 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         }
         filter.push((Field::Context, c.clone()));
     }
-    let (session, _copy) = crate::args::open_session(&args.file)?;
+    // A history directory (serve --history): --time is a wall-clock range
+    // of it, extracted into one session in a temporary directory.
+    let history = args.file.is_dir();
+    let _history_dir;
+    let (session, _copy) = if history {
+        let (dir, path) = extract_history(&args)?;
+        _history_dir = dir;
+        (
+            vmscope_store::Session::open(&path)?.shown_as(&args.file),
+            None,
+        )
+    } else {
+        crate::args::open_session(&args.file)?
+    };
+    let time = if history { None } else { args.time.as_deref() };
     if let Some(note) = vmscope_store::output::partial_note(&args.file) {
         eprintln!("vmscope: note: {note}");
     }
@@ -224,13 +288,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
     if let Some(d) = &args.domain {
         vmscope_report::check_domain(&session, view, d)?;
     }
-    let slice =
-        vmscope_report::slice::resolve(&session, args.time.as_deref(), args.cpu.as_deref())?;
-    if let Some(note) = args
-        .time
-        .as_deref()
-        .and_then(vmscope_report::slice::time_note)
-    {
+    let slice = vmscope_report::slice::resolve(&session, time, args.cpu.as_deref())?;
+    if let Some(note) = time.and_then(vmscope_report::slice::time_note) {
         eprintln!("vmscope: note: {note}");
     }
     let opts = ReportOptions {

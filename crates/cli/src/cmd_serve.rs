@@ -10,19 +10,14 @@ use std::process::ExitCode;
 #[command(after_help = "Endpoints:\n  \
 /metrics                        OpenMetrics counters (vmscope_vcpu_run_seconds_total{domain,vcpu} and the rest), sampled at each scrape\n  \
 /debug/pprof/profile?seconds=N  with --profile: gzipped pprof of the next N seconds (default 30, at most --profile-window)\n                                  \
-of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n\n\
+of the host and its active VMs, labels vm, context, process, vcpu, cpu; HTTP 400 for a bad N\n  \
+/                               with --history: a page with each domain's timeline and the report of a range (?from=&to=)\n\n\
+Fleets (scrape and push configurations, TLS and tokens, labels, the Grafana dashboard): docs/fleet.md\n\
+The history (retention, crash safety, replay, the page): docs/history.md\n\n\
 Examples:\n  \
-vmscope serve --per-cpu       /metrics on 127.0.0.1:9464, per-CPU series too\n  \
-vmscope serve --wait-culprits 10   what each VM's vCPUs waited behind: its 10 main culprits, the rest as other\n  \
-vmscope serve --profile       and a rolling recording at /debug/pprof/profile\n  \
-go tool pprof -top -tagfocus vm=vm0 'http://127.0.0.1:9464/debug/pprof/profile?seconds=10'\n  \
-vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n      \
-push each minute's profile to an OpenTelemetry Collector; what waits is kept on disk\n  \
-vmscope serve --export remote-write=http://prometheus:9090 --export-interval 15\n      \
-push /metrics to Prometheus remote write every 15 s (for a host nobody can scrape)\n  \
-vmscope serve --listen 0.0.0.0:9464 --tls-cert /etc/vmscope/tls.pem --tls-key /etc/vmscope/tls.key --auth-token-file /etc/vmscope/scrape-token\n      \
-HTTPS, and a bearer token on every request (401 without)\n\n\
-Fleets (scrape and push configurations, labels, the Grafana dashboard): docs/fleet.md")]
+vmscope serve --profile --per-cpu       /metrics and a rolling recording at /debug/pprof/profile\n  \
+vmscope serve --profile --export otlp=http://collector:4318 --export-spool /var/lib/vmscope/spool\n  \
+vmscope serve --profile --history /var/lib/vmscope/history   a flight recorder for top --replay and report DIR --time")]
 pub struct ServeArgs {
     /// Address to listen on (loopback by default: VM names and profiles are tenant data).
     #[arg(long, default_value = "127.0.0.1:9464")]
@@ -136,6 +131,51 @@ pub struct ServeArgs {
     /// FILE.
     #[arg(long, value_name = "FILE")]
     auth_basic_file: Option<PathBuf>,
+    /// Keep a flight recorder in DIR: every interval what top shows (each
+    /// domain's CPU, vCPU states, I/O, lost samples, top functions) and,
+    /// with --profile, the rolling profile's rows with their stacks, in
+    /// segment files read by top --replay, report DIR --time and the page
+    /// at /. Only this recorder's segments are ever removed.
+    #[arg(long, value_name = "DIR")]
+    history: Option<PathBuf>,
+    /// No flight recorder, even where --history is given (the packaged
+    /// unit's is turned off by adding this).
+    #[arg(long, overrides_with = "history")]
+    no_history: bool,
+    /// The most the history's segments take together (the oldest are
+    /// removed first), bytes with an optional K, M or G.
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = byte_size)]
+    history_max_size: u64,
+    /// Segments older than this are removed: 7d, 12h, 30m.
+    #[arg(long, value_name = "AGE", default_value = "7d", value_parser = span)]
+    history_max_age: std::time::Duration,
+    /// One history interval (1s, 2s, 500ms).
+    #[arg(long, value_name = "INTERVAL", default_value = "1s",
+          value_parser = vmscope_stat::parse_interval)]
+    history_interval: std::time::Duration,
+    /// Length of one segment file of the history: 10m, 1h, 30s.
+    #[arg(long, value_name = "LENGTH", default_value = "10m", value_parser = span)]
+    history_segment: std::time::Duration,
+}
+
+/// `7d`, `12h`, `30m`, `45s`: a positive span of time.
+fn span(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let bad = || format!("must be a whole number with s, m, h or d (30s, 10m, 12h, 7d), not '{s}'");
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let k = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(k) {
+        Some(0) => Err(format!("must be longer than zero, not '{s}'")),
+        Some(v) => Ok(std::time::Duration::from_secs(v)),
+        None => Err(format!("'{s}' is too long")),
+    }
 }
 
 /// `256M`, `1G`, `4096`: a size in bytes.
@@ -310,6 +350,21 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         None
     };
     let profiling = profile.is_some();
+    let history = match (&a.history, a.no_history) {
+        (Some(dir), false) => Some(vmscope_serve::history::HistoryPlan {
+            options: vmscope_history::HistoryOptions {
+                dir: dir.clone(),
+                segment: a.history_segment,
+                max_size: a.history_max_size,
+                max_age: a.history_max_age,
+            },
+            interval: a.history_interval,
+            window: 5,
+            functions: 5,
+        }),
+        _ => None,
+    };
+    let history_dir = history.as_ref().map(|h| h.options.dir.clone());
     let server = vmscope_serve::Server::bind(&vmscope_serve::ServeOptions {
         listen: a.listen.clone(),
         per_cpu: a.per_cpu,
@@ -318,6 +373,7 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         profile,
         export: export.clone(),
         security,
+        history,
     })?;
     let scheme = server.scheme();
     eprintln!("vmscope serve: {scheme}://{}/metrics", server.local_addr());
@@ -342,6 +398,13 @@ pub fn run(a: ServeArgs) -> Result<ExitCode> {
         eprintln!(
             "vmscope serve: warning: {}",
             vmscope_model::text::visible(&w)
+        );
+    }
+    if let Some(d) = &history_dir {
+        eprintln!(
+            "vmscope serve: history in {} (the page: {scheme}://{}/)",
+            d.display(),
+            server.local_addr()
         );
     }
     if profiling {

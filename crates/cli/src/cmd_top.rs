@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use vmscope_top::live::{LiveTop, LiveTopOptions};
@@ -17,7 +18,7 @@ pub enum TopFormat {
 
 #[derive(Args)]
 #[command(
-    after_help = "Keys: q (or Esc, Ctrl-C) quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top                       the live view (q quits)\n  vmscope top -b -n 3               three text frames, one a second\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct"
+    after_help = "Keys: q (or Esc, Ctrl-C) quit, s sort (CPU, steal, I/O, name), f VM filter, c context filter, e/Enter expand the selected domain, a expand all, j/k or arrows move, p pause. In a replay also: Left/b and Right/n one interval back and forward, [ ] a minute, { } ten minutes, g/G the first and last interval, p or space play.\n\nTimes (--at, --from, --to): 03:05, yesterday 03:05, -15m or RFC 3339, local unless --utc.\n\nColumns: CPU% of one host CPU (a VM: its vCPUs, its own threads and its charge for shared I/O; the host: everything else), each vCPU state in % of the interval (averaged over the VM's vCPUs), I/O CPU% (the VM's own threads and its share of shared I/O work), I/O operations per second, samples lost.\n\nExamples:\n  vmscope top                       the live view (q quits)\n  vmscope top --batch -n 5 --format json | jq .domains[].cpu_pct\n  vmscope top --replay --at 03:10          what the host did at 03:10, from serve --history (docs/history.md)"
 )]
 pub struct TopArgs {
     /// Refresh interval (1s, 500ms, ...).
@@ -49,6 +50,159 @@ pub struct TopArgs {
     /// active where its agent answers.
     #[arg(long = "vm", value_name = "NAME=ROLE")]
     vm_roles: Vec<String>,
+    /// Replay the history serve --history keeps in DIR (default
+    /// /var/lib/vmscope/history) instead of measuring now: the same screen
+    /// and keys, plus keys to step and jump; --batch prints the recorded
+    /// documents.
+    #[arg(long, value_name = "DIR", num_args = 0..=1,
+          default_missing_value = DEFAULT_HISTORY)]
+    replay: Option<PathBuf>,
+    /// The moment to replay (with --replay): 03:05, yesterday 03:05, -15m
+    /// or RFC 3339. Batch mode prints the interval holding it (-n: and
+    /// the ones after).
+    #[arg(long, value_name = "TIME", requires = "replay", conflicts_with_all = ["from", "to"])]
+    at: Option<String>,
+    /// Start of the range to replay (with --replay; default: the history's start).
+    #[arg(long, value_name = "TIME", requires = "replay")]
+    from: Option<String>,
+    /// End of the range to replay (with --replay; default: its end).
+    #[arg(long, value_name = "TIME", requires = "replay")]
+    to: Option<String>,
+    /// Read and show times in UTC instead of local time.
+    #[arg(long)]
+    utc: bool,
+}
+
+/// Where the packaged service keeps its history.
+pub const DEFAULT_HISTORY: &str = "/var/lib/vmscope/history";
+
+/// How far around --at the interactive replay loads frames.
+const AROUND_AT: f64 = 1800.0;
+
+/// `top --replay`.
+fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
+    use vmscope_history::time;
+    let utc = a.utc;
+    let mut h = vmscope_history::History::open(dir)?;
+    for line in h.take_skipped() {
+        eprintln!("vmscope top: {}", vmscope_model::text::visible(&line));
+    }
+    let Some((first, last)) = h.span() else {
+        return Err(h.outside("--replay", utc).into());
+    };
+    let now = time::now();
+    let parse = |flag: &str, v: &str| {
+        time::parse(v, now, utc).map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
+    };
+    let (from, to, at) = match (&a.at, &a.from, &a.to) {
+        (Some(v), _, _) => {
+            let t = parse("--at", v)?;
+            if t < first - 1.0 || t > last + 1.0 {
+                return Err(h.outside(&format!("--at {v}"), utc).into());
+            }
+            if a.batch {
+                (t, last, Some(t))
+            } else {
+                (t - AROUND_AT, t + AROUND_AT, Some(t))
+            }
+        }
+        (None, f, t) => {
+            let from = f
+                .as_deref()
+                .map(|v| parse("--from", v))
+                .transpose()?
+                .unwrap_or(first);
+            let to = t
+                .as_deref()
+                .map(|v| parse("--to", v))
+                .transpose()?
+                .unwrap_or(last);
+            if to <= from {
+                anyhow::bail!(
+                    "--to {}: not after --from ({})",
+                    time::show(to, utc),
+                    time::show(from, utc)
+                );
+            }
+            if to < first || from > last {
+                let what = format!(
+                    "--from {} --to {}",
+                    time::show(from, utc),
+                    time::show(to, utc)
+                );
+                return Err(h.outside(&what, utc).into());
+            }
+            (from, to, None)
+        }
+    };
+    let docs = h.frames(from, to + 1e-3)?;
+    let mut frames = Vec::with_capacity(docs.len());
+    for d in docs {
+        let mut f: vmscope_top::Frame = serde_json::from_slice(&d.doc).with_context(|| {
+            format!(
+                "{}: a recorded interval at {} does not read as a frame",
+                dir.display(),
+                time::show(d.t_end, utc)
+            )
+        })?;
+        f.time_s = d.t_end - from;
+        f.at = Some(time::rfc3339(d.t_end, utc));
+        frames.push((d.t_end, f));
+    }
+    // The interval holding --at: the first that ends at or after it (an
+    // end up to a tenth of an interval before it counts: a document's time
+    // is its interval's end, taken a few milliseconds after the tick).
+    let start = at
+        .map(|t| {
+            frames
+                .iter()
+                .position(|(e, f)| *e >= t - 0.1 * f.interval_s)
+                .unwrap_or(frames.len().saturating_sub(1))
+        })
+        .unwrap_or(0);
+    if frames.is_empty() {
+        return Err(h.outside("the range asked for", utc).into());
+    }
+    crate::signals::install();
+    if !a.batch {
+        let start = if at.is_none() {
+            frames.len() - 1
+        } else {
+            start
+        };
+        vmscope_top::run_replay(
+            frames.into_iter().map(|(_, f)| f).collect(),
+            start,
+            crate::signals::stopped(),
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let view = View {
+        functions: a.functions,
+        ..View::default()
+    };
+    let count = a.count.unwrap_or(if at.is_some() { 1 } else { u64::MAX });
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for (_, frame) in frames
+        .iter()
+        .skip(start)
+        .take(usize::try_from(count).unwrap_or(usize::MAX))
+    {
+        if crate::signals::received().is_some() {
+            break;
+        }
+        let r = match a.format {
+            TopFormat::Text => vmscope_top::write_text(frame, &view, &mut out),
+            TopFormat::Json => vmscope_top::write_json(frame, &mut out),
+        };
+        match r.and_then(|()| out.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(a: TopArgs) -> Result<ExitCode> {
@@ -65,6 +219,9 @@ pub fn run(a: TopArgs) -> Result<ExitCode> {
     }
     if !a.batch && !std::io::stdout().is_terminal() {
         anyhow::bail!("the live view needs a terminal; use --batch for a pipe or a file");
+    }
+    if let Some(dir) = &a.replay {
+        return replay(&a, dir);
     }
     // SIGTERM and SIGHUP end the live view as q does (the terminal is
     // given back), and batch mode after the frame in hand.

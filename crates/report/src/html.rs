@@ -129,6 +129,9 @@ fn interval_series(kind: &str) -> (&'static str, Keep) {
                 .then(|| r.domain.as_ref().map(|d| format!("{d} {}", r.metric)))
                 .flatten()
         }),
+        "history" => ("History: each domain's CPU, steal and I/O", |r| {
+            r.domain.as_ref().map(|d| format!("{d} {}", r.metric))
+        }),
         "profiler" => ("Profilers: each one's", |r| {
             Some(format!(
                 "{} {}",

@@ -92,6 +92,7 @@ pub fn write_text(summaries: &[IntervalSummary], out: &mut dyn Write) -> std::io
         match s.kind.as_str() {
             "stat" => stat_table(s, out)?,
             "account" => account_table(s, out)?,
+            "history" => history_table(s, out)?,
             _ => {
                 for r in &s.rates {
                     writeln!(
@@ -103,6 +104,37 @@ pub fn write_text(summaries: &[IntervalSummary], out: &mut dyn Write) -> std::io
             }
         }
         writeln!(out, "#")?;
+    }
+    Ok(())
+}
+
+/// A history's range (`report DIR --time`): per domain its CPU, steal
+/// and I/O CPU in % of one host CPU, and I/O operations per second.
+fn history_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut domains: Vec<String> = s.rates.iter().filter_map(|r| r.domain.clone()).collect();
+    domains.sort();
+    domains.dedup();
+    writeln!(
+        out,
+        "{:<16} {:>7} {:>7} {:>8} {:>9}",
+        "DOMAIN", "CPU%", "STEAL%", "I/O CPU%", "I/O OPS/s"
+    )?;
+    for d in domains {
+        let rate = |metric: &str| {
+            s.rates
+                .iter()
+                .find(|r| r.domain.as_deref() == Some(&*d) && r.metric == metric)
+                .map_or(0.0, |r| r.per_second)
+        };
+        writeln!(
+            out,
+            "{:<16} {:>7.1} {:>7.1} {:>8.1} {:>9.0}",
+            vmscope_model::text::visible_cut(&d, vmscope_model::text::NAME_WIDTH),
+            100.0 * rate("cpu"),
+            100.0 * rate("steal"),
+            100.0 * rate("io_cpu"),
+            rate("io_ops")
+        )?;
     }
     Ok(())
 }

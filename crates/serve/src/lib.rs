@@ -14,7 +14,9 @@
 //! scrape time and nothing runs between scrapes), one scrape at a time.
 
 pub mod export;
+pub mod history;
 mod http;
+mod page;
 pub mod profile;
 
 pub use http::{client_auth, ClientAuth, Security, TlsFiles};
@@ -43,6 +45,9 @@ pub enum ServeError {
     /// A TLS or credential file cannot be used (the message names it).
     #[error("{0}")]
     Security(String),
+    /// `--history DIR` cannot be recorded (the message names it and why).
+    #[error("{0}")]
+    History(String),
 }
 
 /// What `serve` exports and where.
@@ -65,6 +70,8 @@ pub struct ServeOptions {
     pub export: Option<export::ExportPlan>,
     /// TLS and client authentication of the endpoints.
     pub security: Security,
+    /// `--history`: the flight recorder.
+    pub history: Option<history::HistoryPlan>,
 }
 
 /// What a scrape samples.
@@ -80,6 +87,8 @@ pub struct Server {
     sampler: Arc<Mutex<Sampler>>,
     rolling: Option<Arc<profile::Rolling>>,
     exports: Option<Arc<export::Exports>>,
+    history: Option<Arc<history::Keeper>>,
+    shared_io: Vec<u32>,
 }
 
 impl Server {
@@ -105,6 +114,12 @@ impl Server {
         } else {
             None
         };
+        // The history's directory is checked and locked before the
+        // rolling recording starts (a second serve is refused at once).
+        let history = match &opts.history {
+            Some(p) => Some(Arc::new(history::Keeper::open(p.clone())?)),
+            None => None,
+        };
         let rolling = match &opts.profile {
             Some(p) => Some(profile::Rolling::start(p.clone())?),
             None => None,
@@ -125,6 +140,8 @@ impl Server {
             })),
             rolling,
             exports,
+            history,
+            shared_io: opts.shared_io.clone(),
         })
     }
 
@@ -151,7 +168,16 @@ impl Server {
         let sampler = Arc::clone(&self.sampler);
         let rolling = self.rolling.clone();
         let exports = self.exports.clone();
+        let history = self.history.clone();
         std::thread::scope(|scope| {
+            if let Some(h) = &self.history {
+                let (rolling, shared_io) = (self.rolling.as_deref(), &self.shared_io);
+                std::thread::Builder::new()
+                    .name("serve-history".into())
+                    .spawn_scoped(scope, move || h.run(stop, rolling, shared_io))
+                    .map_err(|e| eprintln!("vmscope serve: cannot start the history thread: {e}"))
+                    .ok();
+            }
             if let Some(e) = &self.exports {
                 let (sampler, rolling) = (&self.sampler, self.rolling.as_deref());
                 std::thread::Builder::new()
@@ -161,7 +187,13 @@ impl Server {
                     .ok();
             }
             self.http.run(stop, move |req: &http::Request| {
-                handle(req, &sampler, rolling.as_deref(), exports.as_deref())
+                handle(
+                    req,
+                    &sampler,
+                    rolling.as_deref(),
+                    exports.as_deref(),
+                    history.as_deref(),
+                )
             });
         });
         if let Some(r) = &self.rolling {
@@ -175,6 +207,7 @@ fn handle(
     sampler: &Mutex<Sampler>,
     rolling: Option<&profile::Rolling>,
     exports: Option<&export::Exports>,
+    history: Option<&history::Keeper>,
 ) -> http::Response {
     let (path, query) = match req.target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
@@ -188,7 +221,11 @@ fn handle(
             Ok(body) => http::Response::new(
                 200,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                body.into_bytes(),
+                match history {
+                    Some(h) => history::insert_metrics(&body, h.dir(), &h.state()),
+                    None => body,
+                }
+                .into_bytes(),
             ),
             Err(e) => http::Response::text(500, format!("sampling the host failed: {e}\n")),
         },
@@ -209,6 +246,20 @@ fn handle(
                 },
             },
         },
+        "/" if history.is_some() => match history.map(|h| h.read(|r| page::page(r, &query))) {
+            Some(Ok(body)) => {
+                http::Response::new(200, "text/html; charset=utf-8", body.into_bytes())
+            }
+            Some(Err((code, e))) => http::Response::text(code, format!("{e}\n")),
+            None => http::Response::text(500, "no history\n"),
+        },
+        "/report" if history.is_some() => {
+            match history.map(|h| h.read(|r| page::report(r, &query))) {
+                Some(Ok(body)) => http::Response::new(200, "text/html; charset=utf-8", body),
+                Some(Err((code, e))) => http::Response::text(code, format!("{e}\n")),
+                None => http::Response::text(500, "no history\n"),
+            }
+        }
         "/" => http::Response::text(
             200,
             if rolling.is_some() {

@@ -119,6 +119,22 @@ pub struct Rolling {
     /// Slices are kept at least this many seconds (the export interval),
     /// even past the window.
     keep_at_least: AtomicU64,
+    /// When the recording's second 0 was (its rows' `second` count from it).
+    t0: Instant,
+}
+
+/// A copy of one slice, for the history ([`Rolling::slices_after`]).
+pub struct SliceCopy {
+    pub seq: u64,
+    /// Start and end, seconds since the recording's second 0.
+    pub start_s: f64,
+    pub end_s: f64,
+    pub host: Profile,
+    pub agent: Profile,
+    /// (VM, event) → guest period the host measured in the slice.
+    pub host_guest: HashMap<(Arc<str>, u32), u64>,
+    /// (VM, event) → (busy period, samples) the agent measured.
+    pub agent_busy: HashMap<(Arc<str>, u32), (u64, u64)>,
 }
 
 /// The `agent_<vm>` reason of each VM an `Armed` event says is not active
@@ -181,6 +197,9 @@ impl Rolling {
         )
         .map_err(err)?;
         note_armed(&mut meta, session.take_events());
+        let t0 = Instant::now()
+            .checked_sub(session.elapsed())
+            .unwrap_or_else(Instant::now);
         // What would otherwise go unsaid: kernel addresses hidden from this
         // process (a service without CAP_SYSLOG), VMs only the host samples
         // (a broker that cannot be started under a read-only /run).
@@ -205,6 +224,7 @@ impl Rolling {
             events,
             stop: AtomicBool::new(false),
             keep_at_least: AtomicU64::new(0),
+            t0,
         });
         let r = Arc::clone(&rolling);
         std::thread::Builder::new()
@@ -418,6 +438,53 @@ impl Rolling {
         vmscope_report::pprof::write(&p, &mut out)
             .map_err(|e| format!("writing the profile: {e}"))?;
         Ok(out)
+    }
+
+    /// Wall-clock time of the recording's second 0, seconds since the epoch.
+    pub fn origin(&self) -> f64 {
+        unix_time_of(self.t0)
+    }
+
+    /// The recording's events (indexes of its rows' `event`).
+    pub fn events(&self) -> Vec<SessionEvent> {
+        self.events.iter().map(SessionEvent::from).collect()
+    }
+
+    /// Whether the rows carry call stacks.
+    pub fn callchain(&self) -> bool {
+        self.opts.callchain
+    }
+
+    /// Copies of the slices after `after` (by `seq`), oldest first.
+    pub fn slices_after(&self, after: u64) -> Vec<SliceCopy> {
+        let w = self.lock();
+        w.slices
+            .iter()
+            .filter(|s| s.seq > after)
+            .map(|s| SliceCopy {
+                seq: s.seq,
+                start_s: s.start.saturating_duration_since(self.t0).as_secs_f64(),
+                end_s: s.end.saturating_duration_since(self.t0).as_secs_f64(),
+                host: s.host.clone(),
+                agent: s.agent.clone(),
+                host_guest: s.host_guest.clone(),
+                agent_busy: s.agent_busy.clone(),
+            })
+            .collect()
+    }
+
+    /// Every VM with its role and details, the `agent_<vm>` reasons of
+    /// those not active, and the build-ids so far.
+    #[allow(clippy::type_complexity)]
+    pub fn domains(
+        &self,
+    ) -> (
+        Vec<(Domain, String)>,
+        Vec<(String, String)>,
+        Vec<(String, String)>,
+    ) {
+        let w = self.lock();
+        (w.domains.clone(), w.meta.clone(), w.build_ids.clone())
     }
 
     /// Keep slices at least `d` (the export interval), even past the

@@ -6,7 +6,8 @@
 //! [`Session`] reader that reports use (`reader`, which validates a session
 //! once when it opens it, `validate`; what its queries read, [`View`],
 //! [`Slice`] and [`Field`], is `view`), symbols left for the first read
-//! (`deferred`), interval rows (`intervals`), and [`output`]: how every
+//! (`deferred`), interval rows (`intervals`), the tables of a history
+//! segment (`history`: each interval's `top` document and timeline), and [`output`]: how every
 //! command writes a file (checked paths, one writer per session, atomic
 //! replacement; docs/architecture.md §7.1). `sql` runs statements with
 //! errors that name the file. This file keeps the error type and the rows
@@ -15,6 +16,7 @@
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
 mod deferred;
+mod history;
 mod intervals;
 pub mod output;
 mod reader;
@@ -25,6 +27,7 @@ mod view;
 mod writer;
 
 pub use deferred::{snapshot, PendingSymbols, SYMBOLS_DEFERRED};
+pub use history::{ScaleSecond, TimelineRow};
 pub use intervals::IntervalRow;
 pub use reader::{GroupRow, Session, Slicing};
 pub use schema::SCHEMA_VERSION;

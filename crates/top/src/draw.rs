@@ -35,22 +35,28 @@ pub fn draw(f: &mut ratatui::Frame<'_>, frame: &Frame, view: &View) {
         Constraint::Length(1),
     ])
     .areas(area);
+    let when = match (&view.replay, &frame.at) {
+        (Some(_), Some(at)) => format!("REPLAY {}", at.replacen('T', " ", 1)),
+        _ => format!("{:.0} s", frame.time_s),
+    };
     let mut title = format!(
-        "vmscope top - {} - {} CPUs, busy {:.1} % - {:.0} s, every {:.1} s - sort {}",
+        "vmscope top - {} - {} CPUs, busy {:.1} % - {when}, every {:.1} s - sort {}",
         frame.hostname,
         frame.cpus,
         frame.host_busy_pct,
-        frame.time_s,
         frame.interval_s,
         view.sort.label()
     );
+    if let Some(pos) = &view.replay {
+        title.push_str(&format!(" - {pos}"));
+    }
     if let Some(o) = &view.only {
         title.push_str(&format!(" - VM {o}"));
     }
     if let Some(c) = &view.context {
         title.push_str(&format!(" - {c}"));
     }
-    if view.paused {
+    if view.paused && view.replay.is_none() {
         title.push_str(" - PAUSED");
     }
     f.render_widget(
@@ -96,9 +102,11 @@ pub fn draw(f: &mut ratatui::Frame<'_>, frame: &Frame, view: &View) {
         body,
     );
     f.render_widget(
-        Paragraph::new(
-            "q quit  s sort  f VM filter  c context filter  e/Enter expand  a all  j/k move  p pause",
-        ),
+        Paragraph::new(if view.replay.is_some() {
+            "q quit  left/b back  right/n forward  [ ] 1 min  { } 10 min  g/G first/last  p play  s sort  f VM  c context  e expand"
+        } else {
+            "q quit  s sort  f VM filter  c context filter  e/Enter expand  a all  j/k move  p pause"
+        }),
         help,
     );
 }

@@ -15,7 +15,7 @@ pub mod live;
 
 pub use draw::{draw, MIN_HEIGHT, MIN_WIDTH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::io::Write;
 use vmscope_model::text::{visible, visible_cut, NAME_WIDTH};
@@ -32,10 +32,14 @@ pub enum TopError {
 }
 
 /// One interval of the whole host.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Frame {
-    /// Seconds since `top` started.
+    /// Seconds since `top` started (in a replay: since the replayed
+    /// range's start).
     pub time_s: f64,
+    /// Wall-clock end of the interval, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
     pub interval_s: f64,
     pub hostname: String,
     pub cpus: u32,
@@ -48,7 +52,7 @@ pub struct Frame {
 }
 
 /// One domain in one interval.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DomainView {
     /// `host` or the VM's name.
     pub name: String,
@@ -73,14 +77,16 @@ pub struct DomainView {
     /// Why a VM is not profiled actively, when it is not.
     pub reason: Option<String>,
     /// What its vCPUs waited behind, biggest first: each culprit's part of
-    /// `steal_pct` (empty without wait attribution).
+    /// `steal_pct` (empty without wait attribution, and in histories
+    /// recorded before it existed).
+    #[serde(default)]
     pub waited_behind: Vec<WaitView>,
     /// Top functions of the rolling profile, biggest first.
     pub functions: Vec<FunctionView>,
 }
 
 /// One culprit of a VM's steal.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WaitView {
     /// `d2 web vCPU 0`, `host backup (pid 812)`, `idle`, ...
     pub culprit: String,
@@ -90,7 +96,7 @@ pub struct WaitView {
 }
 
 /// One function of a domain's rolling profile.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FunctionView {
     pub context: String,
     pub process: String,
@@ -173,6 +179,8 @@ pub struct View {
     pub paused: bool,
     /// Functions shown per expanded domain.
     pub functions: usize,
+    /// In a replay: where in the range the shown frame is (`12/600`).
+    pub replay: Option<String>,
 }
 
 impl Default for View {
@@ -185,6 +193,7 @@ impl Default for View {
             selected: 0,
             paused: false,
             functions: 5,
+            replay: None,
         }
     }
 }
@@ -495,6 +504,99 @@ pub fn run_interactive(
                         return Err(TopError::Source("the measurements stopped".into()))
                     }
                 }
+            }
+        }
+    })();
+    ratatui::restore();
+    result
+}
+
+/// Replay recorded frames (`top --replay`): the live view's screen and
+/// keys on `frames` (in time order), starting at `start`, paused.
+/// Left/`b` and Right/`n` step one interval back and forward, `[` `]`
+/// one minute, `{` `}` ten minutes, `g`/`G` jump to the first/last frame,
+/// `p` or space plays (one frame per recorded interval) or pauses.
+pub fn run_replay(
+    frames: Vec<Frame>,
+    start: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), TopError> {
+    use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use std::time::{Duration, Instant};
+    if frames.is_empty() {
+        return Err(TopError::Source("no frames to replay".into()));
+    }
+    let last = frames.len() - 1;
+    let mut i = start.min(last);
+    let mut view = View {
+        paused: true,
+        ..View::default()
+    };
+    view.expanded.extend(
+        frames
+            .iter()
+            .flat_map(|f| f.domains.iter().map(|d| d.name.clone())),
+    );
+    // Frames in a minute, from the recorded interval.
+    let per_min = |f: &Frame| (60.0 / f.interval_s.max(0.05)).round().max(1.0) as usize;
+    let mut next_play = Instant::now();
+    let mut terminal = ratatui::init();
+    let result = (|| -> Result<(), TopError> {
+        loop {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
+            view.replay = Some(format!(
+                "{}/{}{}",
+                i + 1,
+                frames.len(),
+                if view.paused { " paused" } else { " playing" }
+            ));
+            terminal.draw(|f| draw(f, &frames[i], &view))?;
+            if event::poll(Duration::from_millis(100))? {
+                if let Event::Key(k) = event::read()? {
+                    if k.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    let m = per_min(&frames[i]);
+                    let moved = match k.code {
+                        KeyCode::Left | KeyCode::Char('b') => Some(i.saturating_sub(1)),
+                        KeyCode::Right | KeyCode::Char('n') => Some((i + 1).min(last)),
+                        KeyCode::Char('[') | KeyCode::PageUp => Some(i.saturating_sub(m)),
+                        KeyCode::Char(']') | KeyCode::PageDown => Some((i + m).min(last)),
+                        KeyCode::Char('{') => Some(i.saturating_sub(10 * m)),
+                        KeyCode::Char('}') => Some((i + 10 * m).min(last)),
+                        KeyCode::Char('g') | KeyCode::Home => Some(0),
+                        KeyCode::Char('G') | KeyCode::End => Some(last),
+                        _ => None,
+                    };
+                    if let Some(to) = moved {
+                        i = to;
+                        continue;
+                    }
+                    let c = match k.code {
+                        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => 'q',
+                        KeyCode::Char(c) => c,
+                        KeyCode::Enter => '\n',
+                        KeyCode::Down => 'j',
+                        KeyCode::Up => 'k',
+                        KeyCode::Esc => 'q',
+                        _ => continue,
+                    };
+                    if view.key(c, &frames[i]) == Action::Quit {
+                        return Ok(());
+                    }
+                    next_play = Instant::now();
+                }
+            }
+            if !view.paused && Instant::now() >= next_play {
+                if i < last {
+                    i += 1;
+                } else {
+                    view.paused = true;
+                }
+                next_play =
+                    Instant::now() + Duration::from_secs_f64(frames[i].interval_s.max(0.05));
             }
         }
     })();

@@ -13,7 +13,7 @@ use vmscope_engine::live::{LiveEvent, LiveOptions, LiveSession};
 use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_linux::{Recorder, RingOptions, Target};
 use vmscope_model::{Context, EventSpec, Profile, Role};
-use vmscope_stat::account::{AccountOptions, Accountant};
+use vmscope_stat::account::{AccountInterval, AccountOptions, Accountant};
 
 /// (context, process, symbol) → (samples, period) of one domain.
 type FunctionTotals = HashMap<(Context, String, String), (u64, f64)>;
@@ -172,92 +172,31 @@ impl LiveTop {
 
     /// Top functions of every domain over the window.
     fn functions(&self) -> HashMap<String, Vec<FunctionView>> {
-        // (domain) → (context, process, symbol) → (samples, period)
-        let mut per: HashMap<String, FunctionTotals> = HashMap::new();
-        let mut host_guest: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut agent_busy: HashMap<Arc<str>, u64> = HashMap::new();
-        for s in &self.window {
-            for (k, v) in &s.host_guest {
-                *host_guest.entry(k.clone()).or_default() += v;
-            }
-            for (k, v) in &s.agent_busy {
-                *agent_busy.entry(k.clone()).or_default() += v;
-            }
-        }
-        let active = |d: &str| self.roles.get(d) == Some(&Role::Active);
-        for s in &self.window {
-            for (k, c) in &s.host.rows {
-                if k.event != 0 {
-                    continue;
-                }
-                // An active VM's guest time comes from its agent.
-                if active(&k.domain)
-                    && matches!(
-                        k.context,
-                        Context::GuestTranslated | Context::GuestUser | Context::GuestKernel
-                    )
-                {
-                    continue;
-                }
-                let e = per
-                    .entry(k.domain.to_string())
-                    .or_default()
-                    .entry((k.context, k.process.to_string(), k.symbol.to_string()))
-                    .or_default();
-                e.0 += c.samples;
-                e.1 += c.period as f64;
-            }
-            for (k, c) in &s.agent.rows {
-                if k.event != 0 || &*k.process == "swapper" {
-                    continue;
-                }
-                let busy = agent_busy.get(&k.domain).copied().unwrap_or(0);
-                let factor = if busy > 0 {
-                    host_guest.get(&k.domain).copied().unwrap_or(0) as f64 / busy as f64
-                } else {
-                    0.0
-                };
-                let e = per
-                    .entry(k.domain.to_string())
-                    .or_default()
-                    .entry((k.context, k.process.to_string(), k.symbol.to_string()))
-                    .or_default();
-                e.0 += c.samples;
-                e.1 += c.period as f64 * factor;
-            }
-        }
-        per.into_iter()
-            .map(|(d, m)| {
-                let total: f64 = m.values().map(|v| v.1).sum();
-                let mut v: Vec<FunctionView> = m
-                    .into_iter()
-                    .filter(|(_, (_, p))| *p > 0.0)
-                    .map(|((ctx, process, symbol), (samples, p))| FunctionView {
-                        context: ctx.as_str().to_string(),
-                        process,
-                        symbol,
-                        samples,
-                        pct: if total > 0.0 { 100.0 * p / total } else { 0.0 },
-                    })
-                    .collect();
-                v.sort_by(|a, b| {
-                    b.pct
-                        .partial_cmp(&a.pct)
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                        .then_with(|| a.symbol.cmp(&b.symbol))
-                });
-                v.truncate(self.opts.functions);
-                (d, v)
+        let slices: Vec<SliceRef<'_>> = self
+            .window
+            .iter()
+            .map(|s| SliceRef {
+                host: &s.host,
+                agent: &s.agent,
+                host_guest: &s.host_guest,
+                agent_busy: &s.agent_busy,
             })
-            .collect()
+            .collect();
+        top_functions(&slices, &self.roles, self.opts.functions)
     }
 }
 
 impl FrameSource for LiveTop {
     fn next_frame(&mut self) -> Result<Frame, TopError> {
-        let t0 = Instant::now();
-        while t0.elapsed() < self.opts.interval {
-            let left = self.opts.interval.saturating_sub(t0.elapsed());
+        // Frames end on whole multiples of the interval on the wall clock
+        // (as `serve --history` records them), so a replay of a moment
+        // covers the seconds the live frame did.
+        let due = Instant::now() + vmscope_history::time::until_next_tick(self.opts.interval);
+        loop {
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
             self.session
                 .step(left.min(Duration::from_millis(100)))
                 .map_err(err)?;
@@ -296,78 +235,220 @@ impl FrameSource for LiveTop {
                 "the accountant has no interval yet".into(),
             ));
         };
-        let dt = iv.interval_s.max(1e-9);
-        let mut functions = self.functions();
+        let functions = self.functions();
         let lost = self.session.stats().lost;
         let host_lost = lost.saturating_sub(self.prev_lost);
         self.prev_lost = lost;
         let agent_lost = self.session.agent_totals().lost.clone();
-        let mut domains = vec![DomainView {
-            name: "host".into(),
-            role: "host".into(),
-            // What the host's CPUs did that no VM is charged for (from the
-            // idle side, so short-lived tasks count too).
-            cpu_pct: 100.0
-                * (iv.measured_host_s - iv.vms.iter().map(|v| v.total_s).sum::<f64>()).max(0.0)
-                / dt,
-            vcpus: 0,
-            run_pct: 0.0,
-            steal_pct: 0.0,
-            halted_pct: 0.0,
-            io_cpu_pct: 0.0,
-            io_ops_per_s: 0.0,
-            lost: host_lost,
-            reason: None,
-            waited_behind: Vec::new(),
-            functions: functions.remove("host").unwrap_or_default(),
-        }];
+        let mut vm_lost = HashMap::new();
         for v in &iv.vms {
-            let n = v.vcpus.len().max(1) as f64;
             let lost_now = agent_lost.get(v.name.as_str()).copied().unwrap_or(0);
             let lost_prev = self
                 .prev_agent_lost
                 .insert(Arc::from(v.name.as_str()), lost_now)
                 .unwrap_or(0);
-            domains.push(DomainView {
-                name: v.name.clone(),
-                role: self
-                    .roles
-                    .get(&v.name)
-                    .map_or("passive", |r| r.as_str())
-                    .to_string(),
-                cpu_pct: 100.0 * v.total_s / dt,
-                vcpus: v.vcpus.len() as u32,
-                run_pct: 100.0 * v.vcpu_run_s / dt / n,
-                steal_pct: 100.0 * v.vcpu_runnable_s / dt / n,
-                halted_pct: 100.0 * v.vcpu_blocked_s / dt / n,
-                io_cpu_pct: 100.0 * (v.direct_io_s + v.shared_io_s) / dt,
-                io_ops_per_s: v.io_ops as f64 / dt,
-                lost: lost_now.saturating_sub(lost_prev),
-                reason: self.reasons.get(&v.name).cloned(),
-                waited_behind: v
-                    .waited_behind
-                    .iter()
-                    .map(|w| crate::WaitView {
-                        culprit: w.label(),
-                        steal_pct: 100.0 * w.seconds / dt / n,
-                    })
-                    .collect(),
-                functions: functions.remove(&v.name).unwrap_or_default(),
-            });
+            vm_lost.insert(v.name.clone(), lost_now.saturating_sub(lost_prev));
         }
-        Ok(Frame {
-            time_s: self.start.elapsed().as_secs_f64(),
-            interval_s: iv.interval_s,
-            hostname: self.hostname.clone(),
-            cpus: iv.cpu_busy_s.len() as u32,
-            host_busy_pct: if iv.capacity_s > 0.0 {
-                100.0 * iv.measured_host_s / iv.capacity_s
+        let mut frame = frame_of(
+            &iv,
+            FrameParts {
+                functions,
+                roles: &self.roles,
+                reasons: &self.reasons,
+                host_lost,
+                vm_lost: &vm_lost,
+                hostname: &self.hostname,
+                notes,
+            },
+        );
+        frame.time_s = self.start.elapsed().as_secs_f64();
+        frame.at = Some(vmscope_history::time::rfc3339(
+            vmscope_history::time::now(),
+            false,
+        ));
+        Ok(frame)
+    }
+}
+
+/// One interval's profile, borrowed: what [`top_functions`] reads.
+pub struct SliceRef<'a> {
+    pub host: &'a Profile,
+    pub agent: &'a Profile,
+    /// VM → host-measured guest period (event 0) in the slice.
+    pub host_guest: &'a HashMap<Arc<str>, u64>,
+    /// VM → agent busy period (event 0) in the slice.
+    pub agent_busy: &'a HashMap<Arc<str>, u64>,
+}
+
+/// Top `n` functions of every domain over `slices` (event 0): the host's
+/// rows, and each active VM's guest rows from its agent scaled to the
+/// guest time the host measured, as a recording's merged view does.
+pub fn top_functions(
+    slices: &[SliceRef<'_>],
+    roles: &HashMap<String, Role>,
+    n: usize,
+) -> HashMap<String, Vec<FunctionView>> {
+    // (domain) → (context, process, symbol) → (samples, period)
+    let mut per: HashMap<String, FunctionTotals> = HashMap::new();
+    let mut host_guest: HashMap<Arc<str>, u64> = HashMap::new();
+    let mut agent_busy: HashMap<Arc<str>, u64> = HashMap::new();
+    for s in slices {
+        for (k, v) in s.host_guest {
+            *host_guest.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in s.agent_busy {
+            *agent_busy.entry(k.clone()).or_default() += v;
+        }
+    }
+    let active = |d: &str| roles.get(d) == Some(&Role::Active);
+    for s in slices {
+        for (k, c) in &s.host.rows {
+            if k.event != 0 {
+                continue;
+            }
+            // An active VM's guest time comes from its agent.
+            if active(&k.domain)
+                && matches!(
+                    k.context,
+                    Context::GuestTranslated | Context::GuestUser | Context::GuestKernel
+                )
+            {
+                continue;
+            }
+            let e = per
+                .entry(k.domain.to_string())
+                .or_default()
+                .entry((k.context, k.process.to_string(), k.symbol.to_string()))
+                .or_default();
+            e.0 += c.samples;
+            e.1 += c.period as f64;
+        }
+        for (k, c) in &s.agent.rows {
+            if k.event != 0 || &*k.process == "swapper" {
+                continue;
+            }
+            let busy = agent_busy.get(&k.domain).copied().unwrap_or(0);
+            let factor = if busy > 0 {
+                host_guest.get(&k.domain).copied().unwrap_or(0) as f64 / busy as f64
             } else {
                 0.0
-            },
-            domains,
-            notes,
+            };
+            let e = per
+                .entry(k.domain.to_string())
+                .or_default()
+                .entry((k.context, k.process.to_string(), k.symbol.to_string()))
+                .or_default();
+            e.0 += c.samples;
+            e.1 += c.period as f64 * factor;
+        }
+    }
+    per.into_iter()
+        .map(|(d, m)| {
+            let total: f64 = m.values().map(|v| v.1).sum();
+            let mut v: Vec<FunctionView> = m
+                .into_iter()
+                .filter(|(_, (_, p))| *p > 0.0)
+                .map(|((ctx, process, symbol), (samples, p))| FunctionView {
+                    context: ctx.as_str().to_string(),
+                    process,
+                    symbol,
+                    samples,
+                    pct: if total > 0.0 { 100.0 * p / total } else { 0.0 },
+                })
+                .collect();
+            v.sort_by(|a, b| {
+                b.pct
+                    .partial_cmp(&a.pct)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then_with(|| a.symbol.cmp(&b.symbol))
+            });
+            v.truncate(n);
+            (d, v)
         })
+        .collect()
+}
+
+/// What a frame holds beside the accountant's interval.
+pub struct FrameParts<'a> {
+    /// Top functions per domain ([`top_functions`]).
+    pub functions: HashMap<String, Vec<FunctionView>>,
+    pub roles: &'a HashMap<String, Role>,
+    /// Why each VM is not active, when it is not.
+    pub reasons: &'a HashMap<String, String>,
+    /// Samples the host lost in the interval.
+    pub host_lost: u64,
+    /// Samples each VM's agent lost in the interval.
+    pub vm_lost: &'a HashMap<String, u64>,
+    pub hostname: &'a str,
+    pub notes: Vec<String>,
+}
+
+/// The frame of one accountant interval: the host (what no VM is charged
+/// for) and each VM's CPU, vCPU states and I/O, with their functions.
+/// `time_s` and `at` are the caller's.
+pub fn frame_of(iv: &AccountInterval, mut p: FrameParts<'_>) -> Frame {
+    let dt = iv.interval_s.max(1e-9);
+    let mut domains = vec![DomainView {
+        name: "host".into(),
+        role: "host".into(),
+        // What the host's CPUs did that no VM is charged for (from the
+        // idle side, so short-lived tasks count too).
+        cpu_pct: 100.0
+            * (iv.measured_host_s - iv.vms.iter().map(|v| v.total_s).sum::<f64>()).max(0.0)
+            / dt,
+        vcpus: 0,
+        run_pct: 0.0,
+        steal_pct: 0.0,
+        halted_pct: 0.0,
+        io_cpu_pct: 0.0,
+        io_ops_per_s: 0.0,
+        lost: p.host_lost,
+        reason: None,
+        waited_behind: Vec::new(),
+        functions: p.functions.remove("host").unwrap_or_default(),
+    }];
+    for v in &iv.vms {
+        let n = v.vcpus.len().max(1) as f64;
+        domains.push(DomainView {
+            name: v.name.clone(),
+            role: p
+                .roles
+                .get(&v.name)
+                .map_or("passive", |r| r.as_str())
+                .to_string(),
+            cpu_pct: 100.0 * v.total_s / dt,
+            vcpus: v.vcpus.len() as u32,
+            run_pct: 100.0 * v.vcpu_run_s / dt / n,
+            steal_pct: 100.0 * v.vcpu_runnable_s / dt / n,
+            halted_pct: 100.0 * v.vcpu_blocked_s / dt / n,
+            io_cpu_pct: 100.0 * (v.direct_io_s + v.shared_io_s) / dt,
+            io_ops_per_s: v.io_ops as f64 / dt,
+            lost: p.vm_lost.get(&v.name).copied().unwrap_or(0),
+            reason: p.reasons.get(&v.name).cloned(),
+            waited_behind: v
+                .waited_behind
+                .iter()
+                .map(|w| crate::WaitView {
+                    culprit: w.label(),
+                    steal_pct: 100.0 * w.seconds / dt / n,
+                })
+                .collect(),
+            functions: p.functions.remove(&v.name).unwrap_or_default(),
+        });
+    }
+    Frame {
+        time_s: 0.0,
+        at: None,
+        interval_s: iv.interval_s,
+        hostname: p.hostname.to_string(),
+        cpus: iv.cpu_busy_s.len() as u32,
+        host_busy_pct: if iv.capacity_s > 0.0 {
+            100.0 * iv.measured_host_s / iv.capacity_s
+        } else {
+            0.0
+        },
+        domains,
+        notes: p.notes,
     }
 }
 

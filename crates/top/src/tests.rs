@@ -19,6 +19,7 @@ fn fun(context: &str, process: &str, symbol: &str, samples: u64, pct: f64) -> Fu
 fn frame() -> Frame {
     Frame {
         time_s: 12.0,
+        at: None,
         interval_s: 1.0,
         hostname: "golden-host".into(),
         cpus: 2,

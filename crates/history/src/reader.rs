@@ -1,0 +1,397 @@
+//! Reading a history: which segments cover which times ([`History`]), the
+//! documents and timeline of a range, and a range extracted into one
+//! session ([`History::extract`]) that `report` reads like any recording
+//! (its seconds start at the range's start; its `history` interval rows
+//! are each domain's CPU, steal and I/O per interval). A segment that
+//! cannot be read (damaged by hand, cut by a full disk before its first
+//! interval) is skipped with one line ([`History::skipped`]); the others
+//! are read. A segment being written is read up to its last interval.
+
+use crate::{segments, time, HistoryError};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use vmscope_model::{Profile, UNKNOWN_SLICE};
+use vmscope_store::{
+    DomainRecord, IntervalRow, ScaleRow, Session, SessionWriter, Slice, TimelineRow, View,
+};
+
+/// One readable segment.
+struct Segment {
+    seq: u64,
+    path: PathBuf,
+    session: Session,
+    /// Wall-clock time of its second 0.
+    start: f64,
+    /// First interval start and last interval end, if it holds any.
+    span: Option<(f64, f64)>,
+    /// File size when the span was read (a growing segment is read again).
+    size: u64,
+}
+
+/// The segments of a history directory, open for reading.
+pub struct History {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    skipped: Vec<String>,
+    /// Segments already said to be skipped (by path).
+    said: std::collections::HashSet<PathBuf>,
+}
+
+/// One interval's document.
+#[derive(Debug, Clone)]
+pub struct FrameDoc {
+    pub t_end: f64,
+    pub interval_s: f64,
+    pub doc: Vec<u8>,
+}
+
+/// What [`History::extract`] wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extracted {
+    /// Wall-clock time of the session's second 0.
+    pub start: f64,
+    pub seconds: f64,
+    pub intervals: usize,
+    pub segments: usize,
+}
+
+impl History {
+    /// Open every segment in `dir` (a directory that holds none is an
+    /// empty history).
+    pub fn open(dir: &Path) -> Result<History, HistoryError> {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(HistoryError::Dir(format!(
+                    "{}: not a history directory (it is a file; serve --history DIR writes one)",
+                    dir.display()
+                )))
+            }
+            Err(e) => {
+                return Err(HistoryError::Dir(format!(
+                    "{}: cannot read the history: {e}",
+                    dir.display()
+                )))
+            }
+        }
+        let mut h = History {
+            dir: dir.to_path_buf(),
+            segments: Vec::new(),
+            skipped: Vec::new(),
+            said: Default::default(),
+        };
+        h.refresh()?;
+        Ok(h)
+    }
+
+    /// Take in segments started since, drop removed ones, and read the
+    /// span of those that grew.
+    pub fn refresh(&mut self) -> Result<(), HistoryError> {
+        let now = segments(&self.dir)?;
+        let known: HashMap<u64, usize> = self
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.seq, i))
+            .collect();
+        let mut old: Vec<Option<Segment>> = std::mem::take(&mut self.segments)
+            .into_iter()
+            .map(Some)
+            .collect();
+        for (seq, path) in now {
+            let size = crate::segment_bytes(&path);
+            if let Some(mut s) = known.get(&seq).and_then(|i| old[*i].take()) {
+                if s.size != size {
+                    s.span = s.session.history_span().unwrap_or(s.span);
+                    s.size = size;
+                }
+                self.segments.push(s);
+                continue;
+            }
+            let opened = Session::open(&path).and_then(|session| {
+                let start = session
+                    .meta()?
+                    .get("started_at")
+                    .and_then(|v| v.parse::<f64>().ok());
+                let span = session.history_span()?;
+                Ok((session, start, span))
+            });
+            match opened {
+                Ok((session, Some(start), span)) => self.segments.push(Segment {
+                    seq,
+                    path,
+                    session,
+                    start,
+                    span,
+                    size,
+                }),
+                Ok((_, None, _)) => self.skip(
+                    &path,
+                    "skipped: it has no start time (not a history segment)".into(),
+                ),
+                Err(e) => self.skip(&path, format!("skipped: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn skip(&mut self, path: &Path, why: String) {
+        if self.said.insert(path.to_path_buf()) {
+            let line = if why.contains(&*path.display().to_string()) {
+                format!("history: {why}")
+            } else {
+                format!("history: {}: {why}", path.display())
+            };
+            self.skipped.push(line);
+        }
+    }
+
+    /// One line per segment that could not be read (since the last call).
+    pub fn take_skipped(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.skipped)
+    }
+
+    /// The first and last time the history holds.
+    pub fn span(&self) -> Option<(f64, f64)> {
+        let spans = self.segments.iter().filter_map(|s| s.span);
+        let a = spans.clone().map(|s| s.0).reduce(f64::min)?;
+        let b = spans.map(|s| s.1).reduce(f64::max)?;
+        Some((a, b))
+    }
+
+    /// The error for `what` (`--at 03:05`) outside the history: it names
+    /// the range that exists.
+    pub fn outside(&self, what: &str, utc: bool) -> HistoryError {
+        HistoryError::Range(match self.span() {
+            Some((a, b)) => format!(
+                "{what}: outside the history in {}, which holds {} to {}",
+                self.dir.display(),
+                time::show(a, utc),
+                time::show(b, utc)
+            ),
+            None => format!(
+                "{what}: the history in {} holds no intervals yet (is serve --history {} running?)",
+                self.dir.display(),
+                self.dir.display()
+            ),
+        })
+    }
+
+    fn overlapping(&self, from: f64, to: f64) -> impl Iterator<Item = &Segment> {
+        self.segments
+            .iter()
+            .filter(move |s| s.span.is_some_and(|(a, b)| b >= from && a <= to))
+    }
+
+    /// The documents of the intervals ending in `[from, to]`, in time
+    /// order (where the wall clock stepped back, the later recording of a
+    /// repeated time comes after the earlier one).
+    pub fn frames(&self, from: f64, to: f64) -> Result<Vec<FrameDoc>, HistoryError> {
+        let mut out = Vec::new();
+        for s in self.overlapping(from, to) {
+            for (t_end, interval_s, blob) in s.session.history_frames(from, to)? {
+                let mut doc = Vec::new();
+                flate2::read::DeflateDecoder::new(&blob[..])
+                    .read_to_end(&mut doc)
+                    .map_err(|e| HistoryError::Io {
+                        path: s.path.clone(),
+                        source: e,
+                    })?;
+                out.push(FrameDoc {
+                    t_end,
+                    interval_s,
+                    doc,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.t_end.total_cmp(&b.t_end));
+        Ok(out)
+    }
+
+    /// Each domain's timeline in `[from, to]`, summed over buckets of
+    /// `bucket_s` seconds.
+    pub fn timeline(
+        &self,
+        from: f64,
+        to: f64,
+        bucket_s: f64,
+    ) -> Result<Vec<TimelineRow>, HistoryError> {
+        let mut per: BTreeMap<(u64, String), TimelineRow> = BTreeMap::new();
+        for s in self.overlapping(from, to) {
+            for r in s.session.history_timeline(from, to, bucket_s)? {
+                let key = ((r.t_end * 1000.0).round() as u64, r.domain.clone());
+                match per.get_mut(&key) {
+                    Some(e) => {
+                        e.interval_s += r.interval_s;
+                        e.cpu_s += r.cpu_s;
+                        e.steal_s += r.steal_s;
+                        e.io_s += r.io_s;
+                        e.io_ops += r.io_ops;
+                    }
+                    None => {
+                        per.insert(key, r);
+                    }
+                }
+            }
+        }
+        Ok(per.into_values().collect())
+    }
+
+    /// Write the range `[from, to]` as one session at `out`: the profile
+    /// rows of its whole seconds (host and agents, each active VM's scale
+    /// for exactly those seconds), the domains, build-ids, and each
+    /// interval's timeline as `history` interval rows. Its second 0 is
+    /// `from` (whole seconds).
+    pub fn extract(&self, from: f64, to: f64, out: &Path) -> Result<Extracted, HistoryError> {
+        let start = from.floor();
+        let mut w = SessionWriter::create(out)?;
+        let chosen: Vec<&Segment> = self.overlapping(from, to).collect();
+        let mut events_set = false;
+        let mut domains: BTreeMap<String, DomainRecord> = BTreeMap::new();
+        let mut build_ids: BTreeMap<String, String> = BTreeMap::new();
+        let mut scales: BTreeMap<(String, u32), (u64, u64, u64)> = BTreeMap::new();
+        let mut intervals = 0;
+        let mut meta_done = false;
+        for s in &chosen {
+            let meta = s.session.meta()?;
+            if !meta_done {
+                for k in ["hostname", "kernel", "cpus", "callchain"] {
+                    if let Some(v) = meta.get(k) {
+                        w.set_meta(k, v)?;
+                    }
+                }
+                meta_done = true;
+            }
+            let events = s.session.events()?;
+            if !events_set && !events.is_empty() {
+                w.set_events(&events)?;
+                events_set = true;
+            }
+            for d in s.session.domains()? {
+                domains.insert(d.domain.name.clone(), d);
+            }
+            build_ids.extend(s.session.build_ids()?);
+            // The segment's whole seconds inside the range.
+            let first = (from - s.start).floor().max(0.0) as u32;
+            let last_f = (to - s.start).ceil() - 1.0;
+            if last_f >= f64::from(first) {
+                let last = last_f as u32;
+                let slice = Slice {
+                    seconds: Some((first, last)),
+                    cpus: None,
+                };
+                // Seconds of the segment as seconds of the range.
+                let shift = s.start - start;
+                let moved = |sec: u32| -> u32 {
+                    if sec == UNKNOWN_SLICE {
+                        return sec;
+                    }
+                    (f64::from(sec) + shift).round().max(0.0) as u32
+                };
+                for (view, agent) in [(View::Host, false), (View::Agent, true)] {
+                    let mut p = Profile::new();
+                    for r in s.session.rows_in(view, &slice, None)? {
+                        let mut k = r.key;
+                        k.second = moved(k.second);
+                        p.add(k, r.samples, r.period);
+                    }
+                    if !agent {
+                        for ev in 0..events.len() as u32 {
+                            for (sec, dom, ctx, n) in s.session.bins(ev)? {
+                                if sec >= first && sec <= last {
+                                    if let Some(c) = vmscope_model::Context::parse(&ctx) {
+                                        p.add_bin(moved(sec), ev, dom.into(), c, n);
+                                    }
+                                }
+                            }
+                        }
+                        w.flush(&p)?;
+                    } else {
+                        w.flush_agent(&p)?;
+                    }
+                }
+                for sc in s.session.scale_seconds(first, last)? {
+                    let e = scales.entry((sc.domain, sc.event)).or_default();
+                    e.0 += sc.host_period;
+                    e.1 += sc.agent_period;
+                    e.2 += sc.agent_samples;
+                }
+            }
+            let rows: Vec<IntervalRow> = s
+                .session
+                .history_timeline(from, to + 1e-6, 1e-3)?
+                .into_iter()
+                .flat_map(|r| {
+                    let t1 = r.t_end - start;
+                    let t0 = t1 - r.interval_s;
+                    [
+                        ("cpu", r.cpu_s, "s"),
+                        ("steal", r.steal_s, "s"),
+                        ("io_cpu", r.io_s, "s"),
+                        ("io_ops", r.io_ops, "ops"),
+                    ]
+                    .map(|(metric, value, unit)| IntervalRow {
+                        kind: "history".into(),
+                        t_start: t0,
+                        t_end: t1,
+                        cpu: None,
+                        domain: Some(r.domain.clone()),
+                        vcpu: None,
+                        metric: metric.into(),
+                        value,
+                        unit: unit.into(),
+                    })
+                })
+                .collect();
+            intervals += rows.len() / 4;
+            w.add_intervals(&rows)?;
+        }
+        if !domains.contains_key("host") {
+            w.upsert_domain(&DomainRecord {
+                domain: vmscope_model::Domain::host(),
+                status: "running".into(),
+                ended_at: None,
+                detail: String::new(),
+            })?;
+        }
+        for d in domains.values() {
+            w.upsert_domain(d)?;
+        }
+        for ((domain, event), (host, busy, samples)) in &scales {
+            w.set_scale(&ScaleRow {
+                domain: domain.clone(),
+                event: *event,
+                host_period: *host,
+                agent_period: *busy,
+                agent_samples: *samples,
+                agent_lost: 0,
+                factor: if *busy > 0 {
+                    *host as f64 / *busy as f64
+                } else {
+                    0.0
+                },
+            })?;
+        }
+        w.set_build_ids(&build_ids.into_iter().collect::<Vec<_>>())?;
+        let seconds = to - start;
+        for (k, v) in [
+            ("source", crate::SOURCE.to_string()),
+            ("started_at", format!("{start:.3}")),
+            ("duration_s", format!("{seconds:.3}")),
+            (
+                "history_range",
+                format!("{} to {}", time::show(from, false), time::show(to, false)),
+            ),
+        ] {
+            w.set_meta(k, &v)?;
+        }
+        w.close(true)?;
+        Ok(Extracted {
+            start,
+            seconds,
+            intervals,
+            segments: chosen.len(),
+        })
+    }
+}
