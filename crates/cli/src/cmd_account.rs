@@ -26,7 +26,6 @@ for its other threads. JSON and CSV carry every culprit. From the scheduler's tr
 (root); the header says when they are not available.\n\n\
 Examples:\n  \
 vmscope account -i 1s                      every second until Ctrl-C\n  \
-vmscope account -i 1s -n 10 --format csv   ten intervals as CSV\n  \
 vmscope account -i 1s -n 5 --format json | jq '.vms[]?.waited_behind'   who took each VM's CPU\n  \
 vmscope account -i 1s -n 60 -o cost.db     kept in a session: vmscope report cost.db"
 )]

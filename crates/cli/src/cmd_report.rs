@@ -244,8 +244,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         filter.push((Field::Context, c.clone()));
     }
     // A history directory (serve --history): --time is a wall-clock range
-    // of it, extracted into one session in a temporary directory.
-    let history = args.file.is_dir();
+    // of it, extracted into one session in a temporary directory. Any
+    // other directory is refused as not a session.
+    let history = vmscope_history::is_history(&args.file);
     let _history_dir;
     let (session, _copy) = if history {
         let (dir, path) = extract_history(&args)?;

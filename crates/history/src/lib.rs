@@ -108,6 +108,14 @@ pub fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, HistoryError> {
     Ok(out)
 }
 
+/// Whether `dir` is a history: a directory holding its lock file (a
+/// `serve --history` has started there) or at least one segment. Any
+/// other directory is not one, and readers say so instead of reading it
+/// as an empty history.
+pub fn is_history(dir: &Path) -> bool {
+    dir.is_dir() && (dir.join(LOCK_NAME).exists() || segments(dir).is_ok_and(|s| !s.is_empty()))
+}
+
 /// Bytes of a segment with its `-wal` and `-shm` companions.
 pub fn segment_bytes(path: &Path) -> u64 {
     ["", "-wal", "-shm", "-reserve"]
