@@ -446,7 +446,7 @@ pub fn run_interactive(
     mut source: Box<dyn FrameSource + Send>,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(), TopError> {
-    use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use crossterm::event::{self, Event, KeyEventKind};
     use std::sync::mpsc::{channel, TryRecvError};
     let (tx, rx) = channel::<Result<Frame, TopError>>();
     std::thread::Builder::new()
@@ -477,14 +477,8 @@ pub fn run_interactive(
                     if k.kind != KeyEventKind::Press {
                         continue;
                     }
-                    let c = match k.code {
-                        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => 'q',
-                        KeyCode::Char(c) => c,
-                        KeyCode::Enter => '\n',
-                        KeyCode::Down => 'j',
-                        KeyCode::Up => 'k',
-                        KeyCode::Esc => 'q',
-                        _ => continue,
+                    let Some(c) = key_char(&k) else {
+                        continue;
                     };
                     if view.key(c, &frame) == Action::Quit {
                         return Ok(());
@@ -521,7 +515,7 @@ pub fn run_replay(
     start: usize,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(), TopError> {
-    use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+    use crossterm::event::{self, Event, KeyCode, KeyEventKind};
     use std::time::{Duration, Instant};
     if frames.is_empty() {
         return Err(TopError::Source("no frames to replay".into()));
@@ -574,14 +568,8 @@ pub fn run_replay(
                         i = to;
                         continue;
                     }
-                    let c = match k.code {
-                        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => 'q',
-                        KeyCode::Char(c) => c,
-                        KeyCode::Enter => '\n',
-                        KeyCode::Down => 'j',
-                        KeyCode::Up => 'k',
-                        KeyCode::Esc => 'q',
-                        _ => continue,
+                    let Some(c) = key_char(&k) else {
+                        continue;
                     };
                     if view.key(c, &frames[i]) == Action::Quit {
                         return Ok(());
@@ -606,3 +594,18 @@ pub fn run_replay(
 
 #[cfg(test)]
 mod tests;
+
+/// The view's key for a terminal key press (the live and the replay screen
+/// read the same keys): arrows as j/k, Enter, Esc and Ctrl-C as quit.
+fn key_char(k: &crossterm::event::KeyEvent) -> Option<char> {
+    use crossterm::event::{KeyCode, KeyModifiers};
+    Some(match k.code {
+        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => 'q',
+        KeyCode::Char(c) => c,
+        KeyCode::Enter => '\n',
+        KeyCode::Down => 'j',
+        KeyCode::Up => 'k',
+        KeyCode::Esc => 'q',
+        _ => return None,
+    })
+}
