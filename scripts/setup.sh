@@ -5,6 +5,55 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the tests need besides vmscope, built beside the main build (below):
+# - the OpenTelemetry Collector that the export tests send OTLP profiles to
+#   (OTLP receiver with the profiles feature gate, file exporter), built
+#   from the collector's own Go modules (tools/otelcol) once and kept in
+#   target/; rebuilt only when its sources change. The module and build
+#   caches (~/go/pkg/mod, ~/.cache/go-build) make a rebuild after a fresh
+#   clone a link;
+# - `go tool pprof`, which the pprof tests run: Go 1.24 and later ship it
+#   as source, built (and cached) at its first use;
+# - cargo-deb, which builds the Debian package.
+side_builds() {
+  local GO otelcol rc=0
+  GO=$(command -v go || echo /usr/local/go/bin/go)
+  otelcol="$(realpath -m "${CARGO_TARGET_DIR:-target}")/otelcol-vmscope"
+  if [ ! -x "$otelcol" ] || [ tools/otelcol/go.sum -nt "$otelcol" ] \
+     || [ tools/otelcol/main.go -nt "$otelcol" ]; then
+    echo "setup: building the OpenTelemetry Collector for the export tests (tools/otelcol)"
+    mkdir -p "$(dirname "$otelcol")"
+    if ! (cd tools/otelcol && "$GO" build -trimpath -ldflags=-s -o "$otelcol" .); then
+      echo "setup: building tools/otelcol failed (Go 1.26 and the Go module proxy are needed): the OTLP export tests will skip" >&2
+    fi
+  fi
+  "$GO" tool pprof -h >/dev/null 2>&1 || echo "setup: go tool pprof does not build: the pprof tests will skip" >&2
+  if ! command -v cargo-deb >/dev/null 2>&1; then
+    echo "setup: installing cargo-deb (builds the Debian package)"
+    cargo install cargo-deb --locked --version 3.8.0 --quiet || rc=$?
+  fi
+  return "$rc"
+}
+side_pid=""
+side_log="$(realpath -m "${CARGO_TARGET_DIR:-target}")/setup-side.log"
+start_side_builds() {
+  [ -n "$side_pid" ] && return
+  mkdir -p "$(dirname "$side_log")"
+  echo "setup: building the Collector, go tool pprof and cargo-deb in the background ($side_log)"
+  nice -n 19 bash -c "$(declare -f side_builds); side_builds" >"$side_log" 2>&1 &
+  side_pid=$!
+}
+wait_side_builds() {
+  start_side_builds
+  local rc=0
+  wait "$side_pid" || rc=$?
+  cat "$side_log"
+  if [ "$rc" != 0 ]; then
+    echo "setup: a side build failed (exit $rc, above)" >&2
+    exit "$rc"
+  fi
+}
+
 PKGS=(
   linux-perf          # the peer for record/report/import comparisons
   qemu-system-x86     # lab VMs (TCG here, KVM where it works)
@@ -33,6 +82,11 @@ PKGS=(
 if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
   PKGS+=(golang-go)
 fi
+# Go and cargo are there already on most machines: the side builds start
+# before the packages install (mostly waiting on the network and the disk).
+if command -v cargo >/dev/null 2>&1 && { command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; }; then
+  start_side_builds
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -59,28 +113,15 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust) is required" >&2; exit 2; }
 
+start_side_builds
 echo "setup: building vmscope (release)"
 cargo build --release --workspace --bins --quiet
 echo "setup: building the static guest agent"
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C force-frame-pointers=yes" \
   cargo build --release -p vmscope-agent --target x86_64-unknown-linux-gnu --quiet
-# The OpenTelemetry Collector that the export tests send OTLP profiles to
-# (OTLP receiver with the profiles feature gate, file exporter), built from
-# the collector's own Go modules (tools/otelcol) once and kept in target/;
-# rebuilt only when its sources change. The module and build caches
-# (~/go/pkg/mod, ~/.cache/go-build) make a rebuild after a fresh clone a link.
-GO=$(command -v go || echo /usr/local/go/bin/go)
-otelcol="$(realpath -m "${CARGO_TARGET_DIR:-target}")/otelcol-vmscope"
-if [ ! -x "$otelcol" ] || [ tools/otelcol/go.sum -nt "$otelcol" ] \
-   || [ tools/otelcol/main.go -nt "$otelcol" ]; then
-  echo "setup: building the OpenTelemetry Collector for the export tests (tools/otelcol)"
-  mkdir -p "$(dirname "$otelcol")"
-  if ! (cd tools/otelcol && "$GO" build -trimpath -ldflags=-s -o "$otelcol" .); then
-    echo "setup: building tools/otelcol failed (Go 1.26 and the Go module proxy are needed): the OTLP export tests will skip" >&2
-  fi
-fi
-if ! command -v cargo-deb >/dev/null 2>&1; then
-  echo "setup: installing cargo-deb (builds the Debian package)"
-  cargo install cargo-deb --locked --version 3.8.0 --quiet
-fi
+# The side builds run in the background at nice 19 while the main build
+# runs, so they take the CPU time it leaves idle (a chain of crates that
+# wait for each other, the links) rather than time of their own: about
+# 4 minutes of a clean machine's set-up otherwise.
+wait_side_builds
 echo "setup: done: target/release/vmscope, target/x86_64-unknown-linux-gnu/release/vmscope-agent"

@@ -7,14 +7,17 @@
 //! The loss of each is `1 - throughput / throughput without a profiler`,
 //! with an interval from both points' intervals.
 //!
-//! In a VM an active recorder uses the VM's agent channel (through a
-//! broker that may serve one client at a time), so the workload is started
-//! detached after `--delay` seconds, the profiler is started, and the
-//! workload's JSON line is read from a guest file once the profiler is
-//! stopped. A profiler that took longer than the delay to start sampling
-//! flags the sample (part of the run was not profiled). Under TCG the
-//! guest's sampling interrupts are emulated in software: the report says
-//! so next to the figure.
+//! In a VM the workload is started detached, waiting for a go file; the
+//! profiler is started, and once it samples the go file is made (through
+//! the VM's broker, which serves the recorder and this bench at once), so
+//! the run starts as soon as it is profiled. Where the go file cannot be
+//! made (an agent reached without a broker serves one client at a time)
+//! the workload starts `--delay` seconds after it was launched, and a
+//! profiler that took longer than that to start sampling flags the sample
+//! (part of the run was not profiled). The workload's JSON line is read
+//! from a guest file once the profiler is stopped. Under TCG the guest's
+//! sampling interrupts are emulated in software: the report says so next
+//! to the figure.
 
 use crate::driver::{self, DriveOptions, Experiment, PointOutcome, Sink};
 use crate::guest::{Guest, VmFailure, AGENT};
@@ -43,7 +46,8 @@ pub struct OverheadOptions {
     pub vm: Option<String>,
     pub threads: usize,
     pub seconds: f64,
-    /// VM: seconds between starting the workload and its first instruction.
+    /// VM: the longest wait between starting the workload and its first
+    /// instruction (it begins once the profiler samples, when told so).
     pub delay: f64,
     pub buffer: u64,
     pub kinds: Vec<Kind>,
@@ -226,29 +230,44 @@ impl Experiment for OverheadExperiment {
                 // nor writes into its result, which has a name of its own.
                 self.guest_runs += 1;
                 let out = format!("/tmp/vmscope-overhead-{}.json", self.guest_runs);
+                let go = format!("/tmp/vmscope-overhead-{}.go", self.guest_runs);
                 let pid = "/tmp/vmscope-overhead.pid";
+                // Polled every 20 ms, for at most the delay.
+                let polls = (self.opts.delay / 0.02).ceil() as u64;
                 let script = format!(
                     "[ -s {pid} ] && kill -9 -- -$(cat {pid}) 2>/dev/null; \
-                     rm -f {pid} /tmp/vmscope-overhead-*.json*; \
-                     setsid sh -c 'echo $$ > {pid}; sleep {}; {} > {out}.tmp 2> {out}.err; mv {out}.tmp {out}' \
+                     rm -f {pid} /tmp/vmscope-overhead-*.json* /tmp/vmscope-overhead-*.go; \
+                     setsid sh -c 'echo $$ > {pid}; i=0; \
+                         while [ ! -e {go} ] && [ $i -lt {polls} ]; do usleep 20000; i=$((i+1)); done; \
+                         {} > {out}.tmp 2> {out}.err; mv {out}.tmp {out}' \
                          </dev/null >/dev/null 2>&1 &",
-                    self.opts.delay,
                     self.argv().join(" ")
                 );
                 g.sh(&script, Duration::from_secs(60))?;
                 let started = Instant::now();
-                // The recorder takes the agent channel while it runs.
+                // A recorder reaching the agent without a broker needs the
+                // channel to itself.
                 g.disconnect();
                 let mark = self.probe.mark(&own);
                 let (p, ready, kept) = self.start(kind, step)?;
-                let note = (ready > self.opts.delay).then(|| {
+                // Sampling: the run may start.
+                let go_at = match g.sh(&format!("touch {go}"), Duration::from_secs(10)) {
+                    Ok(_) => Some(Instant::now()),
+                    Err(VmFailure::Dead(d)) => return Err(VmFailure::Dead(d)),
+                    Err(VmFailure::Failed(_)) => None,
+                };
+                let note = (go_at.is_none() && ready > self.opts.delay).then(|| {
                     format!(
                         "the profiler took {ready:.1} s to start, more than the {:.1} s delay",
                         self.opts.delay
                     )
                 });
-                let end =
-                    started + Duration::from_secs_f64(self.opts.delay + self.opts.seconds + 0.5);
+                let end = match go_at {
+                    Some(t) => t + Duration::from_secs_f64(self.opts.seconds + 0.5),
+                    None => {
+                        started + Duration::from_secs_f64(self.opts.delay + self.opts.seconds + 0.5)
+                    }
+                };
                 std::thread::sleep(end.saturating_duration_since(Instant::now()));
                 let stopped = p
                     .map(profiler::Running::stop)

@@ -15,9 +15,10 @@ pub const HELP: &str = "\
 Profilers: none; host-only (vmscope record -a, every VM passive: the host's rings); active (vmscope
 record -a, every VM active: host rings plus each guest's agent sampling inside); perf (perf record -a).
 All at --freq. The loss is 1 - throughput / throughput with none, its interval from both points'
-intervals. In a VM the workload starts detached after --delay seconds (the recorder holds the VM's
-agent channel while it runs) and its result is read back after; a profiler slower to start than the
-delay flags the sample. Under TCG the guest's sampling interrupts are emulated in software; the output
+intervals. In a VM the workload starts detached and begins once the profiler samples (the bench
+tells it through the VM's broker); where it cannot be told, it begins --delay seconds after it was
+started and a profiler slower to start than that flags the sample. Its result is read back after the
+profiler stops. Under TCG the guest's sampling interrupts are emulated in software; the output
 says so. Exit status: 0, 1 when points failed, 2 on bad input.
 
 Examples:
@@ -40,8 +41,8 @@ pub struct OverheadArgs {
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     seconds: f64,
-    /// In a VM: seconds between starting the workload and its first instruction (the
-    /// profiler starts meanwhile).
+    /// In a VM: the longest wait between starting the workload and its first instruction
+    /// (it begins as soon as the profiler samples, when the bench can tell it so).
     #[arg(long, default_value_t = 10.0, value_name = "SECS")]
     delay: f64,
     /// memwrite: buffer per thread.

@@ -395,8 +395,9 @@ fn lab_bench_net_scale_overhead() {
     );
 
     // (4) bench overhead in a VM: no profiler, vmscope record -a with the
-    // VMs passive and active; the workload starts 12 s after it is
-    // launched, time for the recorder to arm the agents under TCG.
+    // VMs passive and active; the workload begins once the recorder
+    // samples (told through the broker), at most 12 s after it is
+    // launched.
     let ovh = dir.path().join("ovh");
     let overhead = |args: &[&str]| {
         let mut c = vmscope();

@@ -243,13 +243,16 @@ impl Drop for Reap {
     }
 }
 
-/// Example `name` of `package`, built on demand in the profile of the
-/// vmscope under test (next to which it is looked for).
-pub fn example(package: &str, name: &str) -> Result<PathBuf, String> {
+/// Example `name` (unique in the workspace), built on demand in the profile of the
+/// vmscope under test (next to which it is looked for). It is built with
+/// the whole workspace's features, as `cargo test --workspace` built it:
+/// `-p PACKAGE` alone unifies other features and rebuilt most of the
+/// dependency graph (70 s of a CI run for one example).
+pub fn example(name: &str) -> Result<PathBuf, String> {
     let dir = bin().parent().ok_or("no target dir")?.to_path_buf();
     let exe = dir.join("examples").join(name);
     let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "-q", "-p", package, "--example", name]);
+    c.args(["build", "-q", "--workspace", "--example", name]);
     if dir.ends_with("release") {
         c.arg("--release");
     }
@@ -262,7 +265,7 @@ pub fn example(package: &str, name: &str) -> Result<PathBuf, String> {
 
 /// The synthetic QEMU (`fake_qemu` of vmscope-stat).
 pub fn fake_qemu() -> Result<PathBuf, String> {
-    example("vmscope-stat", "fake_qemu")
+    example("fake_qemu")
 }
 
 /// Starts a synthetic QEMU (`cmd`: the `fake_qemu` binary and its

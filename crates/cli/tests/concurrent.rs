@@ -240,13 +240,23 @@ fn every_tool_on_one_vm_at_once() {
         .unwrap_or_else(|| panic!("conc0 missing from {last}"));
     assert_eq!(vm["role"], "active", "{vm}");
     assert!(vm["run_pct"].as_f64().unwrap() > 40.0, "{vm}");
+    // The guest's user code is the demo: alpha leads it. The guest
+    // kernel's share is the agents' own work for the three tools at once
+    // (one frame of a loaded CI run had a spin unlock of the guest kernel
+    // above alpha), so it is not ranked against the demo.
     let syms: Vec<&str> = vm["functions"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|f| f["context"] == "guest-user")
         .map(|f| f["symbol"].as_str().unwrap())
         .collect();
-    assert_eq!(syms.first(), Some(&"vmscope_demo_alpha"), "{syms:?}");
+    assert_eq!(
+        syms.first(),
+        Some(&"vmscope_demo_alpha"),
+        "{syms:?} in {}",
+        vm["functions"]
+    );
     top_in_tmux();
 
     // The merged profile at a low guest rate: 100 Hz for 10 s, under a

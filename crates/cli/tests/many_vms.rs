@@ -21,7 +21,7 @@ const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
 /// The `sim_vms` example, built on demand in this test's profile.
 fn sim_vms() -> PathBuf {
-    common::example("vmscope-agent", "sim_vms").expect("cargo build sim_vms")
+    common::example("sim_vms").expect("cargo build sim_vms")
 }
 
 #[test]

@@ -1185,12 +1185,15 @@ fn lab_cherkasova_io_charging() {
     );
 }
 
-/// A thread's `run_delay` (ns) from its `schedstat`, read by the test.
-fn run_delay_ns(pid: u32, tid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+/// A thread's `run_delay` (ns) and its count of switch-ins (`pcount`,
+/// the times it ran on a CPU) from its `schedstat`, read by the test.
+fn run_delay_ns(pid: u32, tid: u32) -> (u64, u64) {
+    let text =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).unwrap_or_default();
+    let mut w = text.split_whitespace().skip(1);
+    let mut next = || w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+    let delay = next();
+    (delay, next())
 }
 
 /// `account -i 1s -n N --format json` as it streams; `at_start` runs when
@@ -1330,14 +1333,19 @@ fn lab_wait_attribution() {
         .collect();
     std::thread::sleep(Duration::from_secs(2));
     let delays = || [run_delay_ns(a.0, a.1), run_delay_ns(b.0, b.1)];
-    let check_totals = |phase: &str, intervals: &[Value], before: [u64; 2], after: [u64; 2]| {
+    let check_totals = |phase: &str,
+                        intervals: &[Value],
+                        before: [(u64, u64); 2],
+                        after: [(u64, u64); 2]| {
         for (i, name) in ["wa", "wb"].iter().enumerate() {
-            let reference = (after[i] - before[i]) as f64 / 1e9;
+            let reference = (after[i].0 - before[i].0) as f64 / 1e9;
+            let switch_ins = after[i].1 - before[i].1;
             let attributed: f64 = intervals.iter().map(|iv| waits_of(iv, name).1).sum();
             let err = (attributed - reference) / reference;
             eprintln!(
-                "{phase}: {name} waited {reference:.4} s by its vCPU's run_delay, {attributed:.4} s attributed ({:+.2} %)",
-                100.0 * err
+                "{phase}: {name} waited {reference:.4} s by its vCPU's run_delay, {attributed:.4} s attributed ({:+.2} %, {switch_ins} switch-ins, {:+.2} us per switch-in)",
+                100.0 * err,
+                1e6 * (attributed - reference) / switch_ins.max(1) as f64
             );
             // 2 %; short by up to 5 % only where account said it missed
             // waits (switch-ins the kernel did not deliver: 2.4 % in one
@@ -1386,7 +1394,7 @@ fn lab_wait_attribution() {
 
     // 1. The two VMs alone on the CPU: each waits half the time, behind
     // the other's vCPU.
-    let (mut before, mut after) = ([0; 2], [0; 2]);
+    let (mut before, mut after) = ([(0, 0); 2], [(0, 0); 2]);
     let (intervals, header) = account_run(&lab, 4, || before = delays(), || after = delays());
     assert!(
         header["wait_source"]
