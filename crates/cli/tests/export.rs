@@ -412,6 +412,9 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
+    // Killed however the test ends (a serve left running records every
+    // CPU and holds the scheduler's tracepoints for the tests after it).
+    let mut child = Reap(child);
     let log = std::thread::spawn(move || {
         let mut lines = Vec::new();
         for l in std::io::BufReader::new(stderr)
@@ -476,7 +479,7 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
     // 6. Every panel of the fleet dashboard has series in a Prometheus that
     // scraped this serve (and took its remote write).
     dashboard_panels_have_series(&format!("127.0.0.1:{prom_port}"));
-    term(&mut child);
+    term(&mut child.0);
     let log = log.join().unwrap();
     assert!(
         log.iter()

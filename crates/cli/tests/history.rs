@@ -114,8 +114,9 @@ fn flight_recorder_on_a_lab_vm() {
     let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let log = tmp.path().join("serve.log");
-    let mut serve = lab
-        .vmscope(&[
+    // Killed however the test ends.
+    let mut serve = common::Reap(
+        lab.vmscope(&[
             "serve",
             "--listen",
             &addr,
@@ -132,7 +133,8 @@ fn flight_recorder_on_a_lab_vm() {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while common::http_get(&addr, "/metrics").is_none() {
         assert!(
@@ -221,8 +223,8 @@ fn flight_recorder_on_a_lab_vm() {
 
     // serve stops cleanly on SIGTERM.
     // SAFETY: a signal to the child this test started.
-    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
-    let st = serve.wait().unwrap();
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let st = serve.0.wait().unwrap();
     assert!(
         st.success(),
         "serve: {}",

@@ -9,22 +9,26 @@
 
 mod common;
 
+use common::Reap;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const VMSCOPE: &str = env!("CARGO_BIN_EXE_vmscope");
 
-fn serve(dir: &Path, listen: &str, extra: &[&str], log: &Path) -> Child {
-    Command::new(VMSCOPE)
-        .args(["serve", "--listen", listen, "--history"])
-        .arg(dir)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap()
+/// A serve recording into `dir`, killed however the test ends.
+fn serve(dir: &Path, listen: &str, extra: &[&str], log: &Path) -> Reap {
+    Reap(
+        Command::new(VMSCOPE)
+            .args(["serve", "--listen", listen, "--history"])
+            .arg(dir)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// Wait until `f` holds (at most 20 s).
@@ -36,10 +40,10 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn stop(mut c: Child) {
+fn stop(mut c: Reap) {
     // SAFETY: a signal to the child this test started.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    let _ = c.wait();
+    unsafe { libc::kill(c.0.id() as i32, libc::SIGTERM) };
+    let _ = c.0.wait();
 }
 
 /// Exit 2 and exactly one line on stderr that holds every word.
@@ -118,7 +122,7 @@ fn bad_directories_and_a_second_serve_are_refused() {
         .arg(&dir)
         .output()
         .unwrap();
-    let pid = first.id().to_string();
+    let pid = first.0.id().to_string();
     stop(first);
     refused(&out, &["already recorded by another vmscope serve", &pid]);
     // --at and --time outside the history name the range it holds.
@@ -179,8 +183,8 @@ fn kill_9_retention_and_a_damaged_segment() {
     });
     std::thread::sleep(Duration::from_millis(700));
     // kill -9 mid-write.
-    s.kill().unwrap();
-    let _ = s.wait();
+    s.0.kill().unwrap();
+    let _ = s.0.wait();
     let err = std::fs::read_to_string(&log).unwrap();
     assert!(
         err.contains("not removing") && err.contains("00000000"),
@@ -260,7 +264,7 @@ fn a_full_file_system_pauses_and_resumes_the_history() {
     let addr = format!("127.0.0.1:{port}");
     let log = tmp.path().join("serve.log");
     // Ended before the tmpfs is unmounted, also when the test fails.
-    struct Serve(Option<Child>);
+    struct Serve(Option<Reap>);
     impl Drop for Serve {
         fn drop(&mut self) {
             if let Some(c) = self.0.take() {

@@ -1255,6 +1255,15 @@ fn waits_of(iv: &Value, vm: &str) -> (f64, f64, Vec<Value>) {
     )
 }
 
+/// How far the tracepoints' timing of one wait may be from the kernel's
+/// own (`run_delay` is kept with the runqueue's clock, read before the
+/// scheduler picks the next task; the `sched_switch` record is stamped
+/// after it, the `sched_wakeup` record after the task was queued): +0.4 to
+/// +1.0 µs per switch-in measured here, so that a thread with thousands of
+/// short waits a second (disk reads: 12 302 switch-ins for 0.32 s of wait)
+/// has its split a few percent above its `run_delay`.
+const TIMING_NS: f64 = 2_000.0;
+
 /// Two one-vCPU VMs pinned to one host CPU, both busy, then a host process
 /// pinned beside them: what each vCPU waited behind, against the vCPU
 /// threads' `run_delay` read by the test itself.
@@ -1347,9 +1356,11 @@ fn lab_wait_attribution() {
                 100.0 * err,
                 1e6 * (attributed - reference) / switch_ins.max(1) as f64
             );
-            // 2 %; short by up to 5 % only where account said it missed
-            // waits (switch-ins the kernel did not deliver: 2.4 % in one
-            // run on this machine at load 9).
+            // 2 %, plus the tracepoints' timing of each switch-in (see
+            // TIMING_NS); short by up to 5 % only where account said it
+            // missed waits (switch-ins the kernel did not deliver: 2.4 %
+            // in one run on this machine at load 9).
+            let timing = TIMING_NS * switch_ins as f64 / 1e9;
             let said = intervals.iter().any(|iv| {
                 iv["notes"].as_array().is_some_and(|n| {
                     n.iter().any(|n| {
@@ -1359,7 +1370,8 @@ fn lab_wait_attribution() {
                 })
             });
             assert!(
-                err.abs() <= 0.02 || (said && (-0.05..0.0).contains(&err)),
+                (attributed - reference).abs() <= 0.02 * reference + timing
+                    || (said && (-0.05..0.0).contains(&err)),
                 "{phase}: {name}'s attributed wait {attributed:.4} s vs run_delay {reference:.4} s"
             );
             // Per interval too, except where account says the kernel did
@@ -1379,8 +1391,10 @@ fn lab_wait_attribution() {
                     holes += 1;
                     continue;
                 }
+                let waits = vm_of(iv, name).map_or(0.0, |v| f(v, "vcpu_waits"));
                 assert!(
-                    (attributed - runnable).abs() <= 0.02 * runnable + 0.001,
+                    (attributed - runnable).abs()
+                        <= 0.02 * runnable + 0.001 + TIMING_NS * waits / 1e9,
                     "{phase}: {name} attributed {attributed:.4} s vs account's runnable {runnable:.4} s in {iv}"
                 );
             }
@@ -1409,7 +1423,9 @@ fn lab_wait_attribution() {
         for (i, (name, other)) in [("wa", "wb"), ("wb", "wa")].into_iter().enumerate() {
             let (runnable, attributed, split) = waits_of(iv, name);
             let share = runnable / f(iv, "interval_s");
-            let top = &split[0];
+            let top = split.first().unwrap_or_else(|| {
+                panic!("{name} waited behind nothing ({runnable:.4} s runnable) in {iv}")
+            });
             eprintln!(
                 "two VMs: {name} waited {:.1} % of the interval, {:.1} % of it behind {} {} ({})",
                 100.0 * share,

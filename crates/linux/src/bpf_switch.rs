@@ -213,8 +213,10 @@ pub fn program(cur_fd: i32, acc_fd: i32, prev_off: i16, next_off: i16) -> Vec<In
         i(STX_DW, R9, R7, 0, 0),                  // 46 cur.since = now
         i(LDX_W, R1, R6, next_off, 0),            // 47
         i(STX_W, R9, R1, 8, 0),                   // 48 cur.tid = next_pid
-        i(MOV64_K, R0, 0, 0, 0),                  // 49
-        i(EXIT, 0, 0, 0, 0),                      // 50
+        // 1: the kernel hands the record on to the tracepoint's perf
+        // events (0 would hide it from every other reader on the host).
+        i(MOV64_K, R0, 0, 0, 1), //                          49
+        i(EXIT, 0, 0, 0, 0),     //                          50
     ]);
     p
 }

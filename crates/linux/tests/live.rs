@@ -457,6 +457,7 @@ fn softirq_time_of_loopback_traffic() {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
     // SAFETY: gettid has no preconditions.
+    // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() } as u32;
     for _ in 0..2000 {
         s.write_all(&[1u8; 1000]).unwrap();
@@ -730,4 +731,47 @@ fn bpf_programs_loaded_while_recording_are_named() {
         got.iter().any(|k| k.0 == added.0 && k.4),
         "no KSYMBOL record unregistering {added:?}: {got:?}"
     );
+}
+
+/// vm-stat's sched_switch program leaves the tracepoint to every other
+/// reader: a BPF program attached to a tracepoint's perf event decides,
+/// by its return value, whether the kernel hands the record on to the
+/// tracepoint's perf events at all (returning 0 had `serve --per-cpu` hide
+/// every switch from `account`'s wait attribution, and from `perf`).
+#[test]
+fn the_switch_program_leaves_switches_to_other_readers() {
+    if !is_root() {
+        return;
+    }
+    let prog = match vmscope_linux::bpf_switch::BpfSwitchTimes::open() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("SKIP: cannot load a BPF program here: {e}");
+            return;
+        }
+    };
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::gettid() } as u32;
+    let counter = seen.clone();
+    let rec = vmscope_linux::SchedEventRecorder::open(
+        16,
+        Box::new(move |e| {
+            if let vmscope_linux::SchedEvent::Switch(s) = e {
+                if s.prev_pid == me || s.next_pid == me {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }),
+    )
+    .unwrap();
+    // Sleeping switches this thread out and back in.
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    rec.flush(vmscope_linux::clock_monotonic_ns());
+    drop(rec);
+    drop(prog);
+    let n = seen.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(n >= 50, "{n} switches of this thread reached the rings");
 }

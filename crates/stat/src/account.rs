@@ -71,6 +71,10 @@ pub struct VcpuAccount {
     /// wait attribution). Sums to `runnable_s` up to waits whose start was
     /// not seen.
     pub waited_behind: Vec<WaitShare>,
+    /// Waits that ended (switched in) or moved (migrated) in the interval
+    /// with their start seen (0 without wait attribution): `runnable_s` /
+    /// `waits` is the mean wait.
+    pub waits: u64,
 }
 
 /// I/O operations of one device in one interval.
@@ -96,6 +100,8 @@ pub struct VmAccount {
     pub waited_behind: Vec<WaitShare>,
     /// Σ `waited_behind`: the vCPUs' runnable time attributed.
     pub wait_attributed_s: f64,
+    /// Σ the vCPUs' `waits`.
+    pub vcpu_waits: u64,
     pub direct_io_s: f64,
     /// Runnable time (`run_delay`) of the VM's own non-vCPU threads.
     pub io_runnable_s: f64,
@@ -131,6 +137,7 @@ impl VmAccount {
             vcpu_blocked_s: 0.0,
             waited_behind: Vec::new(),
             wait_attributed_s: 0.0,
+            vcpu_waits: 0,
             direct_io_s: 0.0,
             io_runnable_s: 0.0,
             io_waited_behind: Vec::new(),
@@ -732,9 +739,12 @@ impl Accountant {
                     run: s.run - sirq,
                     ..s
                 };
-                let waited_behind = match &cur.waits {
-                    Some(w) => crate::wait::shares(w.get(&t.tid), d.id, roles, &mut process),
-                    None => Vec::new(),
+                let (waited_behind, waits) = match &cur.waits {
+                    Some(w) => (
+                        crate::wait::shares(w.get(&t.tid), d.id, roles, &mut process),
+                        w.get(&t.tid).map_or(0, |x| x.waits),
+                    ),
+                    None => (Vec::new(), 0),
                 };
                 v.vcpus.push(VcpuAccount {
                     index: *index,
@@ -743,7 +753,9 @@ impl Accountant {
                     runnable_s: s.runnable,
                     blocked_s: s.blocked,
                     waited_behind,
+                    waits,
                 });
+                v.vcpu_waits += waits;
                 v.vcpu_run_s += s.run;
                 v.vcpu_runnable_s += s.runnable;
                 v.vcpu_blocked_s += s.blocked;
