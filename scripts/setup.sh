@@ -71,6 +71,7 @@ PKGS=(
   util-linux          # losetup, setpriv
   procps              # pkill
   gcc g++ binutils libc6-dev  # ELF fixtures and programs copied into guests by the tests
+  clang libelf-dev pkg-config  # the eBPF programs (crates/bpf): clang -target bpf, libbpf built against libelf
   tmux                # vmscope top is tested in a real terminal
   dpkg-dev lintian    # the .deb: dpkg-shlibdeps for its dependencies, lintian checks it
   man-db curl libcap2-bin  # package test: man -w, /metrics, capsh

@@ -12,6 +12,7 @@ use std::time::Instant;
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_stat::render::{self, IntervalFormat};
 use vmscope_stat::session::IntervalSession;
+use vmscope_stat::wait_source::WaitChoice;
 
 #[derive(Args)]
 #[command(
@@ -49,8 +50,14 @@ pub struct AccountArgs {
     #[arg(long)]
     no_qmp: bool,
     /// Do not split steal by what ran instead (no scheduler tracepoints).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "wait_source")]
     no_wait: bool,
+    /// Where the split of steal comes from: auto (the eBPF programs, else the tracepoint
+    /// rings), bpf (exact to run_delay; an error line in the header when they cannot load),
+    /// tracepoints (the scheduler tracepoints' rings).
+    #[arg(long, value_name = "SOURCE", default_value = "auto",
+          value_parser = ["auto", "bpf", "tracepoints"])]
+    wait_source: String,
     /// Also keep the intervals in this session file (`vmscope report FILE`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<std::path::PathBuf>,
@@ -65,7 +72,11 @@ pub fn run(a: AccountArgs) -> Result<ExitCode> {
     let mut acc = Accountant::new(AccountOptions {
         shared_io_pids: a.shared_io,
         use_qmp: !a.no_qmp,
-        wait_attribution: !a.no_wait,
+        wait: if a.no_wait {
+            WaitChoice::Off
+        } else {
+            WaitChoice::parse(&a.wait_source).unwrap_or_default()
+        },
         ..AccountOptions::default()
     });
     let fmt: IntervalFormat = a.format.into();

@@ -20,7 +20,6 @@
 //! Ring access (`ring`) and record decoding (`decode`) are private; both are
 //! unit-tested on hand-built bytes, so the live path and the tests share code.
 
-pub mod bpf_switch;
 mod decode;
 mod error;
 pub mod files;

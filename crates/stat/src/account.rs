@@ -19,12 +19,12 @@
 
 use crate::math::{self, Reconciliation};
 use crate::tracker::{Change, TrackedVm, VmTracker};
-use crate::wait::{ThreadRole, ThreadWait, WaitShare, WaitTimeline};
+use crate::wait::{ThreadRole, ThreadWait, WaitShare};
+use crate::wait_source::{WaitChoice, WaitSource};
 use crate::StatError;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmscope_linux::procfs::{self, ProcRoot, ProcStat, SchedStat};
 
@@ -40,9 +40,10 @@ pub struct AccountOptions {
     pub qmp_timeout: Duration,
     /// Measure softirq time with the softirq tracepoints (else `/proc/stat`).
     pub softirq_tracepoints: bool,
-    /// Charge each vCPU and I/O thread's waiting to what ran instead, from
-    /// the scheduler tracepoints ([`crate::wait`]).
-    pub wait_attribution: bool,
+    /// Charge each vCPU and I/O thread's waiting to what ran instead
+    /// ([`crate::wait_source`]: the eBPF programs, else the scheduler
+    /// tracepoints' rings).
+    pub wait: WaitChoice,
 }
 
 impl Default for AccountOptions {
@@ -54,7 +55,7 @@ impl Default for AccountOptions {
             use_qmp: true,
             qmp_timeout: Duration::from_millis(200),
             softirq_tracepoints: true,
-            wait_attribution: true,
+            wait: WaitChoice::Auto,
         }
     }
 }
@@ -249,9 +250,10 @@ pub struct Accountant {
     /// Whether tasks' run time holds the softirqs that interrupted them.
     sirq_in_tasks: bool,
     softirq_lost: u64,
-    /// The scheduler events and the wait timeline they feed, or why there
-    /// are none.
-    waits: Result<Waits, String>,
+    /// Where the waited-behind split comes from, or why there is none.
+    waits: Result<WaitSource, String>,
+    /// Notes of the last drain of `waits`, for the interval's notes.
+    wait_notes: Vec<String>,
     /// Host culprits' processes by thread id (see `vm_rows`).
     host_procs: HashMap<u32, Option<(u32, String)>>,
     /// taskstats exit records, or why there are none.
@@ -273,39 +275,6 @@ const RELIST_EVERY: Duration = Duration::from_secs(2);
 /// Host culprits' processes kept between intervals.
 const HOST_PROCS_KEPT: usize = 4096;
 
-/// Wait attribution's recorder and the timeline it feeds.
-struct Waits {
-    recorder: vmscope_linux::SchedEventRecorder,
-    timeline: Arc<Mutex<WaitTimeline>>,
-    lost: u64,
-    dropped: u64,
-    anomalies: crate::wait::WaitAnomalies,
-}
-
-impl Waits {
-    fn open() -> Result<Waits, String> {
-        let timeline = Arc::new(Mutex::new(WaitTimeline::new()));
-        let sink = {
-            let t = timeline.clone();
-            Box::new(move |e: &vmscope_linux::SchedEvent| {
-                if let Ok(mut t) = t.lock() {
-                    t.push(e);
-                }
-            })
-        };
-        // 256 KiB per CPU: the drain thread empties them every 50 ms.
-        let recorder =
-            vmscope_linux::SchedEventRecorder::open(64, sink).map_err(|e| e.to_string())?;
-        Ok(Waits {
-            recorder,
-            timeline,
-            lost: 0,
-            dropped: 0,
-            anomalies: Default::default(),
-        })
-    }
-}
-
 impl Accountant {
     pub fn new(opts: AccountOptions) -> Accountant {
         let proc = ProcRoot::new(&opts.proc_root);
@@ -318,13 +287,10 @@ impl Accountant {
             Err("not asked for".to_string())
         };
         let irqtime = vmscope_linux::irq_time_accounting();
-        let waits = if opts.wait_attribution {
-            Waits::open()
-        } else {
-            Err("not asked for".to_string())
-        };
+        let waits = WaitSource::open(opts.wait);
         Accountant {
             waits,
+            wait_notes: Vec::new(),
             host_procs: HashMap::new(),
             softirq,
             irqtime,
@@ -375,8 +341,8 @@ impl Accountant {
     /// Where the waited-behind split comes from, for headers.
     pub fn wait_source(&self) -> String {
         match &self.waits {
-            Ok(_) => "sched_switch, sched_wakeup(_new) and sched_migrate_task tracepoint rings; a wait counts in the interval it ends in, as schedstat's run_delay".to_string(),
-            Err(why) => format!("none (scheduler tracepoints: {why})"),
+            Ok(w) => w.describe(),
+            Err(why) => format!("none ({why})"),
         }
     }
 
@@ -384,11 +350,8 @@ impl Accountant {
     /// otherwise the interval since the previous sample.
     pub fn sample(&mut self) -> Result<(Option<AccountInterval>, Vec<Change>), StatError> {
         let changes = self.domains.refresh()?;
-        if let Ok(w) = &self.waits {
-            let tids: Vec<u32> = self.domains.tid_map().into_keys().collect();
-            if let Ok(mut t) = w.timeline.lock() {
-                t.follow(tids);
-            }
+        if let Ok(w) = &mut self.waits {
+            w.follow(self.domains.tid_map().into_keys().collect());
         }
         let snap = self.snapshot()?;
         let first = *self.first.get_or_insert(snap.at);
@@ -434,8 +397,9 @@ impl Accountant {
             }
         }
         let waits = self.waits.as_mut().ok().map(|w| {
-            w.recorder.flush(wait_cut);
-            w.timeline.lock().map(|mut t| t.take()).unwrap_or_default()
+            let (waits, notes) = w.take(wait_cut);
+            self.wait_notes.extend(notes);
+            waits
         });
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
             for tid in root.tids(pid).unwrap_or_default() {
@@ -941,26 +905,7 @@ impl Accountant {
                 self.softirq_lost = r.lost();
             }
         }
-        if let Ok(w) = &mut self.waits {
-            let (lost, dropped) = (w.recorder.lost(), w.recorder.dropped());
-            if lost > w.lost || dropped > w.dropped {
-                notes.push(format!(
-                    "{} scheduler tracepoint records lost (ring overflow) and {} dropped (more than {} waiting to be ordered): waits across the gap are not attributed",
-                    lost - w.lost,
-                    dropped - w.dropped,
-                    vmscope_linux::sched_events::MAX_PENDING
-                ));
-                (w.lost, w.dropped) = (lost, dropped);
-            }
-            let a = w.timeline.lock().map(|t| t.anomalies()).unwrap_or_default();
-            let lost_waits = a.lost_waits - w.anomalies.lost_waits;
-            if lost_waits > 0 {
-                notes.push(format!(
-                    "{lost_waits} waits not attributed: the thread was seen switched out before its switch-in (a record the tracepoints did not deliver)"
-                ));
-            }
-            w.anomalies = a;
-        }
+        notes.append(&mut self.wait_notes);
         if let Ok(l) = &self.exits {
             if l.overruns() > self.exit_overruns {
                 notes.push(format!(
@@ -1261,7 +1206,7 @@ mod tests {
             shared_io_pids: vec![900],
             use_qmp: false,
             softirq_tracepoints: false,
-            wait_attribution: false,
+            wait: WaitChoice::Off,
             ..AccountOptions::default()
         });
         acc.ksoftirqd = vec![15];

@@ -7,6 +7,8 @@ pub enum StatError {
     #[error(transparent)]
     Linux(#[from] vmscope_linux::LinuxError),
     #[error(transparent)]
+    Bpf(#[from] vmscope_bpf::BpfError),
+    #[error(transparent)]
     Store(#[from] vmscope_store::StoreError),
     /// Writing output (a closed pipe arrives here as BrokenPipe).
     #[error("write: {0}")]

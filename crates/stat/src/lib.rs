@@ -24,6 +24,7 @@ pub mod session;
 pub mod tracker;
 pub mod vmstat;
 pub mod wait;
+pub mod wait_source;
 
 pub use error::StatError;
 

@@ -173,7 +173,7 @@ struct SchedSrc {
 
 /// The eBPF source: per-(cpu, tid) times drained from the kernel.
 struct BpfSrc {
-    times: vmscope_linux::bpf_switch::BpfSwitchTimes,
+    times: vmscope_bpf::switch_times::BpfSwitchTimes,
     prev_stat: Option<procfs::ProcStat>,
     /// Running (ours − `/proc/stat`) busy ns per CPU.
     drift: HashMap<u32, i64>,
@@ -439,7 +439,7 @@ fn kind_of(map: &HashMap<u32, (u32, Option<u32>)>, tid: u32) -> Option<(u32, Cel
 
 fn bpf_src(proc: &ProcRoot) -> Result<BpfSrc, StatError> {
     Ok(BpfSrc {
-        times: vmscope_linux::bpf_switch::BpfSwitchTimes::open()?,
+        times: vmscope_bpf::switch_times::BpfSwitchTimes::open()?,
         prev_stat: proc.cpu_times().ok(),
         drift: HashMap::new(),
     })

@@ -86,7 +86,7 @@ impl ThreadWait {
         self.by_culprit.values().sum()
     }
 
-    fn add(&mut self, c: Culprit, ns: u64) {
+    pub(crate) fn add(&mut self, c: Culprit, ns: u64) {
         if ns == 0 {
             return;
         }

@@ -120,3 +120,87 @@ fn two_pinned_loops_wait_behind_each_other_as_schedstat_says() {
         100.0 * worst
     );
 }
+
+/// The eBPF source with many short waits: a thread that sleeps 200 µs at a
+/// time pinned beside a busy loop waits thousands of times a second, each
+/// wait a few µs. The eBPF split is the kernel's own arithmetic, so each
+/// thread's attributed total falls between its `run_delay` differences
+/// read just before and just after the drains that bound the interval;
+/// the tracepoint rings, beside it in the same run, are printed for
+/// comparison (their records are stamped after the kernel's clock reads).
+#[test]
+fn ebpf_split_is_run_delay_even_for_short_waits() {
+    use vmscope_stat::wait_source::{WaitChoice, WaitSource};
+    if !vmscope_testkit::require_root("loading eBPF programs")
+        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
+    {
+        return;
+    }
+    let mut bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
+    let mut rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    let busy = busy_on_cpu0();
+    let sleeper = Kill(
+        Command::new("taskset")
+            .args([
+                "-c",
+                "0",
+                "python3",
+                "-c",
+                "import time\nwhile True: time.sleep(0.0002)",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("taskset python3"),
+    );
+    let (pa, pb) = (busy.0.id(), sleeper.0.id());
+    std::thread::sleep(Duration::from_millis(300));
+    let proc = ProcRoot::new("/proc");
+    for s in [&mut bpf, &mut rings] {
+        s.follow(vec![pa, pb]);
+    }
+    let delays = || {
+        [
+            proc.schedstat(pa, pa).unwrap(),
+            proc.schedstat(pb, pb).unwrap(),
+        ]
+    };
+    // One drain: run_delay just before and just after it.
+    let drain = |bpf: &mut WaitSource, rings: &mut WaitSource| {
+        let before = delays();
+        let now = clock_monotonic_ns();
+        let (w, notes) = bpf.take(now);
+        let after = delays();
+        let (r, _) = rings.take(now);
+        (before, w, notes, after, r)
+    };
+    let (_, _, _, mut prev_after, _) = drain(&mut bpf, &mut rings);
+    let mut prev_before = prev_after;
+    for i in 0..3 {
+        std::thread::sleep(Duration::from_secs(1));
+        let (before, w, notes, after, r) = drain(&mut bpf, &mut rings);
+        assert!(notes.is_empty(), "{notes:?}");
+        for (k, pid) in [pa, pb].into_iter().enumerate() {
+            let t = w.get(&pid).cloned().unwrap_or_default();
+            let got = t.total_ns();
+            // Waits that ended in (prev drain, this drain]: at least what
+            // run_delay grew between the inner reads, at most between the
+            // outer ones.
+            let lo = before[k].wait_ns.saturating_sub(prev_after[k].wait_ns);
+            let hi = after[k].wait_ns - prev_before[k].wait_ns;
+            let switch_ins = after[k].slices.saturating_sub(prev_before[k].slices);
+            let ring = r.get(&pid).map_or(0, vmscope_stat::wait::ThreadWait::total_ns);
+            println!(
+                "interval {i} pid {pid}: run_delay {lo}..{hi} ns, eBPF {got} ns in {} waits, rings {ring} ns ({:+.2} % of run_delay), {switch_ins} switch-ins",
+                t.waits,
+                100.0 * (ring as f64 - hi as f64) / (hi as f64).max(1.0),
+            );
+            assert!(
+                (lo..=hi).contains(&got),
+                "pid {pid}: eBPF split {got} ns outside run_delay's {lo}..{hi} ns"
+            );
+            assert!(t.waits > 0, "pid {pid}: no wait counted");
+        }
+        prev_before = before;
+        prev_after = after;
+    }
+}

@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0
+//
+// vmscope's scheduler programs, built by crates/bpf/build.rs with clang
+// (-target bpf) and embedded in the vmscope binary; loaded with libbpf,
+// which relocates the kernel structure fields below (CO-RE) against the
+// running kernel's BTF. Both run on the BTF raw tracepoint of
+// sched_switch (tp_btf): unlike a program on the tracepoint's perf event,
+// they never decide whether perf readers of the tracepoint get the record.
+//
+// switch_times (vm-stat): each (CPU, tid)'s run time, summed per closed
+// slice into `acc`, the running slice in `cur` (CLOCK_MONOTONIC ns, so
+// that the reader cuts slices at its interval boundaries).
+//
+// switch_waits and migrate_waits (who a thread waited behind): the time a
+// followed thread was runnable but not running, split by what ran on the
+// CPU it waited on, summed per (waiter, culprit) into `waits`. The times
+// are the kernel's own: a wait starts at the task's `sched_info.last_queued`
+// (the runqueue clock when it was queued) and ends at the runqueue clock
+// of the switch that runs it (`rq->clock`, what sched_info_arrive adds to
+// `run_delay`), so each thread's split adds up to its `run_delay`. What ran
+// on a CPU comes from that CPU's log of its last LOG_LEN switches.
+// A waiting task that the load balancer moves is dequeued first: the
+// kernel adds the wait so far to `run_delay` and clears `last_queued`, so
+// migrate_waits charges the growth of `run_delay` since the thread was
+// last seen, ending at the old runqueue's clock.
+
+#include <stdbool.h>
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#define COMM_LEN 16
+#define LOG_LEN 256
+#define LOG_MASK (LOG_LEN - 1)
+// Segments looked at for one wait: a wait that saw more switches on its
+// CPU is charged to UNKNOWN for the rest (and counted).
+#define MAX_WALK 128
+
+// The kernel's structures, only the fields read (relocated by libbpf).
+struct sched_info {
+	unsigned long long run_delay;
+	unsigned long long last_queued;
+} __attribute__((preserve_access_index));
+
+struct rq;
+
+struct cfs_rq {
+	struct rq *rq; // with CONFIG_FAIR_GROUP_SCHED
+} __attribute__((preserve_access_index));
+
+struct rq {
+	__u64 clock;
+	int cpu;
+	struct cfs_rq cfs;
+} __attribute__((preserve_access_index));
+
+struct sched_entity {
+	struct cfs_rq *cfs_rq;
+} __attribute__((preserve_access_index));
+
+struct thread_info {
+	unsigned int cpu;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	struct thread_info thread_info;
+	unsigned int cpu;
+	int pid;
+	char comm[COMM_LEN];
+	struct sched_entity se;
+	struct sched_info sched_info;
+} __attribute__((preserve_access_index));
+
+// The clock of the runqueue task `p` is on (rq_clock(): what sched_info
+// adds to run_delay) and that runqueue's CPU. The runqueue is reached
+// through the task's CFS runqueue (`runqueues` itself is not in kallsyms
+// without CONFIG_KALLSYMS_ALL, so it cannot be a typed ksym everywhere):
+// its `rq` back pointer with group scheduling, else the runqueue that
+// embeds it.
+static __always_inline __u64 rq_clock_of(struct task_struct *p, int *cpu)
+{
+	struct cfs_rq *cfs = BPF_CORE_READ(p, se.cfs_rq);
+	struct rq *rq;
+	if (bpf_core_field_exists(cfs->rq))
+		rq = BPF_CORE_READ(cfs, rq);
+	else
+		rq = (void *)cfs - bpf_core_field_offset(struct rq, cfs);
+	__u64 clock = 0;
+	*cpu = -1;
+	bpf_probe_read_kernel(&clock, sizeof(clock), __builtin_preserve_access_index(&rq->clock));
+	bpf_probe_read_kernel(cpu, sizeof(*cpu), __builtin_preserve_access_index(&rq->cpu));
+	return clock;
+}
+
+// task_cpu(): in thread_info where the kernel keeps it there.
+static __always_inline __u32 task_cpu_of(struct task_struct *p)
+{
+	if (bpf_core_field_exists(p->thread_info.cpu))
+		return BPF_CORE_READ(p, thread_info.cpu);
+	return BPF_CORE_READ(p, cpu);
+}
+
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+// ---- vm-stat: run time per (CPU, tid) ----
+
+struct running {
+	__u64 since; // CLOCK_MONOTONIC ns the running slice began (0: none seen)
+	__u32 tid;
+	__u32 pad;
+	__u64 unchained; // switches whose prev was not the task switched in
+	__u64 dropped;   // slices lost because `acc` was full
+};
+
+struct cpu_tid {
+	__u32 cpu;
+	__u32 tid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); // set to the possible CPUs before loading
+	__type(key, __u32);
+	__type(value, struct running);
+} cur SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); // set before loading
+	__type(key, struct cpu_tid);
+	__type(value, __u64);
+} acc SEC(".maps");
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(switch_times, bool preempt, struct task_struct *prev,
+	     struct task_struct *next, unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct running *r = bpf_map_lookup_elem(&cur, &cpu);
+	if (!r)
+		return 0;
+	if (r->since) {
+		// The slice is keyed by the task last switched in here, so a
+		// missed switch gives the gap to one task, never two.
+		struct cpu_tid k = { .cpu = cpu, .tid = r->tid };
+		__u64 ns = now - r->since;
+		__u64 *v = bpf_map_lookup_elem(&acc, &k);
+		if (v)
+			__sync_fetch_and_add(v, ns);
+		else if (bpf_map_update_elem(&acc, &k, &ns, BPF_NOEXIST))
+			__sync_fetch_and_add(&r->dropped, 1);
+		if ((__u32)prev->pid != r->tid)
+			__sync_fetch_and_add(&r->unchained, 1);
+	}
+	r->since = now;
+	r->tid = next->pid;
+	return 0;
+}
+
+// ---- who waited behind whom ----
+
+struct seg {
+	__u64 t;   // runqueue clock at the switch that ended the segment
+	__u32 tid; // the task that ran until then
+	__u32 pad;
+	char comm[COMM_LEN];
+};
+
+struct cpu_log {
+	__u64 head; // switches logged so far; the newest is seg[(head - 1) & MASK]
+	__u32 cur_tid; // the task running since the newest switch
+	__u32 pad;
+	char cur_comm[COMM_LEN];
+	struct seg seg[LOG_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); // set to the possible CPUs before loading
+	__type(key, __u32);
+	__type(value, struct cpu_log);
+} logs SEC(".maps");
+
+// A followed thread: the user space side puts every thread whose waits
+// are wanted here and takes out the ones that are gone.
+struct followed {
+	__u64 seen_delay; // run_delay when last seen (valid when seen)
+	__u64 seen;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); // set before loading
+	__type(key, __u32);
+	__type(value, struct followed);
+} follow SEC(".maps");
+
+struct wait_key {
+	__u32 waiter;
+	__u32 culprit; // a tid; 0 idle; UNKNOWN below
+};
+
+struct wait_val {
+	__u64 ns;
+	char comm[COMM_LEN]; // the culprit's, when first charged
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536); // set before loading
+	__type(key, struct wait_key);
+	__type(value, struct wait_val);
+} waits SEC(".maps");
+
+// Waits ended (switched in) or moved (migrated) per waiter.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); // set before loading
+	__type(key, __u32);
+	__type(value, __u64);
+} counts SEC(".maps");
+
+// The culprit of wait time whose CPU log no longer reached back (or that
+// took more than MAX_WALK segments): user space's `Culprit::UNKNOWN`.
+#define UNKNOWN_TID 0xfffffffe
+
+enum {
+	ST_FULL,	 // charges lost: `waits` was full
+	ST_FULL_NS,
+	ST_CUT,		 // waits whose older part went to UNKNOWN
+	ST_CUT_NS,
+	ST_UNSEEN,	 // migrations of a followed thread not seen before
+	ST_COUNTS_FULL,	 // waits not counted: `counts` was full
+	ST_UNPLACED,	 // run_delay added where no program saw it (a queued
+	ST_UNPLACED_NS,	 // task dequeued and queued again in place: renice,
+			 // affinity), charged to UNKNOWN at the switch-in
+	ST_NO_RQ,	 // events skipped: the task's runqueue was not its CPU's
+	ST_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ST_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void stat_add(__u32 which, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &which);
+	if (v)
+		__sync_fetch_and_add(v, n);
+}
+
+static __always_inline void charge(__u32 waiter, __u32 culprit,
+				   const char *comm, __u64 ns)
+{
+	if (!ns)
+		return;
+	struct wait_key k = { .waiter = waiter, .culprit = culprit };
+	struct wait_val *v = bpf_map_lookup_elem(&waits, &k);
+	if (v) {
+		__sync_fetch_and_add(&v->ns, ns);
+		return;
+	}
+	struct wait_val nv = { .ns = ns };
+	if (comm)
+		__builtin_memcpy(nv.comm, comm, COMM_LEN);
+	if (bpf_map_update_elem(&waits, &k, &nv, BPF_NOEXIST)) {
+		// Another CPU put it there meanwhile, or the map is full.
+		v = bpf_map_lookup_elem(&waits, &k);
+		if (v) {
+			__sync_fetch_and_add(&v->ns, ns);
+			return;
+		}
+		stat_add(ST_FULL, 1);
+		stat_add(ST_FULL_NS, ns);
+	}
+}
+
+static __always_inline void count_wait(__u32 waiter)
+{
+	__u64 *c = bpf_map_lookup_elem(&counts, &waiter);
+	if (c) {
+		__sync_fetch_and_add(c, 1);
+		return;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&counts, &waiter, &one, BPF_NOEXIST)) {
+		c = bpf_map_lookup_elem(&counts, &waiter);
+		if (c)
+			__sync_fetch_and_add(c, 1);
+		else
+			stat_add(ST_COUNTS_FULL, 1);
+	}
+}
+
+// Charge the wait (from, to] of `waiter` on the CPU of `log`: first the
+// task running since the newest switch (from that switch up to `to`;
+// nothing when `to` is that switch), then the logged segments, newest
+// first. seg[j] ran from switch j - 1 to switch j.
+static __always_inline void split(struct cpu_log *log, __u32 waiter, __u64 from,
+				  __u64 to)
+{
+	__u64 head = log->head;
+	__u64 end = to;
+	if (head) {
+		__u64 newest = log->seg[(head - 1) & LOG_MASK].t;
+		if (newest < end) {
+			__u64 start = newest > from ? newest : from;
+			charge(waiter, log->cur_tid, log->cur_comm, end - start);
+			end = start;
+		}
+	}
+	for (int n = 0; n < MAX_WALK; n++) {
+		// seg[j] and the switch before it, still in the log.
+		if (end <= from || head < (__u64)n + 2 || n + 2 > LOG_LEN)
+			break;
+		__u64 j = head - 1 - n;
+		struct seg *s = &log->seg[j & LOG_MASK];
+		__u64 start = log->seg[(j - 1) & LOG_MASK].t;
+		__u64 stop = s->t < end ? s->t : end;
+		if (start < from)
+			start = from;
+		if (stop > start)
+			charge(waiter, s->tid, s->comm, stop - start);
+		if (start < end)
+			end = start;
+	}
+	if (end > from) {
+		charge(waiter, UNKNOWN_TID, 0, end - from);
+		stat_add(ST_CUT, 1);
+		stat_add(ST_CUT_NS, end - from);
+	}
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(switch_waits, bool preempt, struct task_struct *prev,
+	     struct task_struct *next, unsigned int prev_state)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct cpu_log *log = bpf_map_lookup_elem(&logs, &cpu);
+	if (!log)
+		return 0;
+	int rq_cpu;
+	__u64 now = rq_clock_of(prev, &rq_cpu);
+	if (rq_cpu != (int)cpu) {
+		stat_add(ST_NO_RQ, 1);
+		return 0;
+	}
+	// Log the segment prev ran.
+	__u64 h = log->head;
+	struct seg *s = &log->seg[h & LOG_MASK];
+	s->t = now;
+	s->tid = prev->pid;
+	bpf_probe_read_kernel(s->comm, COMM_LEN, prev->comm);
+	log->head = h + 1;
+	log->cur_tid = next->pid;
+	bpf_probe_read_kernel(log->cur_comm, COMM_LEN, next->comm);
+
+	__u32 p = prev->pid;
+	struct followed *f = bpf_map_lookup_elem(&follow, &p);
+	if (f) {
+		f->seen_delay = prev->sched_info.run_delay;
+		f->seen = 1;
+	}
+	__u32 n = next->pid;
+	f = bpf_map_lookup_elem(&follow, &n);
+	if (!f)
+		return 0;
+	// What sched_info_arrive is about to add to run_delay.
+	__u64 queued = next->sched_info.last_queued;
+	__u64 delay = next->sched_info.run_delay;
+	if (f->seen && delay > f->seen_delay) {
+		charge(n, UNKNOWN_TID, 0, delay - f->seen_delay);
+		stat_add(ST_UNPLACED, 1);
+		stat_add(ST_UNPLACED_NS, delay - f->seen_delay);
+	}
+	if (queued) {
+		if (queued < now) {
+			split(log, n, queued, now);
+			delay += now - queued;
+		}
+		count_wait(n);
+	}
+	f->seen_delay = delay;
+	f->seen = 1;
+	return 0;
+}
+
+SEC("tp_btf/sched_migrate_task")
+int BPF_PROG(migrate_waits, struct task_struct *p, int dest_cpu)
+{
+	__u32 tid = p->pid;
+	struct followed *f = bpf_map_lookup_elem(&follow, &tid);
+	if (!f)
+		return 0;
+	__u64 delay = p->sched_info.run_delay;
+	if (!f->seen) {
+		f->seen_delay = delay;
+		f->seen = 1;
+		stat_add(ST_UNSEEN, 1);
+		return 0;
+	}
+	__u64 before = f->seen_delay;
+	f->seen_delay = delay;
+	if (delay <= before)
+		return 0; // a sleeping task moved by its wake-up: no wait
+	__u64 grew = delay - before;
+	// The task is still on its old CPU's runqueue here (task_cpu and the
+	// CFS runqueue change after the tracepoint), which is locked: its
+	// clock is the dequeue's.
+	__u32 orig = task_cpu_of(p);
+	int rq_cpu;
+	__u64 now = rq_clock_of(p, &rq_cpu);
+	struct cpu_log *log = bpf_map_lookup_elem(&logs, &orig);
+	if (!log || rq_cpu != (int)orig) {
+		stat_add(ST_NO_RQ, 1);
+		return 0;
+	}
+	if (now > grew)
+		split(log, tid, now - grew, now);
+	count_wait(tid);
+	return 0;
+}

@@ -1,0 +1,142 @@
+//! The embedded object and loading a chosen subset of its programs:
+//! maps sized before loading, programs not asked for left out (so the
+//! verifier checks only what runs), libbpf's messages kept for the error
+//! line instead of printed.
+
+use crate::BpfError;
+use libbpf_rs::{Link, MapCore, MapHandle, Object, ObjectBuilder};
+use std::sync::Mutex;
+
+/// The scheduler programs, as clang built them.
+pub static SCHED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sched.bpf.o"));
+
+/// Every program in [`SCHED`], by name.
+pub const PROGRAMS: &[&str] = &["switch_times", "switch_waits", "migrate_waits"];
+
+/// libbpf's last messages (it prints the verifier's log on a failed load).
+static MESSAGES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn keep_message(_level: libbpf_rs::PrintLevel, msg: String) {
+    if let Ok(mut m) = MESSAGES.lock() {
+        if m.len() >= 64 {
+            m.remove(0);
+        }
+        m.push(msg.trim_end().to_string());
+    }
+}
+
+/// The most telling of libbpf's last messages: the verifier's last line
+/// or libbpf's own error.
+fn last_message() -> String {
+    let m = MESSAGES.lock().map(|m| m.clone()).unwrap_or_default();
+    m.iter()
+        .flat_map(|s| s.lines())
+        .rev()
+        .map(str::trim)
+        .find(|l| {
+            !l.is_empty()
+                && !l.starts_with("-- END PROG LOAD LOG --")
+                && !l.starts_with("processed ")
+                && !l.starts_with("libbpf: prog '")
+        })
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Loaded programs with their links; the maps are reached by name.
+pub struct Loaded {
+    obj: Object,
+    links: Vec<Link>,
+}
+
+impl Loaded {
+    /// An owned handle of map `name`.
+    pub fn map(&self, name: &str) -> Result<MapHandle, BpfError> {
+        let m = self
+            .obj
+            .maps()
+            .find(|m| m.name() == name)
+            .ok_or_else(|| BpfError::Load {
+                what: format!("the eBPF map {name}"),
+                msg: "not in the object".into(),
+            })?;
+        MapHandle::try_from(&m).map_err(|source| BpfError::Map {
+            what: "duplicating a map's descriptor",
+            source,
+        })
+    }
+
+    /// The programs' ids (their fdinfo and `bpftool prog show id N` give
+    /// `run_time_ns` when `kernel.bpf_stats_enabled` is 1).
+    pub fn program_ids(&self) -> Vec<u32> {
+        use std::os::fd::AsFd;
+        self.obj
+            .progs()
+            .filter_map(|p| libbpf_rs::Program::id_from_fd(p.as_fd()).ok())
+            .collect()
+    }
+
+    /// How many programs are attached.
+    pub fn attached(&self) -> usize {
+        self.links.len()
+    }
+}
+
+/// Load `programs` of [`SCHED`] with the maps in `sizes` resized, and
+/// attach them. `what` names them in the error.
+pub fn load(what: &str, programs: &[&str], sizes: &[(&str, u32)]) -> Result<Loaded, BpfError> {
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Warn, keep_message)));
+    if let Ok(mut m) = MESSAGES.lock() {
+        m.clear();
+    }
+    let fail = |step: &str, e: libbpf_rs::Error| {
+        let last = last_message();
+        let denied = matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied);
+        BpfError::Load {
+            what: format!("{what}: {step}"),
+            msg: if denied {
+                "not permitted (root, or CAP_BPF with CAP_PERFMON, is needed)".into()
+            } else if last.is_empty() {
+                e.to_string()
+            } else {
+                format!("{e} ({last})")
+            },
+        }
+    };
+    let mut open = ObjectBuilder::default()
+        .open_memory(SCHED)
+        .map_err(|e| fail("opening the eBPF object", e))?;
+    for mut p in open.progs_mut() {
+        let want = p.name().to_str().is_some_and(|n| programs.contains(&n));
+        p.set_autoload(want);
+    }
+    for mut m in open.maps_mut() {
+        if let Some(&(_, n)) = sizes.iter().find(|(name, _)| m.name() == *name) {
+            m.set_max_entries(n).map_err(|e| fail("sizing a map", e))?;
+        }
+    }
+    let obj = open
+        .load()
+        .map_err(|e| fail("loading the eBPF programs", e))?;
+    let mut links = Vec::new();
+    for p in obj.progs_mut() {
+        if !p.name().to_str().is_some_and(|n| programs.contains(&n)) {
+            continue;
+        }
+        let link = p
+            .attach()
+            .map_err(|e| fail("attaching an eBPF program", e))?;
+        links.push(link);
+    }
+    Ok(Loaded { obj, links })
+}
+
+/// The highest possible CPU + 1 (`/sys/devices/system/cpu/possible`): the
+/// per-CPU maps' size.
+pub fn cpu_slots() -> u32 {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| vmscope_linux::parse_cpu_list(&s).ok())
+        .and_then(|v| v.into_iter().max())
+        .map_or(1, |m| m + 1)
+}
