@@ -10,10 +10,11 @@
 //! [`BpfWaits::follow`] says which threads to follow (the map holds
 //! [`FOLLOW_ENTRIES`]), [`BpfWaits::take`] drains what was charged since
 //! the last call. Bounded: [`WAIT_ENTRIES`] (waiter, culprit) pairs between
-//! two drains (beyond, the time is counted in [`WaitStats::full_ns`]), at
-//! most 128 switches of one CPU looked at per wait and the CPU's last 256
-//! logged (older time goes to [`UNKNOWN_TID`], counted in
-//! [`WaitStats::cut_ns`]).
+//! two drains (beyond, the time is counted in [`WaitStats::full_ns`]), 64
+//! distinct culprits per waiter between two drains and at most 8 switches
+//! of one CPU looked at per wait (the rest goes to [`OTHER_TID`], the
+//! second counted in [`WaitStats::cut_ns`]): what one switch costs stays
+//! bounded however many threads wait on a CPU.
 
 use crate::object::{self, Loaded};
 use crate::BpfError;
@@ -27,12 +28,15 @@ pub const WAIT_ENTRIES: u32 = 65536;
 /// The culprit of time the programs could not place (`Culprit::UNKNOWN`
 /// of the wait timeline).
 pub const UNKNOWN_TID: u32 = 0xffff_fffe;
+/// Culprits beyond a waiter's 64, and the older part of a wait beyond 8
+/// switches (`Culprit::OTHER`).
+pub const OTHER_TID: u32 = 0xffff_ffff;
 
 /// One (waiter, culprit) sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
     pub waiter: u32,
-    /// A tid; 0 idle; [`UNKNOWN_TID`].
+    /// A tid; 0 idle; [`UNKNOWN_TID`], [`OTHER_TID`].
     pub culprit: u32,
     /// The culprit's comm when it was first charged (NUL-padded).
     pub comm: [u8; 16],
@@ -46,7 +50,7 @@ pub struct WaitStats {
     /// nanoseconds.
     pub full: u64,
     pub full_ns: u64,
-    /// Waits whose older part was charged to [`UNKNOWN_TID`] (more
+    /// Waits whose older part was charged to [`OTHER_TID`] (more
     /// switches on its CPU than the programs look at), and that part.
     pub cut: u64,
     pub cut_ns: u64,

@@ -154,10 +154,10 @@ impl WaitSource {
 fn bpf_waits(d: &vmscope_bpf::waits::Drained) -> (HashMap<u32, ThreadWait>, Vec<String>) {
     let mut out: HashMap<u32, ThreadWait> = HashMap::new();
     for c in &d.charges {
-        let culprit = if c.culprit == vmscope_bpf::waits::UNKNOWN_TID {
-            Culprit::UNKNOWN
-        } else {
-            Culprit::task(c.culprit, comm(&c.comm))
+        let culprit = match c.culprit {
+            vmscope_bpf::waits::UNKNOWN_TID => Culprit::UNKNOWN,
+            vmscope_bpf::waits::OTHER_TID => Culprit::OTHER,
+            t => Culprit::task(t, comm(&c.comm)),
         };
         out.entry(c.waiter).or_default().add(culprit, c.ns);
     }
@@ -177,7 +177,7 @@ fn bpf_waits(d: &vmscope_bpf::waits::Drained) -> (HashMap<u32, ThreadWait>, Vec<
     }
     if s.cut > 0 {
         notes.push(format!(
-            "{:.3} ms of {} waits charged to unknown: more switches on their CPU than the eBPF programs follow back",
+            "{:.3} ms of {} waits charged to other: more switches on their CPU during the wait than the eBPF programs name (8)",
             ms(s.cut_ns),
             s.cut
         ));
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(a.by_culprit[&k], 3_000_000);
         assert_eq!(w[&8].waits, 3);
         assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].contains("charged to unknown"), "{notes:?}");
+        assert!(notes[0].contains("charged to other"), "{notes:?}");
     }
 
     #[test]

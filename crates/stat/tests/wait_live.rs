@@ -188,7 +188,9 @@ fn ebpf_split_is_run_delay_even_for_short_waits() {
             let lo = before[k].wait_ns.saturating_sub(prev_after[k].wait_ns);
             let hi = after[k].wait_ns - prev_before[k].wait_ns;
             let switch_ins = after[k].slices.saturating_sub(prev_before[k].slices);
-            let ring = r.get(&pid).map_or(0, vmscope_stat::wait::ThreadWait::total_ns);
+            let ring = r
+                .get(&pid)
+                .map_or(0, vmscope_stat::wait::ThreadWait::total_ns);
             println!(
                 "interval {i} pid {pid}: run_delay {lo}..{hi} ns, eBPF {got} ns in {} waits, rings {ring} ns ({:+.2} % of run_delay), {switch_ins} switch-ins",
                 t.waits,
