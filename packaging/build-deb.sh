@@ -3,8 +3,8 @@
 #
 #   packaging/build-deb.sh            # build (release), stage, package; prints the .deb path
 #
-# Needs cargo-deb (`cargo install cargo-deb --locked`; scripts/setup.sh
-# installs it), dpkg-dev (dpkg-shlibdeps for the dependencies) and binutils (objcopy, strip).
+# Needs cargo-deb (installed here with `cargo install` when missing),
+# dpkg-dev (dpkg-shlibdeps for the dependencies) and binutils (objcopy, strip).
 # Steps: build vmscope and the static guest agent exactly as scripts/setup.sh
 # does; let the new binary write its man pages and completions from its own
 # clap definitions (`vmscope __generate`), so they match `--help`; stage them
@@ -14,10 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v cargo-deb >/dev/null 2>&1 || {
-  echo "build-deb: cargo-deb is missing: cargo install cargo-deb --locked (scripts/setup.sh does it)" >&2
-  exit 2
-}
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "build-deb: installing cargo-deb"
+  cargo install cargo-deb --locked --version 3.8.0 --quiet
+fi
 
 echo "build-deb: building vmscope and the static guest agent (release)"
 cargo build --release --workspace --bins --quiet  # as scripts/setup.sh: the same features, nothing rebuilt

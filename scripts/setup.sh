@@ -13,8 +13,7 @@ cd "$(dirname "$0")/.."
 #   caches (~/go/pkg/mod, ~/.cache/go-build) make a rebuild after a fresh
 #   clone a link;
 # - `go tool pprof`, which the pprof tests run: Go 1.24 and later ship it
-#   as source, built (and cached) at its first use;
-# - cargo-deb, which builds the Debian package.
+#   as source, built (and cached) at its first use.
 side_builds() {
   local GO otelcol rc=0
   GO=$(command -v go || echo /usr/local/go/bin/go)
@@ -28,10 +27,6 @@ side_builds() {
     fi
   fi
   "$GO" tool pprof -h >/dev/null 2>&1 || echo "setup: go tool pprof does not build: the pprof tests will skip" >&2
-  if ! command -v cargo-deb >/dev/null 2>&1; then
-    echo "setup: installing cargo-deb (builds the Debian package)"
-    cargo install cargo-deb --locked --version 3.8.0 --quiet || rc=$?
-  fi
   return "$rc"
 }
 side_pid=""
@@ -39,7 +34,7 @@ side_log="$(realpath -m "${CARGO_TARGET_DIR:-target}")/setup-side.log"
 start_side_builds() {
   [ -n "$side_pid" ] && return
   mkdir -p "$(dirname "$side_log")"
-  echo "setup: building the Collector, go tool pprof and cargo-deb in the background ($side_log)"
+  echo "setup: building the Collector and go tool pprof in the background ($side_log)"
   nice -n 19 bash -c "$(declare -f side_builds); side_builds" >"$side_log" 2>&1 &
   side_pid=$!
 }

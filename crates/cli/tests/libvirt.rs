@@ -265,10 +265,7 @@ fn libvirt_domain_is_profiled_accounted_and_listed() {
             return;
         }
     }
-    // The test's domains run under TCG (type 'qemu', accel = "tcg"): a
-    // libvirtd started here need not see /dev/kvm, which it would probe
-    // again at every domain start.
-    let daemons = match vmscope_lab::libvirt::Daemons::ensure_with(URI, true) {
+    let daemons = match vmscope_lab::libvirt::Daemons::ensure(URI) {
         Ok(d) => d,
         Err(why) => {
             vmscope_testkit::skip(&why);
