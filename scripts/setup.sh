@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 # - `go tool pprof`, which the pprof tests run: Go 1.24 and later ship it
 #   as source, built (and cached) at its first use.
 side_builds() {
-  local GO otelcol rc=0
+  local GO otelcol
   GO=$(command -v go || echo /usr/local/go/bin/go)
   otelcol="$(realpath -m "${CARGO_TARGET_DIR:-target}")/otelcol-vmscope"
   if [ ! -x "$otelcol" ] || [ tools/otelcol/go.sum -nt "$otelcol" ] \
@@ -27,7 +27,6 @@ side_builds() {
     fi
   fi
   "$GO" tool pprof -h >/dev/null 2>&1 || echo "setup: go tool pprof does not build: the pprof tests will skip" >&2
-  return "$rc"
 }
 side_pid=""
 side_log="$(realpath -m "${CARGO_TARGET_DIR:-target}")/setup-side.log"

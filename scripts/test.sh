@@ -28,7 +28,8 @@ tally() {
 }
 side=""
 finish() {
-  if [ -n "$side" ]; then kill "$side" 2>/dev/null || true; fi
+  # The whole group: the shell, cargo and every rustc under it.
+  if [ -n "$side" ]; then kill -- "-$side" 2>/dev/null || kill "$side" 2>/dev/null || true; fi
   tally
 }
 trap finish EXIT
@@ -42,7 +43,10 @@ cargo test --workspace --release --no-run --quiet
 # tests instead, beside clippy and the test build, they took about 2 of
 # the set-up's minutes.
 echo "== fuzz targets and cargo-deb: building in the background (target/side-build.log)"
-nice -n 19 bash -c '
+# One job at a time and the idle I/O class, so that it takes little
+# memory and disk bandwidth from the tests either; a process group of its
+# own (setsid), which finish() stops whole.
+CARGO_BUILD_JOBS=1 setsid nice -n 19 ionice -c 3 bash -c '
   if [ -x scripts/fuzz-smoke.sh ]; then FUZZ_BUILD_ONLY=1 scripts/fuzz-smoke.sh; fi
   command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked --version 3.8.0 --quiet
 ' >target/side-build.log 2>&1 &

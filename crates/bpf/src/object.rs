@@ -29,16 +29,28 @@ fn keep_message(_level: libbpf_rs::PrintLevel, msg: String) {
 /// or libbpf's own error.
 fn last_message() -> String {
     let m = MESSAGES.lock().map(|m| m.clone()).unwrap_or_default();
-    m.iter()
-        .flat_map(|s| s.lines())
+    let lines: Vec<&str> = m.iter().flat_map(|s| s.lines()).map(str::trim).collect();
+    // The verifier's verdict: the last line of its log before the
+    // statistics and the end marker.
+    if let Some(end) = lines
+        .iter()
+        .rposition(|l| l.starts_with("-- END PROG LOAD LOG --"))
+    {
+        if let Some(l) = lines[..end]
+            .iter()
+            .rev()
+            .find(|l| !l.is_empty() && !l.starts_with("processed "))
+        {
+            return (*l).to_string();
+        }
+    }
+    // Else libbpf's own reason (a relocation it could not make), not its
+    // closing "failed to load object" line.
+    lines
+        .iter()
         .rev()
-        .map(str::trim)
-        .find(|l| {
-            !l.is_empty()
-                && !l.starts_with("-- END PROG LOAD LOG --")
-                && !l.starts_with("processed ")
-                && !l.starts_with("libbpf: prog '")
-        })
+        .find(|l| !l.is_empty() && !l.contains("failed to load object"))
+        .copied()
         .unwrap_or("")
         .to_string()
 }
@@ -139,4 +151,41 @@ pub fn cpu_slots() -> u32 {
         .and_then(|s| vmscope_linux::parse_cpu_list(&s).ok())
         .and_then(|v| v.into_iter().max())
         .map_or(1, |m| m + 1)
+}
+
+/// Whether the kernel reads hash map `map` in batches (Linux 5.6 and
+/// later): checked at open, since a failed batch read ends libbpf-rs's
+/// iterator as if the map were empty.
+pub fn check_batch_reads(map: &MapHandle, what: &str) -> Result<(), BpfError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let key = vec![0u8; map.key_size() as usize];
+    let value = vec![0u8; map.value_size() as usize];
+    let (mut keys, mut values, mut next) = (key.clone(), value, key);
+    let mut count: u32 = 1;
+    // SAFETY: the buffers hold `count` keys and values of the map's sizes
+    // and a key for the batch position; the descriptor is open (borrowed
+    // from `map`); a null `in_batch` starts at the beginning, null options
+    // are the defaults.
+    let r = unsafe {
+        libbpf_sys::bpf_map_lookup_batch(
+            map.as_fd().as_raw_fd(),
+            std::ptr::null_mut(),
+            next.as_mut_ptr().cast(),
+            keys.as_mut_ptr().cast(),
+            values.as_mut_ptr().cast(),
+            &mut count,
+            std::ptr::null(),
+        )
+    };
+    // 0, or -ENOENT at the end of the map (an empty one): supported.
+    if r == 0 || r == -libc::ENOENT {
+        return Ok(());
+    }
+    Err(BpfError::Load {
+        what: what.to_string(),
+        msg: format!(
+            "the kernel does not read eBPF hash maps in batches ({})",
+            std::io::Error::from_raw_os_error(-r)
+        ),
+    })
 }

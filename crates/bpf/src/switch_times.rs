@@ -180,6 +180,7 @@ impl BpfSwitchTimes {
         };
         // Batch reads are checked here so a kernel without them falls back
         // at start, not at the first interval.
+        object::check_batch_reads(&me.acc, "vm-stat's run-time map")?;
         me.running()?;
         me.holes = me.holes_now;
         me.dropped = me.dropped_now;

@@ -15,6 +15,13 @@
 //! of one CPU looked at per wait (the rest goes to [`OTHER_TID`], the
 //! second counted in [`WaitStats::cut_ns`]): what one switch costs stays
 //! bounded however many threads wait on a CPU.
+//!
+//! Limits: the per-waiter culprit count is kept without a lock, so two
+//! CPUs adding culprits of one waiter at once can let it pass 64 by one or
+//! two; a charge made while the drain deletes its element can be lost
+//! (the program holds a pointer to the element for a few instructions)
+//! or, since the kernel reuses the elements, land on the pair that next
+//! takes that element.
 
 use crate::object::{self, Loaded};
 use crate::BpfError;
@@ -59,11 +66,14 @@ pub struct WaitStats {
     pub unseen: u64,
     /// Waits not counted: the count map was full.
     pub counts_full: u64,
-    /// `run_delay` the kernel added where no program ran (a queued task
-    /// dequeued and queued again in place: a priority or affinity
-    /// change), charged to [`UNKNOWN_TID`].
+    /// `run_delay` the kernel added where no program could split it (an
+    /// event skipped, a move that was not a queued task's), charged to
+    /// [`UNKNOWN_TID`].
     pub unplaced: u64,
     pub unplaced_ns: u64,
+    /// Events the programs skipped: the task's runqueue was out of reach
+    /// (a kernel without `CONFIG_FAIR_GROUP_SCHED`) or not its CPU's.
+    pub no_rq: u64,
     /// Threads that could not be followed (the follow map was full).
     pub not_followed: u64,
 }
@@ -85,9 +95,12 @@ pub struct BpfWaits {
     counts: MapHandle,
     stats: MapHandle,
     followed: HashSet<u32>,
-    last: [u64; 8],
+    last: [u64; STATS],
     not_followed: u64,
 }
+
+/// The programs' counters (the `stats` array, in the C enum's order).
+const STATS: usize = 9;
 
 fn map_err(what: &'static str) -> impl FnOnce(libbpf_rs::Error) -> BpfError {
     move |source| BpfError::Map { what, source }
@@ -120,14 +133,16 @@ impl BpfWaits {
                 ("counts", FOLLOW_ENTRIES),
             ],
         )?;
+        let waits = loaded.map("waits")?;
+        object::check_batch_reads(&waits, "the scheduler wait map")?;
         Ok(BpfWaits {
             follow: loaded.map("follow")?,
-            waits: loaded.map("waits")?,
+            waits,
             counts: loaded.map("counts")?,
             stats: loaded.map("stats")?,
             loaded,
             followed: HashSet::new(),
-            last: [0; 8],
+            last: [0; STATS],
             not_followed: 0,
         })
     }
@@ -198,7 +213,7 @@ impl BpfWaits {
         {
             *out.waits.entry(u32_at(&k, 0)).or_default() += u64_at(&v, 0);
         }
-        let mut now = [0u64; 8];
+        let mut now = [0u64; STATS];
         for (i, n) in now.iter_mut().enumerate() {
             let key = (i as u32).to_ne_bytes();
             *n = self
@@ -217,6 +232,7 @@ impl BpfWaits {
             counts_full: d(5),
             unplaced: d(6),
             unplaced_ns: d(7),
+            no_rq: d(8),
             not_followed: std::mem::take(&mut self.not_followed),
         };
         self.last = now;

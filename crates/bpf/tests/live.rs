@@ -64,7 +64,9 @@ fn bpf_programs_loaded_while_recording_are_named() {
     for _ in 0..100 {
         rec.read(Duration::from_millis(50), &mut out).unwrap();
         got = ksyms(&out);
-        let added = got.iter().find(|k| k.2.starts_with("bpf_prog_") && !k.4);
+        let added = got
+            .iter()
+            .find(|k| k.2.starts_with("bpf_prog_") && k.2.ends_with("_switch_times") && !k.4);
         if added.is_some_and(|a| got.iter().any(|k| k.0 == a.0 && k.4)) {
             break;
         }
@@ -72,7 +74,7 @@ fn bpf_programs_loaded_while_recording_are_named() {
     rec.disable().unwrap();
     let added = got
         .iter()
-        .find(|k| k.2.starts_with("bpf_prog_") && !k.4)
+        .find(|k| k.2.starts_with("bpf_prog_") && k.2.ends_with("_switch_times") && !k.4)
         .unwrap_or_else(|| panic!("no KSYMBOL record of the program: {got:?}"));
     assert!(added.3, "not typed BPF: {added:?}");
     assert!(added.0 >= 0xffff_0000_0000_0000 && added.1 > 0, "{added:?}");

@@ -59,11 +59,16 @@ fn start_collector(bin: &Path, dir: &Path, port: u16, out: &Path) -> Reap {
         .arg(format!("--config={}", cfg.display()))
         .arg("--feature-gates=service.profilesSupport")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("otelcol-{port}.log"))).unwrap())
+        .stderr(std::fs::File::create(collector_log(out)).unwrap())
         .spawn()
         .unwrap();
     wait_port(port);
     Reap(child)
+}
+
+/// Where the collector writing `out` logs.
+fn collector_log(out: &Path) -> PathBuf {
+    out.with_extension("log")
 }
 
 fn wait_port(port: u16) {
@@ -439,13 +444,26 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The outage begins just after a window arrived, so no push is on its
+    // way while the collector shuts down (one it takes then and loses is
+    // the collector's loss, not serve's).
+    let seen = windows(std::slice::from_ref(&out1));
+    while windows(std::slice::from_ref(&out1)) == seen {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no third OTLP window arrived"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Between two pushes: what /metrics says now.
     let before_scrape = std::time::SystemTime::now();
     let scraped = scraped_run(&http_get(&saddr, "/metrics").unwrap());
     let after_scrape = std::time::SystemTime::now();
 
     // The outage: 30 s without the collector.
+    let term_at = std::time::SystemTime::now();
     term(&mut collector.0);
+    let down_after = term_at.elapsed().unwrap_or_default();
     std::thread::sleep(Duration::from_secs(30));
     let mid = http_get(&saddr, "/metrics").unwrap();
     let waiting = mid
@@ -537,10 +555,34 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
                 .lines()
                 .filter(|l| l.starts_with("vmscope_export_"))
                 .collect();
+            // Which collector took which window, and what each said.
+            let by_file: Vec<String> = [&out1, &out2]
+                .iter()
+                .map(|f| {
+                    let mut starts: Vec<i64> = collected(std::slice::from_ref(f))
+                        .iter()
+                        .map(|g| g.start)
+                        .collect();
+                    starts.dedup();
+                    let said = std::fs::read_to_string(collector_log(f)).unwrap_or_default();
+                    let tail: Vec<&str> = said.lines().rev().take(15).collect();
+                    format!(
+                        "{}: windows {starts:?}\n  log (last lines first):\n  {}",
+                        f.display(),
+                        tail.join("\n  ")
+                    )
+                })
+                .collect();
             panic!(
-                "{gap} ns between the windows at {} and {} ns\nreceived: {windows:?}\ncut:\n{}\n{}\nserve said:\n{}",
+                "{gap} ns between the windows at {} and {} ns\nreceived: {windows:?}\n\
+                 collector 1 stopped at {} ns, {down_after:?} after SIGTERM\n{}\ncut:\n{}\n{}\nserve said:\n{}",
                 w[0].0,
                 w[1].0,
+                term_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos(),
+                by_file.join("\n"),
                 cut.join("\n"),
                 counters.join("\n"),
                 log.join("\n")

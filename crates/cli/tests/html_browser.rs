@@ -260,3 +260,92 @@ fn html_report_charts_show_the_known_rates() {
         }
     }
 }
+
+/// An accounting session with the waited-behind split: the report prints
+/// who waited behind whom, and the HTML report's matrix, as Chromium
+/// builds it, has one row per VM and one cell per culprit with the known
+/// seconds a second; PNG in `$VMSCOPE_KEEP/wait-matrix.png` when set.
+#[test]
+fn who_waited_behind_whom_as_a_table_and_a_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("acc.db");
+    sessions::wait_session(&db);
+    let text = vmscope().arg("report").arg(&db).output().unwrap();
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("web ")
+            && l.contains("db vCPU 0")
+            && l.contains("0.400000")
+            && l.ends_with(" 80.0%")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("web ") && l.contains(" io ") && l.contains("idle")),
+        "{text}"
+    );
+    let json = vmscope()
+        .arg("report")
+        .arg(&db)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let waits = v["intervals"][0]["waits"].as_array().unwrap();
+    assert_eq!(waits.len(), 4, "{waits:?}");
+    if !vmscope_testkit::require_tools(&[("chromium", "chromium")]) {
+        return;
+    }
+    let html = dir.path().join("report.html");
+    let out = vmscope()
+        .arg("report")
+        .arg(&db)
+        .args(["--format", "html", "-o"])
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = chromium(&dir.path().join("profile"))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let at = dom
+        .find("Who waited behind whom")
+        .unwrap_or_else(|| panic!("no matrix in the page"));
+    let svg = &dom[at..at + dom[at..].find("</svg>").unwrap()];
+    // Each cell's tooltip: "WAITER behind CULPRIT: VALUE UNIT".
+    for (cell, want) in [
+        ("web behind db vCPU 0", "0.4"),
+        ("web behind host backup (pid 812)", "0.1"),
+        ("db behind web vCPU 0", "0.3"),
+        ("web behind all", "0.5"),
+    ] {
+        assert!(
+            svg.contains(&format!("<title>{cell}: {want} ")),
+            "no cell '{cell}' of {want} in {svg}"
+        );
+    }
+    assert!(
+        !svg.contains("idle"),
+        "an I/O thread's wait in the vCPU matrix"
+    );
+    if let Ok(keep) = std::env::var("VMSCOPE_KEEP") {
+        let png = Path::new(&keep).join("wait-matrix.png");
+        let _ = chromium(&dir.path().join("profile-shot"))
+            .arg(format!("--screenshot={}", png.display()))
+            .arg("--window-size=900,1400")
+            .arg(format!("file://{}", html.display()))
+            .output();
+    }
+}

@@ -602,3 +602,41 @@ pub const KNOWN_RATES: &[(&str, &str, &str, f64)] = &[
     ("Accounting", "CPUs (seconds per second)", "web total", 0.9),
     ("vm-stat", "CPUs (seconds per second)", "web", 0.8),
 ];
+
+/// An `account -o` session of two 1 s intervals with the waited-behind
+/// split: web's vCPUs waited 0.4 s a second behind db's vCPU 0 and 0.1 s
+/// behind a host backup task; db's 0.3 s behind web's vCPU 0; and web's
+/// I/O thread 0.05 s behind idle (not in the vCPU matrix).
+pub fn wait_session(path: &Path) {
+    let mut w = SessionWriter::create(path).unwrap();
+    for (k, v) in [
+        ("source", "account"),
+        ("duration_s", "2.000"),
+        ("cpus", "2"),
+    ] {
+        w.set_meta(k, v).unwrap();
+    }
+    for t in [0.0, 1.0] {
+        let row = |domain: &str, metric: &str, value: f64| IntervalRow {
+            kind: "account".into(),
+            t_start: t,
+            t_end: t + 1.0,
+            cpu: None,
+            domain: Some(domain.into()),
+            vcpu: None,
+            metric: metric.into(),
+            value,
+            unit: "s".into(),
+        };
+        w.add_intervals(&[
+            row("web", "vcpu_runnable", 0.5),
+            row("web", "waited_behind db vCPU 0", 0.4),
+            row("web", "waited_behind host backup (pid 812)", 0.1),
+            row("web", "io_waited_behind idle", 0.05),
+            row("db", "vcpu_runnable", 0.3),
+            row("db", "waited_behind web vCPU 0", 0.3),
+        ])
+        .unwrap();
+    }
+    w.finish(true).unwrap();
+}

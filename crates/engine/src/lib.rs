@@ -11,6 +11,8 @@ mod convert;
 #[cfg(feature = "host")]
 pub mod cost;
 #[cfg(feature = "host")]
+pub mod coverage;
+#[cfg(feature = "host")]
 pub mod guest;
 #[cfg(feature = "host")]
 pub mod import;

@@ -500,6 +500,9 @@ struct Recording {
     /// When the read loop began: the recording's duration, its cost steps
     /// and ended VMs count from here.
     t0: Instant,
+    /// A recording of every CPU: the scheduler's clocks when sampling
+    /// began, and the VMs they follow (name, pid), for the coverage.
+    run_clock: Option<(crate::coverage::RunClock, Vec<(String, u32)>)>,
 }
 
 impl Run<'_, '_> {
@@ -517,6 +520,18 @@ impl Run<'_, '_> {
         let (ended, status) = self.read_loop(writer, &mut r, &opts)?;
         let duration = r.t0.elapsed();
         self.rec.disable()?;
+        if let Some((begin, vms)) = r.run_clock.take() {
+            let end = crate::coverage::RunClock::read(&ProcRoot::system(), &vms);
+            for (domain, s) in begin.run_since(&end) {
+                writer.set_meta(
+                    &format!("{}{domain}", crate::coverage::META_PREFIX),
+                    &format!("{s:.6}"),
+                )?;
+            }
+            if let Some(p) = begin.steal_pct(&end) {
+                writer.set_meta(crate::coverage::STEAL_META, &format!("{p:.2}"))?;
+            }
+        }
         let mark = self
             .rec
             .read_bytes(Duration::from_millis(0), |b| r.conv.copy(b))?;
@@ -573,7 +588,17 @@ impl Run<'_, '_> {
         // From here the converter runs on its own thread: reading the rings
         // never waits on symbol loading, or on conversion (crate::pipeline).
         let conv = ConvertThread::spawn(conv, self.rec.stream())?;
+        let vms: Vec<(String, u32)> = vm_detail
+            .values()
+            .filter_map(|(d, _)| Some((d.name.clone(), d.pid?)))
+            .collect();
         let Sampling { cost, pollers, .. } = ready.enable(&mut self.rec)?;
+        let run_clock = matches!(self.target, Target::AllCpus).then(|| {
+            (
+                crate::coverage::RunClock::read(&ProcRoot::system(), &vms),
+                vms,
+            )
+        });
         self.sampling = true;
         if let Some(c) = self.child.as_mut() {
             c.release();
@@ -591,6 +616,7 @@ impl Run<'_, '_> {
             },
             notes,
             t0: Instant::now(),
+            run_clock,
         })
     }
 
@@ -832,6 +858,7 @@ impl Recording {
             mut agents,
             mut notes,
             t0,
+            run_clock: _,
         } = self;
         let lost_behind = conv.dropped();
         // Every batch converted: the answers not yet written, then the rest.

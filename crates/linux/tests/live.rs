@@ -457,7 +457,6 @@ fn softirq_time_of_loopback_traffic() {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
     // SAFETY: gettid has no preconditions.
-    // SAFETY: gettid has no preconditions.
     let me = unsafe { libc::gettid() } as u32;
     for _ in 0..2000 {
         s.write_all(&[1u8; 1000]).unwrap();

@@ -216,6 +216,64 @@ fn interval_charts(session: &Session, kind: &str) -> Result<Vec<String>, ReportE
         .collect())
 }
 
+/// Culprits given a column of the matrix (the rest in `other`).
+const MATRIX_COLS: usize = 7;
+
+/// Who waited behind whom in an accounting session: one row per VM, one
+/// column per culprit (the most waited-behind overall, the rest `other`),
+/// seconds of its vCPUs' steal per second in each cell.
+fn wait_matrix(session: &Session) -> Result<Option<String>, ReportError> {
+    let rows = session.intervals(Some("account"))?;
+    let summaries = crate::intervals::summarize(&rows);
+    let Some(s) = summaries.iter().find(|s| s.kind == "account") else {
+        return Ok(None);
+    };
+    let cells: Vec<&crate::intervals::WaitCell> =
+        s.waits.iter().filter(|c| c.threads == "vcpu").collect();
+    if cells.is_empty() {
+        return Ok(None);
+    }
+    let mut by_culprit: BTreeMap<&str, f64> = BTreeMap::new();
+    for c in &cells {
+        *by_culprit.entry(&c.culprit).or_default() += c.per_second;
+    }
+    let mut order: Vec<(&str, f64)> = by_culprit.into_iter().collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut cols: Vec<String> = order
+        .iter()
+        .take(MATRIX_COLS)
+        .map(|(c, _)| (*c).to_string())
+        .collect();
+    let folded = order.len() > MATRIX_COLS;
+    if folded {
+        cols.push(format!("{} more", order.len() - MATRIX_COLS));
+    }
+    let mut waiters: Vec<String> = cells.iter().map(|c| c.waiter.clone()).collect();
+    waiters.dedup();
+    let values: Vec<Vec<f64>> = waiters
+        .iter()
+        .map(|w| {
+            let mut row = vec![0.0; cols.len()];
+            for c in cells.iter().filter(|c| &c.waiter == w) {
+                let at = cols
+                    .iter()
+                    .take(MATRIX_COLS)
+                    .position(|x| *x == c.culprit)
+                    .unwrap_or(cols.len() - 1);
+                row[at] += c.per_second;
+            }
+            row
+        })
+        .collect();
+    Ok(Some(crate::svgchart::matrix(
+        "Who waited behind whom: each VM's vCPU steal by what ran instead",
+        "CPUs (seconds of waiting per second)",
+        &waiters,
+        &cols,
+        &values,
+    )))
+}
+
 fn bench_charts(session: &Session) -> Result<Vec<String>, ReportError> {
     let rows = session.bench_samples()?;
     let mut per: BTreeMap<(String, String, String), BTreeMap<String, Vec<f64>>> = BTreeMap::new();
@@ -381,6 +439,11 @@ fn write_time_charts(session: &Session, event: &str, h: &mut String) -> Result<(
         }
         for svg in charts {
             let _ = writeln!(h, "{svg}");
+        }
+        if kind == "account" {
+            if let Some(svg) = wait_matrix(session)? {
+                let _ = writeln!(h, "{svg}");
+            }
         }
     }
     let bench = bench_charts(session)?;

@@ -1,6 +1,7 @@
 //! Intervals kept by `stat -o` and `account -o`, summarized for a report:
 //! per CPU and domain (vm-stat) and per VM (accounting), each value as a
-//! rate over the time the intervals cover.
+//! rate over the time the intervals cover; for accounting also who waited
+//! behind whom ([`WaitCell`]: each VM's steal by what ran instead).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -18,6 +19,64 @@ pub struct IntervalSummary {
     /// Rate of each (cpu, domain, vcpu, metric) over `seconds`, in the
     /// stored unit per second.
     pub rates: Vec<IntervalRate>,
+    /// Who waited behind whom (accounting with the waited-behind split),
+    /// each waiter's culprits largest first.
+    pub waits: Vec<WaitCell>,
+}
+
+/// One (waiting VM, culprit) of the waited-behind split over the covered
+/// time.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaitCell {
+    /// The VM that waited.
+    pub waiter: String,
+    /// `vcpu` (its vCPUs' steal) or `io` (its other threads' waiting).
+    pub threads: &'static str,
+    /// What ran instead: `db vCPU 0`, `host backup (pid 812)`, `idle`,
+    /// `other`.
+    pub culprit: String,
+    /// Seconds of waiting per second.
+    pub per_second: f64,
+    /// Share of the waiter's attributed waiting of that kind.
+    pub share: f64,
+}
+
+/// Stored metric prefixes of the waited-behind rows (`account -o`).
+const WAIT_METRICS: [(&str, &str); 2] = [("waited_behind ", "vcpu"), ("io_waited_behind ", "io")];
+
+/// The waited-behind rates taken out of `rates`, as cells.
+fn wait_cells(rates: &mut Vec<IntervalRate>) -> Vec<WaitCell> {
+    let mut cells = Vec::new();
+    rates.retain(|r| {
+        for (prefix, threads) in WAIT_METRICS {
+            if let (Some(culprit), Some(waiter)) = (r.metric.strip_prefix(prefix), &r.domain) {
+                cells.push(WaitCell {
+                    waiter: waiter.clone(),
+                    threads,
+                    culprit: culprit.to_string(),
+                    per_second: r.per_second,
+                    share: 0.0,
+                });
+                return false;
+            }
+        }
+        true
+    });
+    let mut totals: BTreeMap<(String, &str), f64> = BTreeMap::new();
+    for c in &cells {
+        *totals.entry((c.waiter.clone(), c.threads)).or_default() += c.per_second;
+    }
+    for c in &mut cells {
+        let t = totals[&(c.waiter.clone(), c.threads)];
+        c.share = if t > 0.0 { c.per_second / t } else { 0.0 };
+    }
+    cells.sort_by(|a, b| {
+        (&a.waiter, a.threads)
+            .cmp(&(&b.waiter, b.threads))
+            .then(b.per_second.total_cmp(&a.per_second))
+            .then(a.culprit.cmp(&b.culprit))
+    });
+    cells
 }
 
 /// One value per second over the covered time.
@@ -60,7 +119,7 @@ pub fn summarize(rows: &[IntervalRow]) -> Vec<IntervalSummary> {
                 .keys()
                 .map(|(a, b)| f64::from_bits(*b) - f64::from_bits(*a))
                 .sum();
-            let rates = sums
+            let mut rates = sums
                 .into_iter()
                 .map(|((cpu, domain, vcpu, metric, unit), sum)| IntervalRate {
                     cpu,
@@ -71,11 +130,13 @@ pub fn summarize(rows: &[IntervalRow]) -> Vec<IntervalSummary> {
                     unit,
                 })
                 .collect();
+            let waits = wait_cells(&mut rates);
             IntervalSummary {
                 kind: kind.to_string(),
                 intervals: spans.len(),
                 seconds,
                 rates,
+                waits,
             }
         })
         .collect()
@@ -91,7 +152,10 @@ pub fn write_text(summaries: &[IntervalSummary], out: &mut dyn Write) -> std::io
         )?;
         match s.kind.as_str() {
             "stat" => stat_table(s, out)?,
-            "account" => account_table(s, out)?,
+            "account" => {
+                account_table(s, out)?;
+                wait_table(s, out)?;
+            }
             "history" => history_table(s, out)?,
             _ => {
                 for r in &s.rates {
@@ -175,6 +239,60 @@ fn stat_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
             write!(out, "  {:>12.1}", pct("time", Some(d)))?;
         }
         writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Culprits shown per waiter in the text table (the rest summed).
+const WAIT_TOP: usize = 5;
+
+/// Who waited behind whom: per VM and kind of thread its top culprits, in
+/// seconds of waiting per second and as a share of that VM's waiting.
+fn wait_table(s: &IntervalSummary, out: &mut dyn Write) -> std::io::Result<()> {
+    if s.waits.is_empty() {
+        return Ok(());
+    }
+    use vmscope_model::text::{visible_cut, NAME_WIDTH};
+    writeln!(
+        out,
+        "# who waited behind whom: each VM's waiting by what ran instead (vCPUs: its steal)"
+    )?;
+    writeln!(
+        out,
+        "{:<12}  {:<5}  {:<32}  {:>10}  {:>6}",
+        "waiter", "of", "culprit", "wait s/s", "share"
+    )?;
+    let mut i = 0;
+    while i < s.waits.len() {
+        let (w, t) = (&s.waits[i].waiter, s.waits[i].threads);
+        let group: Vec<&WaitCell> = s.waits[i..]
+            .iter()
+            .take_while(|c| &c.waiter == w && c.threads == t)
+            .collect();
+        i += group.len();
+        for c in group.iter().take(WAIT_TOP) {
+            writeln!(
+                out,
+                "{:<12}  {:<5}  {:<32}  {:>10.6}  {:>5.1}%",
+                visible_cut(w, NAME_WIDTH),
+                t,
+                visible_cut(&c.culprit, 32),
+                c.per_second,
+                100.0 * c.share
+            )?;
+        }
+        if group.len() > WAIT_TOP {
+            let rest = &group[WAIT_TOP..];
+            writeln!(
+                out,
+                "{:<12}  {:<5}  {:<32}  {:>10.6}  {:>5.1}%",
+                visible_cut(w, NAME_WIDTH),
+                t,
+                format!("{} more", rest.len()),
+                rest.iter().map(|c| c.per_second).sum::<f64>(),
+                100.0 * rest.iter().map(|c| c.share).sum::<f64>()
+            )?;
+        }
     }
     Ok(())
 }
@@ -276,6 +394,74 @@ mod tests {
         assert!(
             text.lines()
                 .any(|l| l.starts_with("web ") && l.contains(" 0.500000 ")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn waits_become_cells_with_shares_and_a_table() {
+        let mut rows = vec![
+            row(0.0, None, Some("web"), None, "vcpu_runnable", 0.4),
+            row(0.0, None, Some("web"), None, "waited_behind db vCPU 0", 0.3),
+            row(0.5, None, Some("web"), None, "waited_behind db vCPU 0", 0.1),
+            row(
+                0.0,
+                None,
+                Some("web"),
+                None,
+                "waited_behind host backup (pid 9)",
+                0.1,
+            ),
+            row(0.0, None, Some("web"), None, "io_waited_behind idle", 0.05),
+        ];
+        for i in 0..7 {
+            rows.push(row(
+                0.5,
+                None,
+                Some("db"),
+                None,
+                &format!("waited_behind host t{i} (pid {i})"),
+                0.01 * f64::from(i + 1),
+            ));
+        }
+        let s = summarize(&rows);
+        let a = &s[0];
+        assert!(
+            !a.rates.iter().any(|r| r.metric.contains("waited_behind")),
+            "{:?}",
+            a.rates
+        );
+        let web: Vec<&WaitCell> = a
+            .waits
+            .iter()
+            .filter(|c| c.waiter == "web" && c.threads == "vcpu")
+            .collect();
+        assert_eq!(web[0].culprit, "db vCPU 0");
+        assert!((web[0].per_second - 0.4).abs() < 1e-9, "{web:?}");
+        assert!((web[0].share - 0.8).abs() < 1e-9, "{web:?}");
+        assert!((web[1].share - 0.2).abs() < 1e-9, "{web:?}");
+        let io = a.waits.iter().find(|c| c.threads == "io").unwrap();
+        assert!((io.share - 1.0).abs() < 1e-9);
+        let mut text = Vec::new();
+        write_text(&s, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("# who waited behind whom"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("web ")
+                && l.contains("db vCPU 0")
+                && l.contains("0.400000")
+                && l.ends_with(" 80.0%")),
+            "{text}"
+        );
+        // db's 7 culprits: the top 5 and the rest in one line.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("db ") && l.contains("2 more")),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("db ")).count(),
+            6,
             "{text}"
         );
     }

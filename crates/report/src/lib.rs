@@ -31,6 +31,7 @@ pub use stacks::{CallGraph, StackLine};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use vmscope_model::Context;
 use vmscope_store::{Field, Session, Slice, StoreError, View};
 
 #[derive(Debug, thiserror::Error)]
@@ -253,10 +254,93 @@ pub struct Report {
     pub class_rules: Option<String>,
     /// Intervals kept by `stat -o` / `account -o`, summarized.
     pub intervals: Vec<intervals::IntervalSummary>,
+    /// Per domain, the CPU time its samples stand for against what the
+    /// scheduler says its threads ran over the same seconds (a recording
+    /// of every CPU with a clock event; none for a slice).
+    pub coverage: Vec<Coverage>,
     /// Why there are no rows when a filter matched nothing, with the values
     /// that do exist.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+}
+
+/// How much of a domain's run time its samples cover.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Coverage {
+    pub domain: String,
+    /// The CPU time the domain's host samples stand for (their event
+    /// count, idle left out), seconds.
+    pub sampled_s: f64,
+    /// What the scheduler says the domain's threads ran meanwhile, seconds.
+    pub scheduler_s: f64,
+    /// `sampled_s / scheduler_s`.
+    pub ratio: f64,
+    /// Under [`LOW_COVERAGE`]: the likely cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub low: Option<String>,
+}
+
+/// Coverage under this is flagged.
+pub const LOW_COVERAGE: f64 = 0.9;
+
+/// The host's own steal while the recording sampled, percent of its CPUs
+/// (`record -a` writes it beside the run times).
+pub const STEAL_META: &str = "host_steal_pct";
+
+/// The coverage of each domain with a stored run time (`run_s_<domain>`
+/// meta, written by `record -a`), from the host view of the first event
+/// when it is a clock.
+fn coverage(
+    session: &Session,
+    meta: &BTreeMap<String, String>,
+    events: &[vmscope_model::SessionEvent],
+) -> Result<Vec<Coverage>, ReportError> {
+    const PREFIX: &str = "run_s_";
+    if !events.first().is_some_and(|e| is_clock(&e.name)) {
+        return Ok(Vec::new());
+    }
+    let runs: Vec<(String, f64)> = meta
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?.to_string(), v.parse().ok()?)))
+        .collect();
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sampled: BTreeMap<String, u64> = BTreeMap::new();
+    for g in session.grouped(View::Host, 0, &[Field::Domain, Field::Context], &[])? {
+        if g.values.get(1).is_some_and(|c| c == Context::Idle.as_str()) {
+            continue;
+        }
+        if let Some(d) = g.values.first() {
+            *sampled.entry(d.clone()).or_default() += g.period;
+        }
+    }
+    let lost = session.lost()?.get(&0).copied().unwrap_or(0);
+    let steal = meta.get(STEAL_META).and_then(|s| s.parse::<f64>().ok());
+    Ok(runs
+        .into_iter()
+        .filter(|(_, run)| *run > 0.0)
+        .map(|(domain, scheduler_s)| {
+            let sampled_s = sampled.get(&domain).copied().unwrap_or(0) as f64 / 1e9;
+            let ratio = sampled_s / scheduler_s;
+            let low = (ratio < LOW_COVERAGE).then(|| {
+                if lost > 0 {
+                    format!("{lost} samples were lost (ring overflow: a larger -m, a lower rate)")
+                } else if steal.is_some_and(|s| s > 5.0) {
+                    "this host is itself a VM whose CPUs were stolen: its timers fire late and miss the threads' short runs".into()
+                } else {
+                    "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate, or the [unsampled] row)".into()
+                }
+            });
+            Coverage {
+                domain,
+                sampled_s,
+                scheduler_s,
+                ratio,
+                low,
+            }
+        })
+        .collect())
 }
 
 /// Coordinated profiling of one active VM for one event.
@@ -453,7 +537,13 @@ pub fn build(
             factor: s.factor,
         })
         .collect();
+    let coverage = if opts.slice == Slice::default() {
+        coverage(session, &meta, &events)?
+    } else {
+        Vec::new()
+    };
     Ok(Report {
+        coverage,
         view: match opts.view {
             View::Merged => "merged",
             View::Host => "host",

@@ -219,6 +219,20 @@ pub fn header_lines(r: &Report) -> Vec<String> {
             v.push(format!("# cost      {domain}: {line}"));
         }
     }
+    // What share of each domain's run time its samples stand for.
+    for c in &r.coverage {
+        v.push(format!(
+            "# coverage  {}: {:.1} % ({:.3} s sampled of {:.3} s its threads ran){}",
+            vmscope_model::text::visible(&c.domain),
+            100.0 * c.ratio,
+            c.sampled_s,
+            c.scheduler_s,
+            c.low
+                .as_ref()
+                .map(|w| format!("; LOW, likely: {w}"))
+                .unwrap_or_default()
+        ));
+    }
     if let Some(t) = slice_text(r) {
         v.push(format!(
             "# slice     {t} (whole seconds; agents' rows scaled to the guest time the host measured in the slice)"

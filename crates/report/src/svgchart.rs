@@ -1,5 +1,5 @@
-//! Small SVG charts (grouped bars, lines) for `compare --svg` and the HTML
-//! report.
+//! Small SVG charts (grouped bars, lines, a matrix) for `compare --svg`
+//! and the HTML report.
 //!
 //! Hand-written rather than plotters: plotters lays text out with a font
 //! it loads at run time (its `ttf`/`ab_glyph` features need a font file or
@@ -245,6 +245,102 @@ pub fn lines(
     }
     let names: Vec<String> = series.iter().map(|s| s.0.clone()).collect();
     legend(&mut svg, &names);
+    svg.push_str("</svg>");
+    svg
+}
+
+/// A matrix: one row per `rows` entry, one column per `cols` entry, each
+/// cell shaded by its value against the largest and labelled with it
+/// (`values[r][c]`, in `unit`); a row's total at its end.
+pub fn matrix(
+    title: &str,
+    unit: &str,
+    rows: &[String],
+    cols: &[String],
+    values: &[Vec<f64>],
+) -> String {
+    const LABEL_W: f64 = 150.0;
+    const HEAD_H: f64 = 120.0;
+    const CELL_H: f64 = 28.0;
+    let n = cols.len() + 1;
+    let cell_w = ((W - LABEL_W - RIGHT) / n as f64).min(110.0);
+    let h = TOP + HEAD_H + CELL_H * rows.len() as f64 + 40.0;
+    let max = values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12"><!-- {} -->"#,
+        vmscope_store::output::MARKER
+    );
+    let _ = write!(
+        svg,
+        r#"<rect width="{W}" height="{h}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
+    let head_y = TOP + HEAD_H - 6.0;
+    for (c, name) in cols
+        .iter()
+        .chain(std::iter::once(&"total".to_string()))
+        .enumerate()
+    {
+        let x = LABEL_W + cell_w * (c as f64 + 0.5);
+        let _ = write!(
+            svg,
+            r#"<text transform="translate({x:.1},{head_y:.1}) rotate(-40)" text-anchor="start">{}</text>"#,
+            esc(name)
+        );
+    }
+    for (r, name) in rows.iter().enumerate() {
+        let y = TOP + HEAD_H + CELL_H * r as f64;
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LABEL_W - 8.0,
+            y + CELL_H / 2.0 + 4.0,
+            esc(name)
+        );
+        let row = values.get(r).cloned().unwrap_or_default();
+        let total: f64 = row.iter().filter(|v| v.is_finite()).sum();
+        for (c, v) in row.iter().chain(std::iter::once(&total)).enumerate() {
+            let x = LABEL_W + cell_w * c as f64;
+            let shade = if c == cols.len() || max <= 0.0 {
+                0.0
+            } else {
+                (v / max).clamp(0.0, 1.0)
+            };
+            // From white to the first series colour (0, 114, 178).
+            let mix = |full: f64| (255.0 - (255.0 - full) * shade).round() as u8;
+            let fill = format!("#{:02x}{:02x}{:02x}", mix(0.0), mix(114.0), mix(178.0));
+            let ink = if shade > 0.55 { "white" } else { "black" };
+            let _ = write!(
+                svg,
+                r##"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="{fill}" stroke="#ccc"><title>{}: {} {}</title></rect><text x="{:.1}" y="{:.1}" text-anchor="middle" fill="{ink}">{}</text>"##,
+                cell_w - 1.0,
+                CELL_H - 1.0,
+                esc(&format!(
+                    "{name} behind {}",
+                    cols.get(c).map_or("all", String::as_str)
+                )),
+                num(*v),
+                esc(unit),
+                x + cell_w / 2.0,
+                y + CELL_H / 2.0 + 4.0,
+                num(*v)
+            );
+        }
+    }
+    let _ = write!(
+        svg,
+        r#"<text x="{LABEL_W}" y="{:.1}">{}</text>"#,
+        h - 14.0,
+        esc(&format!("values: {unit}"))
+    );
     svg.push_str("</svg>");
     svg
 }

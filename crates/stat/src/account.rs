@@ -372,8 +372,15 @@ impl Accountant {
             .as_mut()
             .ok()
             .map(vmscope_linux::SoftirqRecorder::take);
-        // Waits that end before this instant belong to this interval.
+        // Waits that end before this instant belong to this interval; they
+        // are taken right before the threads' schedstat is read, so that
+        // the split and `run_delay` cut the interval at nearly one moment.
         let wait_cut = vmscope_linux::clock_monotonic_ns();
+        let waits = self.waits.as_mut().ok().map(|w| {
+            let (waits, notes) = w.take(wait_cut);
+            self.wait_notes.extend(notes);
+            waits
+        });
         let mut threads = HashMap::new();
         let mut io = HashMap::new();
         let reader = &mut self.reader;
@@ -396,11 +403,6 @@ impl Accountant {
                 }
             }
         }
-        let waits = self.waits.as_mut().ok().map(|w| {
-            let (waits, notes) = w.take(wait_cut);
-            self.wait_notes.extend(notes);
-            waits
-        });
         for &pid in self.ksoftirqd.iter().chain(self.opts.shared_io_pids.iter()) {
             for tid in root.tids(pid).unwrap_or_default() {
                 read(&mut threads, pid, tid);

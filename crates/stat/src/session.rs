@@ -147,6 +147,23 @@ impl IntervalSession {
             ] {
                 rows.push(self.row(t, (None, d, None), metric, value, unit));
             }
+            // What its threads waited behind: one row per culprit, named
+            // without the run's domain numbers (report's who-waited-behind-
+            // whom table and chart read them back).
+            for (prefix, shares) in [
+                ("waited_behind", &v.waited_behind),
+                ("io_waited_behind", &v.io_waited_behind),
+            ] {
+                for w in shares {
+                    rows.push(self.row(
+                        t,
+                        (None, d, None),
+                        &format!("{prefix} {}", culprit_name(w)),
+                        w.seconds,
+                        "s",
+                    ));
+                }
+            }
             for c in &v.vcpus {
                 for (metric, value) in [
                     ("vcpu_run", c.run_s),
@@ -182,6 +199,16 @@ impl IntervalSession {
     /// Mark the session complete and put it in place of the target.
     pub fn finish(self) -> Result<std::path::PathBuf, StoreError> {
         self.output.commit(self.writer, true)
+    }
+}
+
+/// A culprit as stored: `web vCPU 0`, `web I/O IO iothread0`, `host
+/// backup (pid 812)`, `idle`, `other`, `unknown`.
+fn culprit_name(w: &crate::wait::WaitShare) -> String {
+    match w.kind {
+        "vm" | "same-vm" => format!("{} {}", w.culprit_vm, w.culprit),
+        "host" => format!("host {}", w.culprit),
+        _ => w.culprit.clone(),
     }
 }
 

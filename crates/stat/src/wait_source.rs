@@ -184,9 +184,21 @@ fn bpf_waits(d: &vmscope_bpf::waits::Drained) -> (HashMap<u32, ThreadWait>, Vec<
     }
     if s.unplaced > 0 {
         notes.push(format!(
-            "{:.3} ms of waiting in {} waits charged to unknown: the kernel queued the thread again in place (a priority or affinity change)",
+            "{:.3} ms of waiting in {} waits charged to unknown: run_delay grew where the eBPF programs could not split it",
             ms(s.unplaced_ns),
             s.unplaced
+        ));
+    }
+    if s.no_rq > 0 {
+        notes.push(format!(
+            "{} scheduler events skipped by the eBPF programs: the task's runqueue was out of their reach (a kernel without CONFIG_FAIR_GROUP_SCHED?)",
+            s.no_rq
+        ));
+    }
+    if s.unseen > 0 {
+        notes.push(format!(
+            "{} moves of a thread not seen switching before: their waits so far are not split",
+            s.unseen
         ));
     }
     if s.not_followed > 0 {

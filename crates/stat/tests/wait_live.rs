@@ -18,6 +18,11 @@ impl Drop for Kill {
     }
 }
 
+/// The tests pin their loads to CPU 0 and measure who waited behind
+/// whom there: run side by side (the harness's threads), each would be
+/// the other's culprit.
+static CPU0: Mutex<()> = Mutex::new(());
+
 fn busy_on_cpu0() -> Kill {
     Kill(
         Command::new("taskset")
@@ -30,6 +35,9 @@ fn busy_on_cpu0() -> Kill {
 
 #[test]
 fn two_pinned_loops_wait_behind_each_other_as_schedstat_says() {
+    let _cpu0 = CPU0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !vmscope_testkit::require_root("the sched tracepoints")
         || !vmscope_testkit::require_tools(&[("taskset", "util-linux")])
     {
@@ -131,6 +139,9 @@ fn two_pinned_loops_wait_behind_each_other_as_schedstat_says() {
 #[test]
 fn ebpf_split_is_run_delay_even_for_short_waits() {
     use vmscope_stat::wait_source::{WaitChoice, WaitSource};
+    let _cpu0 = CPU0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !vmscope_testkit::require_root("loading eBPF programs")
         || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
     {
@@ -173,12 +184,16 @@ fn ebpf_split_is_run_delay_even_for_short_waits() {
         let (r, _) = rings.take(now);
         (before, w, notes, after, r)
     };
-    let (_, _, _, mut prev_after, _) = drain(&mut bpf, &mut rings);
-    let mut prev_before = prev_after;
+    let (mut prev_before, _, _, mut prev_after, _) = drain(&mut bpf, &mut rings);
     for i in 0..3 {
         std::thread::sleep(Duration::from_secs(1));
         let (before, w, notes, after, r) = drain(&mut bpf, &mut rings);
-        assert!(notes.is_empty(), "{notes:?}");
+        // A wait behind more switches than the programs name is charged
+        // to "other" (still counted); any other note is a fault.
+        for n in &notes {
+            println!("interval {i}: {n}");
+            assert!(n.contains("charged to other"), "{notes:?}");
+        }
         for (k, pid) in [pa, pb].into_iter().enumerate() {
             let t = w.get(&pid).cloned().unwrap_or_default();
             let got = t.total_ns();

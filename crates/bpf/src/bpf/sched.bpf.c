@@ -75,6 +75,7 @@ struct thread_info {
 struct task_struct {
 	struct thread_info thread_info;
 	unsigned int cpu;
+	int on_rq;
 	int pid;
 	char comm[COMM_LEN];
 	struct sched_entity se;
@@ -88,10 +89,13 @@ struct task_struct {
 // it.
 static __always_inline struct rq *rq_of(struct task_struct *p)
 {
+	// Both exist only with CONFIG_FAIR_GROUP_SCHED; without it the
+	// programs cannot reach the runqueue and count every event they skip
+	// (ST_NO_RQ), which user space says.
+	if (!bpf_core_field_exists(p->se.cfs_rq))
+		return 0;
 	struct cfs_rq *cfs = p->se.cfs_rq;
-	if (bpf_core_field_exists(cfs->rq))
-		return cfs->rq;
-	return (void *)cfs - bpf_core_field_offset(struct rq, cfs);
+	return cfs->rq;
 }
 
 // task_cpu(): in thread_info where the kernel keeps it there.
@@ -102,11 +106,14 @@ static __always_inline __u32 task_cpu_of(struct task_struct *p)
 	return BPF_CORE_READ(p, cpu);
 }
 
-// rq_clock() of `rq` (what sched_info adds to run_delay) and its CPU.
+// rq_clock() of `rq` (what sched_info adds to run_delay) and its CPU (-1
+// without a runqueue).
 static __always_inline __u64 rq_clock_of(struct rq *rq, int *cpu)
 {
 	__u64 clock = 0;
 	*cpu = -1;
+	if (!rq)
+		return 0;
 	bpf_probe_read_kernel(&clock, sizeof(clock), __builtin_preserve_access_index(&rq->clock));
 	bpf_probe_read_kernel(cpu, sizeof(*cpu), __builtin_preserve_access_index(&rq->cpu));
 	return clock;
@@ -242,6 +249,8 @@ struct {
 // Culprits beyond MAX_CULPRITS for one waiter, and the older part of a
 // wait beyond MAX_WALK segments: user space's `Culprit::OTHER`.
 #define OTHER_TID 0xffffffff
+// task_struct::on_rq of a task being moved between runqueues.
+#define TASK_ON_RQ_MIGRATING 2
 
 enum {
 	ST_FULL,	 // charges lost: `waits` was full
@@ -250,10 +259,11 @@ enum {
 	ST_CUT_NS,
 	ST_UNSEEN,	 // migrations of a followed thread not seen before
 	ST_COUNTS_FULL,	 // waits not counted: `counts` was full
-	ST_UNPLACED,	 // run_delay added where no program saw it (a queued
-	ST_UNPLACED_NS,	 // task dequeued and queued again in place: renice,
-			 // affinity), charged to UNKNOWN at the switch-in
-	ST_NO_RQ,	 // events skipped: the task's runqueue was not its CPU's
+	ST_UNPLACED,	 // run_delay the kernel added where no program could
+	ST_UNPLACED_NS,	 // split it (an event skipped, a move that was not a
+			 // queued task's), charged to UNKNOWN
+	ST_NO_RQ,	 // events skipped: the task's runqueue was out of reach
+			 // or not its CPU's
 	ST_MAX,
 };
 
@@ -448,22 +458,31 @@ int BPF_PROG(migrate_waits, struct task_struct *p, int dest_cpu)
 	if (delay <= before)
 		return 0; // a sleeping task moved by its wake-up: no wait
 	__u64 grew = delay - before;
-	// The task is still on its old CPU's runqueue here (task_cpu and the
-	// CFS runqueue change after the tracepoint), which is locked: its
-	// clock is the dequeue's.
+	// A queued task the load balancer (or an affinity change) moves is
+	// marked migrating, dequeued from its old runqueue (which adds the wait
+	// so far to run_delay) and still on it here (task_cpu and the CFS
+	// runqueue change after the tracepoint), with that runqueue locked:
+	// its clock is the dequeue's. Any other growth (a move at a wake-up,
+	// where run_delay grew where no program could see it) is not split.
+	int rq_cpu = -1;
 	__u32 orig = task_cpu_of(p);
-	int rq_cpu;
-	struct rq *rq = rq_of(p);
+	struct rq *rq = 0;
+	if (BPF_CORE_READ(p, on_rq) == TASK_ON_RQ_MIGRATING)
+		rq = rq_of(p);
 	__u64 now = rq_clock_of(rq, &rq_cpu);
 	struct cpu_log *log = bpf_map_lookup_elem(&logs, &orig);
-	if (!log || rq_cpu != (int)orig) {
-		stat_add(ST_NO_RQ, 1);
+	if (!log || rq_cpu != (int)orig || now <= grew) {
+		if (rq && rq_cpu != (int)orig)
+			stat_add(ST_NO_RQ, 1);
+		charge(tid, UNKNOWN_TID, 0, grew);
+		stat_add(ST_UNPLACED, 1);
+		stat_add(ST_UNPLACED_NS, grew);
+		count_wait(tid);
 		return 0;
 	}
 	struct task_struct *cur = 0;
 	bpf_probe_read_kernel(&cur, sizeof(cur), __builtin_preserve_access_index(&rq->curr));
-	if (now > grew)
-		split(log, cur, tid, now - grew, now);
+	split(log, cur, tid, now - grew, now);
 	count_wait(tid);
 	return 0;
 }
