@@ -46,6 +46,12 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 0.0, value_parser = crate::args::percent,
           allow_negative_numbers = true)]
     pub min_percent: f64,
+    /// Add a row `[unsampled]` per domain whose samples cover under 95 % of
+    /// what the scheduler says its threads ran (the `# coverage` line; a
+    /// recording of every CPU): the domain's rows then add up to its run
+    /// time, as the scheduler counts it.
+    #[arg(long)]
+    pub unsampled: bool,
     /// table, json, csv, collapsed (stacks for flame graph tools), flamegraph
     /// (SVG), pprof (gzipped profile.proto) or html (one self-contained page);
     /// flamegraph, pprof and html need -o.
@@ -304,6 +310,7 @@ pub fn run(args: ReportArgs) -> anyhow::Result<ExitCode> {
         slice,
         classes,
         inline: !args.no_inline,
+        unsampled: args.unsampled,
     };
 
     if let Some(domain) = &args.side_by_side {

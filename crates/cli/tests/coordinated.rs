@@ -293,6 +293,10 @@ fn active_and_passive_vms_in_one_session() {
     // 2. The merged view adds up to the host's own guest time per VM.
     let merged_v = report(&db, &["--by", "domain,context"]);
     let host_v = report(&db, &["--by", "domain,context", "--view", "host"]);
+    let unsampled_v = report(
+        &db,
+        &["--by", "domain,context", "--view", "host", "--unsampled"],
+    );
     let (merged_ns, host_ns) = (
         ns_by_domain_context(&merged_v),
         ns_by_domain_context(&host_v),
@@ -385,6 +389,54 @@ fn active_and_passive_vms_in_one_session() {
             "{vm}: vmscope {ours:.1} % vs schedstat {:.1} % of a CPU",
             sp(vm)
         );
+    }
+
+    // 3b. Coverage: each VM's samples against its QEMU process's run time
+    // over the same seconds; a VM covered under 95 % gets the gap as an
+    // [unsampled] row, so its rows add up to the scheduler's time.
+    for vm in ["act", "pas"] {
+        let c = host_v["coverage"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["domain"] == vm))
+            .unwrap_or_else(|| panic!("no coverage for {vm}: {}", host_v["coverage"]));
+        let (ratio, sched_s) = (
+            c["ratio"].as_f64().unwrap(),
+            c["scheduler_s"].as_f64().unwrap(),
+        );
+        let vm_rows: Vec<&serde_json::Value> = unsampled_v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["values"][0] == vm)
+            .collect();
+        let unsampled = vm_rows.iter().any(|r| r["values"][1] == "[unsampled]");
+        let rows_s: f64 = vm_rows
+            .iter()
+            .map(|r| r["event_count"][0].as_f64().unwrap_or(0.0))
+            .sum::<f64>()
+            / 1e9;
+        eprintln!(
+            "coverage of {vm}: {:.1} % of {sched_s:.3} s (schedstat of its vCPUs: {:.1} % of a CPU); [unsampled] row: {unsampled}; its rows {rows_s:.3} s",
+            100.0 * ratio,
+            sp(vm)
+        );
+        if ratio < 0.95 {
+            assert!(
+                unsampled,
+                "{vm} covered {:.1} % without an [unsampled] row",
+                100.0 * ratio
+            );
+            assert!(
+                (rows_s - sched_s).abs() <= 0.02 * sched_s,
+                "{vm}: its rows {rows_s:.3} s vs the scheduler's {sched_s:.3} s"
+            );
+        } else {
+            assert!(
+                !unsampled,
+                "{vm} covered {:.1} % with an [unsampled] row",
+                100.0 * ratio
+            );
+        }
     }
 
     // 4. Guest call stacks through the hot functions.

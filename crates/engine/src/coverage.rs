@@ -73,9 +73,10 @@ impl RunClock {
             }
         }
         if !end.all.is_empty() {
-            // A process that began meanwhile counts whole; one that ended
-            // is in its parent's reaped children's time once reaped.
-            let ticks: u64 = end
+            // A process that began meanwhile counts whole. One that ended
+            // is in its reaper's children's time, its whole life: what it
+            // had run before the first reading is taken out again.
+            let grown: u64 = end
                 .all
                 .iter()
                 .map(|(pid, &(own, kids))| {
@@ -83,6 +84,13 @@ impl RunClock {
                     own.saturating_sub(own0) + kids.saturating_sub(kids0)
                 })
                 .sum();
+            let before: u64 = self
+                .all
+                .iter()
+                .filter(|(pid, _)| !end.all.contains_key(pid))
+                .map(|(_, &(own, kids))| own + kids)
+                .sum();
+            let ticks = grown.saturating_sub(before);
             out.push((
                 vmscope_model::HOST_DOMAIN.to_string(),
                 (ticks as f64 / tck - vms_s).max(0.0),

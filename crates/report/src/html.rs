@@ -26,10 +26,12 @@ fn esc(s: &str) -> String {
 fn table(r: &Report, id: &str) -> String {
     let mut h = String::new();
     let ev = r.events.first().map_or("", |e| e.name.as_str());
+    let ci = r.shows_ci();
     let _ = write!(
         h,
-        "<table id=\"{id}\"><thead><tr><th>samples</th><th>{}</th><th>%</th>",
-        esc(count_title(ev))
+        "<table id=\"{id}\"><thead><tr><th>samples</th><th>{}</th><th>%</th>{}",
+        esc(count_title(ev)),
+        if ci { "<th>95 % interval</th>" } else { "" }
     );
     for f in &r.fields {
         let _ = write!(h, "<th>{}</th>", esc(f));
@@ -44,6 +46,10 @@ fn table(r: &Report, id: &str) -> String {
             row.percent.first().copied().unwrap_or(0.0).clamp(0.0, 100.0),
             row.percent.first().copied().unwrap_or(0.0)
         );
+        if ci {
+            let [lo, hi] = row.percent_ci95.first().copied().unwrap_or([0.0, 0.0]);
+            let _ = write!(h, "<td class=\"n\">{lo:.1}–{hi:.1}%</td>");
+        }
         for v in &row.values {
             let _ = write!(h, "<td>{}</td>", esc(v));
         }

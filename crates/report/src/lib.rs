@@ -156,6 +156,9 @@ pub struct ReportOptions {
     /// Keep inlined functions as stack frames (DWARF); false drops them,
     /// as perf's `--no-inline`.
     pub inline: bool,
+    /// Add each domain's [`UNSAMPLED`] row (a recording of every CPU whose
+    /// samples cover under [`UNSAMPLED_ROW_BELOW`] of its run time).
+    pub unsampled: bool,
 }
 
 impl Default for ReportOptions {
@@ -171,6 +174,7 @@ impl Default for ReportOptions {
             slice: Slice::default(),
             classes: Classes::builtin(),
             inline: true,
+            unsampled: false,
         }
     }
 }
@@ -230,6 +234,50 @@ pub struct Row {
     pub event_count: Vec<u64>,
     /// Share of the event count (sum of periods), in percent, as perf shows.
     pub percent: Vec<f64>,
+    /// Each share's 95 % interval, in percent (Wilson's score interval
+    /// over the column's samples: a share of few samples is a wide range).
+    pub percent_ci95: Vec<[f64; 2]>,
+}
+
+/// The label of the row holding the time the scheduler says a domain ran
+/// that no sample saw.
+pub const UNSAMPLED: &str = "[unsampled]";
+
+/// A domain whose samples cover less than this of its run time gets an
+/// [`UNSAMPLED`] row.
+pub const UNSAMPLED_ROW_BELOW: f64 = 0.95;
+
+/// The text table shows each share's 95 % interval when a row's is wider
+/// than this (percentage points either side): a profile of few samples.
+pub const SHOW_CI_ABOVE: f64 = 2.0;
+
+/// Wilson's 95 % score interval of a share `p` (0..1) measured over `n`
+/// samples, in percent.
+pub fn share_ci95(p: f64, n: u64) -> [f64; 2] {
+    if n == 0 {
+        return [0.0, 100.0];
+    }
+    let (z, n) = (1.959_964, n as f64);
+    let p = p.clamp(0.0, 1.0);
+    let d = 1.0 + z * z / n;
+    let centre = (p + z * z / (2.0 * n)) / d;
+    let half = z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt() / d;
+    [
+        100.0 * (centre - half).max(0.0),
+        100.0 * (centre + half).min(1.0),
+    ]
+}
+
+impl Report {
+    /// Whether the shares' intervals are worth showing beside them: some
+    /// shown row's is wider than [`SHOW_CI_ABOVE`] either side.
+    pub fn shows_ci(&self) -> bool {
+        self.rows.iter().any(|r| {
+            r.percent_ci95
+                .first()
+                .is_some_and(|[lo, hi]| (hi - lo) / 2.0 > SHOW_CI_ABOVE)
+        })
+    }
 }
 
 /// A built report.
@@ -329,7 +377,7 @@ fn coverage(
                 } else if steal.is_some_and(|s| s > 5.0) {
                     "this host is itself a VM whose CPUs were stolen: its timers fire late and miss the threads' short runs".into()
                 } else {
-                    "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate, or the [unsampled] row)".into()
+                    "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate; report --unsampled shows the gap as a row)".into()
                 }
             });
             Coverage {
@@ -469,6 +517,7 @@ pub fn build(
                     samples: vec![0; columns.len()],
                     event_count: vec![0; columns.len()],
                     percent: vec![0.0; columns.len()],
+                    percent_ci95: vec![[0.0, 0.0]; columns.len()],
                 });
                 rows.len() - 1
             });
@@ -477,6 +526,52 @@ pub fn build(
             if col.event_count > 0 {
                 rows[ri].percent[ci] += 100.0 * period as f64 / col.event_count as f64;
             }
+        }
+    }
+    for row in &mut rows {
+        for (ci, col) in columns.iter().enumerate() {
+            row.percent_ci95[ci] = share_ci95(row.percent[ci] / 100.0, col.samples);
+        }
+    }
+    let coverage = if opts.slice == Slice::default() {
+        coverage(session, &meta, &events)?
+    } else {
+        Vec::new()
+    };
+    // The time the timer missed, as its own row of each domain it missed
+    // (first column, a clock): the domain's rows then add up to what the
+    // scheduler says it ran. Not under a filter or in the agents' view,
+    // whose rows are not the host's samples.
+    if opts.unsampled
+        && opts.filter.is_empty()
+        && opts.view != View::Agent
+        && selected.first() == Some(&0)
+    {
+        let total = columns.first().map_or(0, |c| c.event_count);
+        for c in coverage.iter().filter(|c| c.ratio < UNSAMPLED_ROW_BELOW) {
+            let gap = ((c.scheduler_s - c.sampled_s) * 1e9) as u64;
+            let mut row = Row {
+                values: fields
+                    .iter()
+                    .map(|f| {
+                        if *f == GroupKey::from(Field::Domain) {
+                            c.domain.clone()
+                        } else {
+                            UNSAMPLED.to_string()
+                        }
+                    })
+                    .collect(),
+                samples: vec![0; columns.len()],
+                event_count: vec![0; columns.len()],
+                percent: vec![0.0; columns.len()],
+                percent_ci95: vec![[0.0, 0.0]; columns.len()],
+            };
+            row.event_count[0] = gap;
+            if total > 0 {
+                row.percent[0] = 100.0 * gap as f64 / total as f64;
+                row.percent_ci95[0] = [row.percent[0], row.percent[0]];
+            }
+            rows.push(row);
         }
     }
     rows.sort_by(|a, b| {
@@ -537,11 +632,6 @@ pub fn build(
             factor: s.factor,
         })
         .collect();
-    let coverage = if opts.slice == Slice::default() {
-        coverage(session, &meta, &events)?
-    } else {
-        Vec::new()
-    };
     Ok(Report {
         coverage,
         view: match opts.view {

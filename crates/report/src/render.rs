@@ -233,6 +233,18 @@ pub fn header_lines(r: &Report) -> Vec<String> {
                 .unwrap_or_default()
         ));
     }
+    if r.rows
+        .iter()
+        .any(|row| row.values.iter().any(|v| v == crate::UNSAMPLED))
+    {
+        v.push(format!(
+            "# note      {}: CPU time the scheduler says a domain ran that no sample saw (its rows then add up to the scheduler's; % of the sampled total)",
+            crate::UNSAMPLED
+        ));
+    }
+    if r.shows_ci() {
+        v.push("# note      few samples: ±95% is each share's 95 % interval (Wilson, over the column's samples)".into());
+    }
     if let Some(t) = slice_text(r) {
         v.push(format!(
             "# slice     {t} (whole seconds; agents' rows scaled to the guest time the host measured in the slice)"
@@ -268,6 +280,7 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         return Ok(());
     }
     let multi = r.events.len() > 1;
+    let ci = r.shows_ci();
     // Column texts.
     let mut header: Vec<String> = Vec::new();
     for e in &r.events {
@@ -278,6 +291,9 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         });
         header.push(count_title(&e.name).into());
         header.push("%".into());
+        if ci {
+            header.push("±95%".into());
+        }
     }
     header.extend(r.fields.iter().cloned());
     let mut cells: Vec<Vec<String>> = Vec::with_capacity(r.rows.len());
@@ -287,6 +303,10 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
             c.push(row.samples[i].to_string());
             c.push(count_text(&e.name, row.event_count[i]));
             c.push(format!("{:.2}%", row.percent[i]));
+            if ci {
+                let [lo, hi] = row.percent_ci95[i];
+                c.push(format!("{lo:.1}-{hi:.1}%"));
+            }
         }
         c.extend(row.values.iter().zip(&r.fields).map(|(v, f)| {
             if f == "domain" || f == "process" {
@@ -297,7 +317,7 @@ fn table(r: &Report, out: &mut dyn Write) -> Result<(), ReportError> {
         }));
         cells.push(c);
     }
-    let ncount = r.events.len() * 3;
+    let ncount = r.events.len() * if ci { 4 } else { 3 };
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for c in &cells {
         for (i, v) in c.iter().enumerate() {

@@ -439,3 +439,87 @@ fn compare_reproduces_menon_ratios() {
         "{e}"
     );
 }
+
+#[test]
+fn wilson_intervals_of_shares() {
+    // 56 % of 100 samples: 46.2 % to 65.3 %, not 56 %.
+    let [lo, hi] = share_ci95(0.56, 100);
+    assert!(
+        (lo - 46.2).abs() < 0.1 && (hi - 65.3).abs() < 0.1,
+        "{lo} {hi}"
+    );
+    // Nothing seen in 1 000 samples is still up to 0.38 %.
+    let [lo, hi] = share_ci95(0.0, 1000);
+    assert!(lo.abs() < 1e-9 && (hi - 0.38).abs() < 0.01, "{lo} {hi}");
+    assert_eq!(share_ci95(0.5, 0), [0.0, 100.0]);
+}
+
+/// A domain whose samples cover half of what the scheduler says it ran
+/// gets the rest as an [unsampled] row (its rows then add up to the
+/// scheduler's time); one covered fully gets none; a profile of 100
+/// samples shows each share's interval.
+#[test]
+fn unsampled_rows_and_intervals_of_few_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    s.annotate("run_s_host", "0.160").unwrap();
+    s.annotate("run_s_vm1", "0.020").unwrap();
+    let plain = build(&s, &ReportOptions::default(), false).unwrap();
+    assert!(plain
+        .rows
+        .iter()
+        .all(|row| !row.values.iter().any(|v| v == UNSAMPLED)));
+    let r = build(
+        &s,
+        &ReportOptions {
+            unsampled: true,
+            ..Default::default()
+        },
+        false,
+    )
+    .unwrap();
+    let host: Vec<&Coverage> = r.coverage.iter().filter(|c| c.domain == "host").collect();
+    assert!((host[0].ratio - 0.5).abs() < 1e-9, "{:?}", r.coverage);
+    let unsampled: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|row| row.values.iter().any(|v| v == UNSAMPLED))
+        .collect();
+    assert_eq!(unsampled.len(), 1, "{:?}", r.rows);
+    assert_eq!(unsampled[0].values[0], "host");
+    assert_eq!(unsampled[0].event_count[0], 80_000_000);
+    let host_total: u64 = r
+        .rows
+        .iter()
+        .filter(|row| row.values[0] == "host")
+        .map(|row| row.event_count[0])
+        .sum();
+    assert_eq!(
+        host_total, 160_000_000,
+        "the host's rows add up to its run time"
+    );
+    assert!(r.shows_ci());
+    let mut out = Vec::new();
+    render(&r, ReportFormat::Table, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("±95%") && text.contains("40.4-59.6%"),
+        "{text}"
+    );
+    assert!(text.contains("[unsampled]"), "{text}");
+    // Filtered, there is no such row.
+    let r = build(
+        &s,
+        &ReportOptions {
+            filter: vec![(Field::Symbol, "alpha".into())],
+            unsampled: true,
+            ..Default::default()
+        },
+        false,
+    )
+    .unwrap();
+    assert!(r
+        .rows
+        .iter()
+        .all(|row| !row.values.iter().any(|v| v == UNSAMPLED)));
+}
