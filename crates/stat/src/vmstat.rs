@@ -457,6 +457,12 @@ fn fit_rows(
     dt_ns: u64,
     dt: f64,
 ) -> Vec<CpuRow> {
+    // A CPU taken offline is not in /proc/stat: the source's open segment
+    // there (the task it last ran) would grow as if busy. It has no row
+    // while it is offline.
+    if let Some(cur) = &stat {
+        times.retain(|&(cpu, _), _| cur.cpu(cpu).is_some());
+    }
     let b = bounds(times, prev_stat.as_ref(), stat.as_ref(), drift, dt_ns);
     let busy = fit::fit_cpus(times, |t| map.contains_key(&t), &b, dt_ns);
     let rows = switch_rows(times, map, dt);
@@ -651,6 +657,20 @@ fn bounds(
     cpus.sort_unstable();
     cpus.dedup();
     for cpu in cpus {
+        // Come online since the previous reading: its segment carries the
+        // time it was offline, and nothing bounds it; this interval counts
+        // nothing there.
+        let came_online = matches!((prev, cur), (Some(p), Some(c)) if p.cpu(cpu).is_none() && c.cpu(cpu).is_some());
+        if came_online {
+            out.insert(
+                cpu,
+                fit::Bounds {
+                    floor: 0,
+                    ceiling: 0,
+                },
+            );
+            continue;
+        }
         let b = match kernel_busy_ns(prev, cur, cpu, dt_ns) {
             Some(k) => {
                 let target = k as i64 - drift.get(&cpu).copied().unwrap_or(0);
@@ -758,6 +778,57 @@ impl SchedSrc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CPU taken offline (gone from /proc/stat) has no row, though the
+    /// source still holds its last task's open segment; back online, its
+    /// first interval counts nothing there (the segment spans the time it
+    /// was offline).
+    #[test]
+    fn offline_cpus_have_no_row_and_count_nothing_coming_back() {
+        // Ticks at 100 Hz: `busy` user and `idle` idle ticks on each CPU.
+        let stat = |cpus: &[u32], busy: u64, idle: u64| {
+            let mut text = format!("cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\n");
+            for c in cpus {
+                text.push_str(&format!("cpu{c} {busy} 0 0 {idle} 0 0 0 0 0 0\n"));
+            }
+            procfs::parse_proc_stat(&text, 100.0, std::path::Path::new("/proc/stat")).unwrap()
+        };
+        let map: HashMap<u32, (u32, Option<u32>)> = [(50, (1, Some(0)))].into();
+        let interval = |cpus: &[u32]| {
+            let mut t: TidTimes = HashMap::new();
+            t.insert((0, 50), 400_000_000);
+            t.insert((0, 0), 600_000_000);
+            // CPU 1's last task, as the source reports it: busy all along.
+            for &c in cpus {
+                t.insert((c, 77), 1_000_000_000);
+            }
+            t
+        };
+        let mut drift = HashMap::new();
+        let mut prev = Some(stat(&[0, 1], 0, 0));
+        // CPU 1 offline: only CPU 0's row, with the vCPU's 40 %.
+        let rows = fit_rows(
+            &mut interval(&[1]),
+            &map,
+            (&mut prev, &mut drift),
+            Some(stat(&[0], 40, 60)),
+            1_000_000_000,
+            1.0,
+        );
+        assert_eq!(rows.iter().map(|r| r.cpu).collect::<Vec<_>>(), vec![0]);
+        assert!((rows[0].total_pct - 40.0).abs() < 1.0, "{rows:?}");
+        // Back online: CPU 1's row counts nothing this interval.
+        let rows = fit_rows(
+            &mut interval(&[1]),
+            &map,
+            (&mut prev, &mut drift),
+            Some(stat(&[0, 1], 80, 120)),
+            1_000_000_000,
+            1.0,
+        );
+        let one = rows.iter().find(|r| r.cpu == 1).expect("CPU 1's row");
+        assert!(one.total_pct < 1.0, "{rows:?}");
+    }
 
     fn sw(cpu: u32, time: u64, prev: u32, next: u32) -> SchedSwitch {
         SchedSwitch {
