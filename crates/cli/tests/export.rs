@@ -323,7 +323,11 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
     }
     let env = need_lab!("export-run");
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+    // VMSCOPE_KEEP=DIR keeps the run's files (the collectors' output, the
+    // archive) there for a look after a failure.
+    let kept = std::env::var_os("VMSCOPE_KEEP").map(PathBuf::from);
+    let dir = kept.as_deref().unwrap_or(tmp.path());
+    std::fs::create_dir_all(dir).unwrap();
     let lab = TestLab::new(env, LAB);
     lab.up_text(&format!(
         "name = \"{LAB}\"\naccel = \"auto\"\n\n[[vm]]\nname = \"{VM}\"\nvcpus = 1\nmemory_mib = 192\n"
@@ -567,7 +571,7 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
                     let said = std::fs::read_to_string(collector_log(f)).unwrap_or_default();
                     let tail: Vec<&str> = said.lines().rev().take(15).collect();
                     format!(
-                        "{}: windows {starts:?}\n  log (last lines first):\n  {}",
+                        "{}: windows (start, profiles) {starts:?}\n  log (last lines first):\n  {}",
                         f.display(),
                         tail.join("\n  ")
                     )

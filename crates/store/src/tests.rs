@@ -274,6 +274,62 @@ fn merged_view_replaces_guest_rows_by_scaled_agent_rows() {
     assert_eq!(s.scales().unwrap()[0].factor, 10.0);
 }
 
+/// An active VM whose agent measured nothing in the session's seconds
+/// (its scale 0: a 2 s export window between two of the agent's batches)
+/// keeps the host's guest rows in the merged view, whole or sliced: it
+/// did run.
+#[test]
+fn an_agent_without_rows_leaves_the_host_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    let mut w = SessionWriter::create(&path).unwrap();
+    w.set_events(&[SessionEvent {
+        name: "cpu-clock".into(),
+        period: None,
+        frequency: Some(10),
+    }])
+    .unwrap();
+    let mut host = Profile::new();
+    host.add(
+        AggKey {
+            event: 0,
+            domain: "web".into(),
+            context: Context::GuestTranslated,
+            process: "CPU 0/TCG".into(),
+            image: "[anon]".into(),
+            symbol: "[anon]".into(),
+            stack: "".into(),
+            srcline: "".into(),
+            second: 0,
+            cpu: 0,
+        },
+        20,
+        2_000_000_000,
+    );
+    w.flush(&host).unwrap();
+    w.set_scale(&ScaleRow {
+        domain: "web".into(),
+        event: 0,
+        host_period: 2_000_000_000,
+        agent_period: 0,
+        agent_samples: 0,
+        agent_lost: 0,
+        factor: 0.0,
+    })
+    .unwrap();
+    w.finish(true).unwrap();
+    let s = Session::open(&path).unwrap();
+    assert_eq!(s.totals(View::Merged).unwrap()[&0], (20, 2_000_000_000));
+    let second0 = Slice {
+        seconds: Some((0, 0)),
+        cpus: None,
+    };
+    assert_eq!(
+        s.totals_in(View::Merged, &second0).unwrap()[&0],
+        (20, 2_000_000_000)
+    );
+}
+
 #[test]
 fn version_1_sessions_are_migrated_on_open() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,9 @@ pub enum View {
     /// The global profile: host samples, with each active VM's guest rows
     /// replaced by its agent's rows scaled to the guest time the host
     /// measured (so the profile adds up to what the physical CPUs did).
+    /// Where its agent measured nothing (a scale of 0: no rows in these
+    /// seconds, as in a 2 s export window between two of its batches),
+    /// the VM keeps the host's guest rows instead of losing its time.
     #[default]
     Merged,
     /// Only what the host's rings measured.
@@ -83,12 +86,12 @@ impl View {
                     "(WITH f AS ({factors}) \
                       SELECT {COLUMNS} FROM samples s \
                       WHERE {host} AND NOT (s.context IN {GUEST_CONTEXTS} AND EXISTS \
-                        (SELECT 1 FROM f WHERE f.domain = s.domain AND f.event = s.event AND f.factor IS NOT NULL)) \
+                        (SELECT 1 FROM f WHERE f.domain = s.domain AND f.event = s.event AND f.factor > 0)) \
                       UNION ALL \
                       SELECT a.event, a.domain, a.context, a.process, a.image, a.symbol, a.stack, a.srcline, \
                         a.second, a.cpu, a.samples, CAST(ROUND(a.period * f.factor) AS INTEGER) AS period \
                       FROM agent_samples a JOIN f ON f.domain = a.domain AND f.event = a.event \
-                      WHERE a.process != 'swapper' AND f.factor IS NOT NULL AND {agent})"
+                      WHERE a.process != 'swapper' AND f.factor > 0 AND {agent})"
                 )
             }
         }
