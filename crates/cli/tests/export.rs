@@ -571,7 +571,7 @@ fn exports_reach_real_receivers_and_survive_an_outage() {
                     let said = std::fs::read_to_string(collector_log(f)).unwrap_or_default();
                     let tail: Vec<&str> = said.lines().rev().take(15).collect();
                     format!(
-                        "{}: windows (start, profiles) {starts:?}\n  log (last lines first):\n  {}",
+                        "{}: windows {starts:?}\n  log (last lines first):\n  {}",
                         f.display(),
                         tail.join("\n  ")
                     )
