@@ -31,7 +31,7 @@ fn run_ns(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The VM's vCPU percent of one CPU, averaged over the intervals after the
+/// The VM's vCPU percent of one CPU, the median of the intervals after the
 /// first, from `stat --format json` output.
 fn vm_vcpu_pct(out: &str, name: &str) -> Option<f64> {
     let mut domain = None;
@@ -63,7 +63,20 @@ fn vm_vcpu_pct(out: &str, name: &str) -> Option<f64> {
         }
     }
     let rest = per_interval.get(1..)?;
-    (!rest.is_empty()).then(|| rest.iter().map(|p| p.1).sum::<f64>() / rest.len() as f64)
+    eprintln!(
+        "{name} per interval (time s, % of one CPU): {:?}",
+        per_interval
+            .iter()
+            .map(|p| (format!("{:.2}", p.0), format!("{:.1}", p.1)))
+            .collect::<Vec<_>>()
+    );
+    // The median interval: the /proc/stat fit (tick-sampled bounds on this
+    // bursty load) cuts one interval of a run now and then for both
+    // sources alike (34.8 % where its neighbours read 40.0 %), a bias of
+    // the fit noted in docs/stat.md, not of the source.
+    let mut v: Vec<f64> = rest.iter().map(|p| p.1).collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
 #[test]
