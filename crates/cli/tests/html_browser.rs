@@ -185,6 +185,35 @@ fn charts(dom: &str) -> Vec<Chart> {
         .collect()
 }
 
+/// `report DB --format html` written in `dir`, as headless Chromium
+/// builds its DOM.
+fn html_dom(dir: &std::path::Path, db: &std::path::Path) -> String {
+    let html = dir.join("report.html");
+    let out = vmscope()
+        .arg("report")
+        .arg(db)
+        .args(["--format", "html", "-o"])
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dom = chromium(&dir.join("profile"))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}
+
 /// Every chart of a session whose rates are known says its unit and draws
 /// each known value at the height the axis gives it; a partial last
 /// second or profiler step is neither a drop to zero nor a spike.
@@ -196,30 +225,7 @@ fn html_report_charts_show_the_known_rates() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("s.db");
     sessions::known_rates_session(&db);
-    let html = dir.path().join("report.html");
-    let out = vmscope()
-        .arg("report")
-        .arg(&db)
-        .args(["--format", "html", "-o"])
-        .arg(&html)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = chromium(&dir.path().join("profile"))
-        .arg("--dump-dom")
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
-    assert!(
-        dom.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dom.stderr)
-    );
-    let charts = charts(&String::from_utf8_lossy(&dom.stdout));
+    let charts = charts(&html_dom(dir.path(), &db));
     let mut seen = Vec::new();
     for &(title, unit, line, want) in sessions::KNOWN_RATES {
         let chart = charts
@@ -301,25 +307,7 @@ fn who_waited_behind_whom_as_a_table_and_a_matrix() {
     if !vmscope_testkit::require_tools(&[("chromium", "chromium")]) {
         return;
     }
-    let html = dir.path().join("report.html");
-    let out = vmscope()
-        .arg("report")
-        .arg(&db)
-        .args(["--format", "html", "-o"])
-        .arg(&html)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dom = chromium(&dir.path().join("profile"))
-        .arg("--dump-dom")
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&dom.stdout);
+    let dom = html_dom(dir.path(), &db);
     let at = dom
         .find("Who waited behind whom")
         .unwrap_or_else(|| panic!("no matrix in the page"));
@@ -345,7 +333,10 @@ fn who_waited_behind_whom_as_a_table_and_a_matrix() {
         let _ = chromium(&dir.path().join("profile-shot"))
             .arg(format!("--screenshot={}", png.display()))
             .arg("--window-size=900,1400")
-            .arg(format!("file://{}", html.display()))
+            .arg(format!(
+                "file://{}",
+                dir.path().join("report.html").display()
+            ))
             .output();
     }
 }

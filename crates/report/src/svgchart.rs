@@ -66,18 +66,24 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 80.0;
 
-fn frame(svg: &mut String, title: &str, y_label: &str, max: f64) -> (f64, f64) {
+/// The opening of a chart `h` high: the element with vmscope's marker,
+/// the white ground and the title.
+fn head(svg: &mut String, h: f64, title: &str) {
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12"><!-- {} -->"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12"><!-- {} -->"#,
         vmscope_store::output::MARKER
     );
     let _ = write!(
         svg,
-        r#"<rect width="{W}" height="{H}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
+        r#"<rect width="{W}" height="{h}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
         W / 2.0,
         esc(title)
     );
+}
+
+fn frame(svg: &mut String, title: &str, y_label: &str, max: f64) -> (f64, f64) {
+    head(svg, H, title);
     let step = tick_step(max, 5.0);
     let top = (max / step).ceil().max(1.0) * step;
     let plot_h = H - TOP - BOTTOM;
@@ -272,17 +278,7 @@ pub fn matrix(
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
     let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12"><!-- {} -->"#,
-        vmscope_store::output::MARKER
-    );
-    let _ = write!(
-        svg,
-        r#"<rect width="{W}" height="{h}" fill="white"/><text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
-        esc(title)
-    );
+    head(&mut svg, h, title);
     let head_y = TOP + HEAD_H - 6.0;
     for (c, name) in cols
         .iter()
