@@ -140,7 +140,50 @@ pub fn load(what: &str, programs: &[&str], sizes: &[(&str, u32)]) -> Result<Load
             .map_err(|e| fail("attaching an eBPF program", e))?;
         links.push(link);
     }
+    visit_each_cpu();
     Ok(Loaded { obj, links })
+}
+
+/// Make every online CPU switch once, now that the programs are attached:
+/// a thread moved onto each CPU in turn. A CPU that runs one task without a
+/// switch (a busy vCPU alone on its CPU, a build job) would otherwise give
+/// the programs nothing to start from for as long as that task runs:
+/// `switch_times` would not know what runs there (the CPU's whole time
+/// missing, seen here as one CPU covered 4 % by its slices beside a nice-19
+/// compiler) and `switch_waits` would have no logged switch to split a
+/// wait on that CPU by. The thread is the caller's and lasts a moment, so
+/// the caller's own affinity is left as it was; a CPU it may not run on
+/// (a cpuset) is skipped. It runs at the top real-time priority: as an
+/// ordinary thread it waited up to a second for a CPU held by a real-time
+/// busy loop (the kernel's throttling lets others in 50 ms a second).
+fn visit_each_cpu() {
+    let cpus = vmscope_linux::online_cpus(std::path::Path::new("/sys")).unwrap_or_default();
+    let visitor = std::thread::spawn(move || {
+        // SAFETY: sched_param is plain data; the call changes this thread
+        // only (pid 0), and a refusal leaves it an ordinary thread.
+        unsafe {
+            let p = libc::sched_param {
+                sched_priority: libc::sched_get_priority_max(libc::SCHED_FIFO),
+            };
+            libc::sched_setscheduler(0, libc::SCHED_FIFO, &p);
+        }
+        for cpu in cpus {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET
+            // writes within it for cpu < CPU_SETSIZE (checked);
+            // sched_setaffinity(0, ..) reads the set for this thread only.
+            unsafe {
+                if cpu as usize >= libc::CPU_SETSIZE as usize {
+                    continue;
+                }
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu as usize, &mut set);
+                // Returns once this thread runs on `cpu` (the move is
+                // done by the time the call returns): that CPU switched.
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    });
+    let _ = visitor.join();
 }
 
 /// The highest possible CPU + 1 (`/sys/devices/system/cpu/possible`): the

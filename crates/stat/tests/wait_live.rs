@@ -185,14 +185,29 @@ fn ebpf_split_is_run_delay_even_for_short_waits() {
         (before, w, notes, after, r)
     };
     let (mut prev_before, _, _, mut prev_after, _) = drain(&mut bpf, &mut rings);
+    let (mut waits, mut unplaced) = (0, 0);
     for i in 0..3 {
         std::thread::sleep(Duration::from_secs(1));
         let (before, w, notes, after, r) = drain(&mut bpf, &mut rings);
         // A wait behind more switches than the programs name is charged
-        // to "other" (still counted); any other note is a fault.
+        // to "other", and one whose switch-in the kernel did not run the
+        // programs for to "unknown" (both still counted, the latter
+        // bounded below); any other note is a fault.
         for n in &notes {
             println!("interval {i}: {n}");
-            assert!(n.contains("charged to other"), "{notes:?}");
+            assert!(
+                n.contains("charged to other") || n.contains("charged to unknown"),
+                "{notes:?}"
+            );
+            if n.contains("charged to unknown") {
+                // "X ms of waiting in N waits charged to unknown"
+                unplaced += n
+                    .split(" waits charged")
+                    .next()
+                    .and_then(|h| h.rsplit(' ').next())
+                    .and_then(|w| w.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no count in {n:?}"));
+            }
         }
         for (k, pid) in [pa, pb].into_iter().enumerate() {
             let t = w.get(&pid).cloned().unwrap_or_default();
@@ -216,8 +231,16 @@ fn ebpf_split_is_run_delay_even_for_short_waits() {
                 "pid {pid}: eBPF split {got} ns outside run_delay's {lo}..{hi} ns"
             );
             assert!(t.waits > 0, "pid {pid}: no wait counted");
+            waits += t.waits;
         }
         prev_before = before;
         prev_after = after;
     }
+    // Switch-ins the kernel did not run the programs for (a few a second
+    // here, their waits charged to unknown): never 1 % of the waits.
+    println!("{unplaced} of {waits} waits charged to unknown");
+    assert!(
+        unplaced * 100 <= waits,
+        "{unplaced} of {waits} waits charged to unknown"
+    );
 }

@@ -412,7 +412,19 @@ int BPF_PROG(switch_waits, bool preempt, struct task_struct *prev,
 	__u32 p = prev->pid;
 	struct followed *f = bpf_map_lookup_elem(&follow, &p);
 	if (f) {
-		f->seen_delay = prev->sched_info.run_delay;
+		// run_delay grows only when a task is switched in (or dequeued
+		// while queued, seen by migrate_waits): growth seen at its
+		// switch-out is the wait of a switch-in this program was not run
+		// for (the kernel skips a few here), charged as unplaced rather
+		// than lost.
+		__u64 d = prev->sched_info.run_delay;
+		if (f->seen && d > f->seen_delay) {
+			charge(p, UNKNOWN_TID, 0, d - f->seen_delay);
+			stat_add(ST_UNPLACED, 1);
+			stat_add(ST_UNPLACED_NS, d - f->seen_delay);
+			count_wait(p);
+		}
+		f->seen_delay = d;
 		f->seen = 1;
 	}
 	__u32 n = next->pid;
