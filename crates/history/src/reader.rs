@@ -109,7 +109,7 @@ impl History {
                 self.segments.push(s);
                 continue;
             }
-            let opened = Session::open(&path).and_then(|session| {
+            let opened = Session::open_compact(&path).and_then(|session| {
                 let start = session
                     .meta()?
                     .get("started_at")
@@ -291,7 +291,15 @@ impl History {
                 };
                 for (view, agent) in [(View::Host, false), (View::Agent, true)] {
                     let mut p = Profile::new();
-                    for r in s.session.rows_in(view, &slice, None)? {
+                    let rows = match s.session.block_rows(agent, first, last)? {
+                        Some(mut rows) => {
+                            // Older segments' rows may be in the tables too.
+                            rows.extend(s.session.rows_in(view, &slice, None)?);
+                            rows
+                        }
+                        None => s.session.rows_in(view, &slice, None)?,
+                    };
+                    for r in rows {
                         let mut k = r.key;
                         k.second = moved(k.second);
                         p.add(k, r.samples, r.period);

@@ -345,11 +345,13 @@ impl Recorder {
             .collect();
         seg.writer.batch(|w| -> Result<(), HistoryError> {
             w.add_history_interval(iv.t_end, iv.interval_s, &doc, &timeline)?;
+            // Rows as blocks (vmscope_store's `blocks`): a tenth of the
+            // bytes of the row tables.
             if let Some(h) = iv.host {
-                w.flush(&shifted(h, offset))?;
+                w.add_row_block(&shifted(h, offset), false)?;
             }
             if let Some(a) = iv.agent {
-                w.flush_agent(&shifted(a, offset))?;
+                w.add_row_block(&shifted(a, offset), true)?;
             }
             if !scales.is_empty() {
                 w.add_scale_seconds(&scales)?;
@@ -495,7 +497,7 @@ impl Recorder {
 /// Whether a file named as a segment is one: a session whose meta says it
 /// was written by [`SOURCE`].
 fn is_our_segment(path: &Path) -> bool {
-    vmscope_store::Session::open(path)
+    vmscope_store::Session::open_compact(path)
         .and_then(|s| s.meta())
         .is_ok_and(|m| m.get("source").map(String::as_str) == Some(SOURCE))
 }

@@ -40,7 +40,8 @@ const CREATE: &str = "
 impl SessionWriter {
     /// Add the history tables (once, when a segment is created).
     pub fn create_history_tables(&self) -> Result<()> {
-        self.sql().execute_batch(CREATE)
+        self.sql().execute_batch(CREATE)?;
+        self.sql().execute_batch(crate::blocks::CREATE)
     }
 
     /// One interval of a history: its document and its timeline rows.

@@ -15,6 +15,7 @@
 //! `sqlite3` CLI reads the files:
 //! `sqlite3 vmscope.db 'select * from samples order by samples desc limit 5'`.
 
+mod blocks;
 mod deferred;
 mod history;
 mod intervals;

@@ -94,10 +94,26 @@ fn immutable_uri(path: &Path) -> String {
 pub struct Session {
     pub(crate) conn: Connection,
     pub(crate) path: PathBuf,
+    /// Its blocks of rows (crate::blocks) are in temporary row tables.
+    pub(crate) expanded: bool,
 }
 
 impl Session {
+    /// Open a session to read: every row of it is in the row tables
+    /// (blocks of rows, as history segments keep them, copied into
+    /// temporary ones).
     pub fn open(path: &Path) -> Result<Session> {
+        let mut s = Session::open_compact(path)?;
+        if crate::blocks::has_blocks(&s.conn).map_err(sql_err(path))? {
+            crate::blocks::expand(&s.conn, path)?;
+            s.expanded = true;
+        }
+        Ok(s)
+    }
+
+    /// [`Session::open`] leaving blocks of rows where they are: for a
+    /// reader of their seconds ([`Session::block_rows`]) or of none.
+    pub fn open_compact(path: &Path) -> Result<Session> {
         if !path.exists() {
             return Err(StoreError::Missing {
                 path: path.to_path_buf(),
@@ -215,6 +231,7 @@ impl Session {
         Ok(Session {
             conn,
             path: path.to_path_buf(),
+            expanded: false,
         })
     }
 

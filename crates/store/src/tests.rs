@@ -652,3 +652,104 @@ fn rows_with_equal_counts_come_in_key_order_not_table_order() {
         ]
     );
 }
+
+/// Rows written as blocks (history segments) read back as rows written
+/// to the tables do: through the tables of an expanded open, and by
+/// seconds from the blocks; an agent's guest kernel named as the tables
+/// name it; a damaged block is said, naming the file.
+#[test]
+fn rows_in_blocks_read_as_rows_in_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut intervals = Vec::new();
+    for sec in 0..3u32 {
+        let mut p = Profile::new();
+        for (i, sym) in ["alpha", "beta", "gamma"].iter().enumerate() {
+            let mut k = key(sym, &format!("main;{sym}"));
+            k.second = sec;
+            k.cpu = i as u32;
+            p.add(
+                k,
+                u64::from(sec) + i as u64 + 1,
+                1000 * (u64::from(sec) + 1),
+            );
+        }
+        let mut k = key("no_time", "");
+        k.second = UNKNOWN_SLICE;
+        k.cpu = UNKNOWN_SLICE;
+        p.add(k, 1, 7);
+        p.add_bin(sec, 0, "host".into(), Context::HostUser, 9);
+        let mut a = Profile::new();
+        let mut g = key("schedule", "entry;schedule");
+        g.domain = "vm1".into();
+        g.context = Context::GuestKernel;
+        g.image = "[kernel.kallsyms]".into();
+        g.second = sec;
+        a.add(g, 4, 400);
+        intervals.push((p, a));
+    }
+    let tables = dir.path().join("tables.db");
+    let blocks = dir.path().join("blocks.db");
+    let mut wt = host_session(&tables);
+    let mut wb = host_session(&blocks);
+    wb.create_history_tables().unwrap();
+    for (p, a) in &intervals {
+        wt.flush(p).unwrap();
+        wt.flush_agent(a).unwrap();
+        wb.add_row_block(p, false).unwrap();
+        wb.add_row_block(a, true).unwrap();
+    }
+    wt.finish(true).unwrap();
+    wb.finish(true).unwrap();
+    let sorted = |mut v: Vec<vmscope_model::ProfileRow>| {
+        v.sort_by(|a, b| format!("{:?}", a.key).cmp(&format!("{:?}", b.key)));
+        v
+    };
+    let t = Session::open(&tables).unwrap();
+    let b = Session::open(&blocks).unwrap();
+    for view in [View::Host, View::Agent, View::Merged] {
+        assert_eq!(
+            sorted(b.rows(view, None).unwrap()),
+            sorted(t.rows(view, None).unwrap()),
+            "{view:?}"
+        );
+    }
+    assert_eq!(b.bins(0).unwrap(), t.bins(0).unwrap());
+    let agent = b.rows(View::Agent, None).unwrap();
+    assert!(agent
+        .iter()
+        .all(|r| &*r.key.image == "[guest.kernel.kallsyms]"));
+    // By seconds, from the blocks themselves.
+    let c = Session::open_compact(&blocks).unwrap();
+    let some = c.block_rows(false, 1, 1).unwrap().unwrap();
+    let want = t
+        .rows_in(
+            View::Host,
+            &Slice {
+                seconds: Some((1, 1)),
+                cpus: None,
+            },
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        sorted(
+            some.into_iter()
+                .filter(|r| r.key.second != UNKNOWN_SLICE)
+                .collect()
+        ),
+        sorted(want)
+    );
+    assert_eq!(c.block_rows(true, 2, 2).unwrap().unwrap().len(), 1);
+    assert!(t.block_rows(false, 0, 9).unwrap().is_none());
+    // A block damaged by hand.
+    drop((b, c));
+    let conn = Connection::open(&blocks).unwrap();
+    conn.execute("UPDATE row_blocks SET data = x'00ff' WHERE rowid = 2", [])
+        .unwrap();
+    drop(conn);
+    let e = Session::open(&blocks)
+        .err()
+        .expect("a damaged block is refused")
+        .to_string();
+    assert!(e.contains("blocks.db") && e.contains("damaged"), "{e}");
+}

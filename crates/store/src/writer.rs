@@ -13,7 +13,7 @@ use std::sync::Arc;
 use vmscope_model::{AggKey, Profile, SessionEvent, UNKNOWN_SLICE};
 
 /// A second or CPU as stored: -1 for [`UNKNOWN_SLICE`].
-fn slice_column(v: u32) -> i64 {
+pub(crate) fn slice_column(v: u32) -> i64 {
     if v == UNKNOWN_SLICE {
         -1
     } else {
@@ -27,6 +27,8 @@ pub struct SessionWriter {
     pub(crate) conn: Connection,
     pub(crate) path: PathBuf,
     stack_ids: vmscope_model::FastMap<Arc<str>, i64>,
+    /// `block_strings` of the session (crate::blocks), by text.
+    pub(crate) block_strings: vmscope_model::FastMap<Arc<str>, i64>,
     /// [`SessionWriter::bulk_load`] is on.
     bulk: bool,
     /// The bulk load's one transaction is open (see
@@ -116,6 +118,7 @@ impl SessionWriter {
             conn,
             path: path.to_path_buf(),
             stack_ids: Default::default(),
+            block_strings: Default::default(),
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
             in_batch: false,
@@ -157,6 +160,7 @@ impl SessionWriter {
             conn,
             path: path.to_path_buf(),
             stack_ids,
+            block_strings: Default::default(),
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
             in_batch: true,
@@ -291,7 +295,7 @@ impl SessionWriter {
         Ok(())
     }
 
-    fn stack_id(&mut self, stack: &Arc<str>) -> Result<i64> {
+    pub(crate) fn stack_id(&mut self, stack: &Arc<str>) -> Result<i64> {
         if stack.is_empty() {
             return Ok(0);
         }
