@@ -181,6 +181,18 @@ fn a_receiver_that_never_answers_does_not_stop_serving() {
         "--export-timeout",
         "4",
     ]);
+    // serve's first answer (its start: the eBPF programs, the first
+    // sample), said but not timed: the bound is for answers while the
+    // exporter waits on the receiver. CI once had no answer within 10 s
+    // here, never seen locally (38 ms).
+    let t = Instant::now();
+    while http_get(&addr, "/metrics").is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "/metrics never answered"
+        );
+    }
+    eprintln!("first /metrics after {:?}", t.elapsed());
     for _ in 0..5 {
         let t = Instant::now();
         let body = http_get(&addr, "/metrics").expect("/metrics answers");

@@ -9,7 +9,6 @@
 
 use crate::{segments, time, HistoryError};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use vmscope_model::{Profile, UNKNOWN_SLICE};
 use vmscope_store::{
@@ -27,7 +26,13 @@ struct Segment {
     span: Option<(f64, f64)>,
     /// File size when the span was read (a growing segment is read again).
     size: u64,
+    /// Its first document when the later ones take it as their dictionary
+    /// (crate::frames), read once.
+    dict: std::cell::OnceCell<Option<Vec<u8>>>,
 }
+
+/// The largest document a frame may inflate to.
+const FRAME_LIMIT: usize = 64 << 20;
 
 /// The segments of a history directory, open for reading.
 pub struct History {
@@ -125,6 +130,7 @@ impl History {
                     start,
                     span,
                     size,
+                    dict: std::cell::OnceCell::new(),
                 }),
                 Ok((_, None, _)) => self.skip(
                     &path,
@@ -190,14 +196,33 @@ impl History {
     pub fn frames(&self, from: f64, to: f64) -> Result<Vec<FrameDoc>, HistoryError> {
         let mut out = Vec::new();
         for s in self.overlapping(from, to) {
-            for (t_end, interval_s, blob) in s.session.history_frames(from, to)? {
-                let mut doc = Vec::new();
-                flate2::read::DeflateDecoder::new(&blob[..])
-                    .read_to_end(&mut doc)
-                    .map_err(|e| HistoryError::Io {
-                        path: s.path.clone(),
-                        source: e,
-                    })?;
+            let damaged = |e: std::io::Error| HistoryError::Io {
+                path: s.path.clone(),
+                source: e,
+            };
+            let dict = if let Some(d) = s.dict.get() {
+                d
+            } else {
+                let uses = s
+                    .session
+                    .meta()?
+                    .get(crate::frames::META.0)
+                    .map(String::as_str)
+                    == Some(crate::frames::META.1);
+                match s.session.history_first_frame()? {
+                    Some(blob) if uses => {
+                        let d =
+                            crate::frames::inflate(&blob, None, FRAME_LIMIT).map_err(damaged)?;
+                        s.dict.get_or_init(|| Some(d))
+                    }
+                    // No document yet: nothing to read, nothing to keep.
+                    None if uses => continue,
+                    _ => s.dict.get_or_init(|| None),
+                }
+            };
+            for (first, t_end, interval_s, blob) in s.session.history_frames(from, to)? {
+                let with = if first { None } else { dict.as_deref() };
+                let doc = crate::frames::inflate(&blob, with, FRAME_LIMIT).map_err(damaged)?;
                 out.push(FrameDoc {
                     t_end,
                     interval_s,

@@ -94,6 +94,8 @@ struct Segment {
     offset: u32,
     /// The domains stored in it.
     domains: usize,
+    /// Its first document, the dictionary of the later ones (crate::frames).
+    dict: Option<Vec<u8>>,
 }
 
 /// The recorder of one history directory.
@@ -314,15 +316,11 @@ impl Recorder {
         if self.open.is_none() {
             self.start_segment(begin)?;
         }
-        let doc = {
-            let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-            e.write_all(iv.doc)
-                .and_then(|()| e.finish())
-                .map_err(io(&self.opts.dir))?
-        };
         let Some(seg) = self.open.as_mut() else {
             return Ok(());
         };
+        let doc =
+            crate::frames::deflate(iv.doc, seg.dict.as_deref()).map_err(io(&self.opts.dir))?;
         let (offset, start) = (seg.offset, seg.start);
         let domains = (seg.domains != self.domains.len()).then(|| self.domains.clone());
         let build_ids = self.build_ids.clone();
@@ -369,6 +367,10 @@ impl Recorder {
         if domains.is_some() {
             seg.domains = self.domains.len();
         }
+        if seg.dict.is_none() {
+            // Stored: the dictionary of the segment's later documents.
+            seg.dict = Some(iv.doc.to_vec());
+        }
         Ok(())
     }
 
@@ -392,6 +394,7 @@ impl Recorder {
                 w.set_meta("callchain", if p.callchain { "1" } else { "0" })?;
             }
             w.set_meta("source", SOURCE)?;
+            w.set_meta(crate::frames::META.0, crate::frames::META.1)?;
             w.set_meta("started_at", &format!("{start:.3}"))?;
             w.set_meta("duration_s", "0")?;
             for (k, v) in &self.meta {
@@ -415,6 +418,7 @@ impl Recorder {
                     start,
                     offset,
                     domains: usize::MAX,
+                    dict: None,
                 });
                 self.retain();
                 Ok(())

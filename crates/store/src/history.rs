@@ -37,6 +37,10 @@ const CREATE: &str = "
         cpu_s REAL NOT NULL, steal_s REAL NOT NULL, io_s REAL NOT NULL, io_ops REAL NOT NULL,
         PRIMARY KEY(t_end, domain)) WITHOUT ROWID;";
 
+/// A frame as [`Session::history_frames`] gives it: whether it is the
+/// segment's first, its end, its length and its document as stored.
+pub type StoredFrame = (bool, f64, f64, Vec<u8>);
+
 impl SessionWriter {
     /// Add the history tables (once, when a segment is created).
     pub fn create_history_tables(&self) -> Result<()> {
@@ -107,15 +111,29 @@ impl Session {
 
     /// Documents of the intervals ending in `[from, to]`, in time order:
     /// (end, length, document).
-    pub fn history_frames(&self, from: f64, to: f64) -> Result<Vec<(f64, f64, Vec<u8>)>> {
+    /// (whether it is the segment's first, end, length, document).
+    pub fn history_frames(&self, from: f64, to: f64) -> Result<Vec<StoredFrame>> {
         if !self.has_history()? {
             return Ok(Vec::new());
         }
         self.sql().rows(
-            "SELECT t_end, interval_s, doc FROM frames WHERE t_end >= ?1 AND t_end <= ?2 ORDER BY t_end, rowid",
+            "SELECT rowid = (SELECT MIN(rowid) FROM frames), t_end, interval_s, doc FROM frames
+             WHERE t_end >= ?1 AND t_end <= ?2 ORDER BY t_end, rowid",
             params![from, to],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
+    }
+
+    /// The segment's first document as stored.
+    pub fn history_first_frame(&self) -> Result<Option<Vec<u8>>> {
+        if !self.has_history()? {
+            return Ok(None);
+        }
+        self.sql()
+            .rows("SELECT doc FROM frames ORDER BY rowid LIMIT 1", [], |r| {
+                r.get(0)
+            })
+            .map(|v: Vec<Vec<u8>>| v.into_iter().next())
     }
 
     /// Timeline rows of the intervals ending in `[from, to]`, summed per

@@ -28,7 +28,7 @@ mod view;
 mod writer;
 
 pub use deferred::{snapshot, PendingSymbols, SYMBOLS_DEFERRED};
-pub use history::{ScaleSecond, TimelineRow};
+pub use history::{ScaleSecond, StoredFrame, TimelineRow};
 pub use intervals::IntervalRow;
 pub use reader::{GroupRow, Session, Slicing};
 pub use schema::SCHEMA_VERSION;
