@@ -88,13 +88,26 @@ fn lock(name: &str, opts: &LabOptions) -> Result<vmscope_linux::files::PidLock> 
         .map_err(|e| LabError::io("create run directory", &opts.run_root, e))?;
     let path = opts.run_root.join(format!("{name}.lock"));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    vmscope_linux::files::PidLock::acquire(&path, &command).map_err(|e| match e {
-        Ok(holder) => LabError::Busy {
-            lab: name.to_string(),
-            holder,
-        },
-        Err(source) => LabError::io("lock", &path, source),
-    })
+    // A holder that no process owns any more (a `lab up` just killed,
+    // whose forked child had not reached exec yet: CI once ran `down`
+    // right after and was refused) goes within moments: up to 2 s are
+    // waited for it. A named holder is said at once.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match vmscope_linux::files::PidLock::acquire(&path, &command) {
+            Ok(l) => return Ok(l),
+            Err(Ok(holder)) if holder.pid.is_none() && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(Ok(holder)) => {
+                return Err(LabError::Busy {
+                    lab: name.to_string(),
+                    holder,
+                })
+            }
+            Err(Err(source)) => return Err(LabError::io("lock", &path, source)),
+        }
+    }
 }
 
 /// State file path of lab `name`.
