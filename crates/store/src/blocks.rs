@@ -75,18 +75,10 @@ impl SessionWriter {
                 ))
         });
         let known = |s: u32| s != UNKNOWN_SLICE;
-        let first = rows
-            .iter()
-            .map(|r| r.0.second)
-            .filter(|&s| known(s))
-            .min()
-            .unwrap_or(0);
-        let last = rows
-            .iter()
-            .map(|r| r.0.second)
-            .filter(|&s| known(s))
-            .max()
-            .unwrap_or(0);
+        // Sorted by second, unknown (-1) first: the known ones' ends.
+        let mut secs = rows.iter().map(|r| r.0.second).filter(|&s| known(s));
+        let first = secs.next().unwrap_or(0);
+        let last = secs.next_back().unwrap_or(first);
         let mut raw = Vec::with_capacity(rows.len() * 16);
         put_varint(&mut raw, rows.len() as u64);
         let mut new_strings: Vec<(i64, String)> = Vec::new();
@@ -291,6 +283,7 @@ fn blocks_in(
 /// then shadow the stored, empty ones for every query of this connection).
 pub(crate) fn expand(conn: &Connection, path: &std::path::Path) -> Result<()> {
     let sqle = crate::sql::sql_err(path);
+    let names = strings(conn).map_err(&sqle)?;
     for (table, agent) in [("samples", false), ("agent_samples", true)] {
         let create: String = conn
             .query_row(
@@ -306,7 +299,6 @@ pub(crate) fn expand(conn: &Connection, path: &std::path::Path) -> Result<()> {
             [],
         )
         .map_err(&sqle)?;
-        let names = strings(conn).map_err(&sqle)?;
         let mut st = conn
             .prepare(&format!(
                 "INSERT INTO temp.{table}(event, domain, context, process, image, symbol, stack, srcline, second, cpu, samples, period)
