@@ -371,30 +371,23 @@ fn active_and_passive_vms_in_one_session() {
         "the loads are not unequal (pidstat: act {pa:.1} %, pas {pp:.1} %): the check proves nothing"
     );
     // Where the host view put its time, for a failure's message (CI once
-    // saw pas at 7.4 % against pidstat's 26.6 %, and never again in 3 runs
-    // here).
+    // saw pas at 7.4 % against pidstat's 26.6 %, and act at 74.6 % against
+    // 99.8 %: the kernel delivered 8,726 of 10,000 cpu-clock samples, none
+    // said lost, beside a build).
     let host_rows: String = host
         .iter()
         .take(15)
         .map(|r| format!("  {:?} {:.2} %\n", r.0, r.2))
         .collect();
-    for (vm, ours, theirs) in [("act", ha, pa), ("pas", hp, pp)] {
-        assert!(
-            (ours - theirs).abs() <= 10.0,
-            "{vm}: vmscope {ours:.1} % vs pidstat {theirs:.1} % of a CPU; recorder: {}\nthe host view by domain and process:\n{host_rows}",
-            String::from_utf8_lossy(&rec.stderr)
-        );
-        assert!(
-            (ours - sp(vm)).abs() <= 10.0,
-            "{vm}: vmscope {ours:.1} % vs schedstat {:.1} % of a CPU",
-            sp(vm)
-        );
-    }
 
     // 3b. Coverage: each VM's samples against its QEMU process's run time
     // over the same seconds; a VM covered under 95 % gets the gap as an
-    // [unsampled] row, so its rows add up to the scheduler's time.
-    for vm in ["act", "pas"] {
+    // [unsampled] row, so its rows add up to the scheduler's time. What
+    // vmscope states of a VM (its samples, and the gap when it says there
+    // is one) is what is held against pidstat and schedstat: the kernel
+    // dropping samples unsaid is this host's fault, saying nothing of it
+    // would be vmscope's.
+    for (vm, sampled, theirs) in [("act", ha, pa), ("pas", hp, pp)] {
         let c = host_v["coverage"]
             .as_array()
             .and_then(|a| a.iter().find(|c| c["domain"] == vm))
@@ -420,7 +413,15 @@ fn active_and_passive_vms_in_one_session() {
             100.0 * ratio,
             sp(vm)
         );
-        if ratio < 0.95 {
+        // The coverage figure itself: the samples' share of the
+        // scheduler's time, as schedstat read by the test has it.
+        assert!(
+            (100.0 * ratio - 100.0 * sampled / sp(vm).max(1.0)).abs() <= 10.0,
+            "{vm}: coverage {:.1} % vs its samples {sampled:.1} % of schedstat's {:.1} %",
+            100.0 * ratio,
+            sp(vm)
+        );
+        let stated = if ratio < 0.95 {
             assert!(
                 unsampled,
                 "{vm} covered {:.1} % without an [unsampled] row",
@@ -430,13 +431,26 @@ fn active_and_passive_vms_in_one_session() {
                 (rows_s - sched_s).abs() <= 0.02 * sched_s,
                 "{vm}: its rows {rows_s:.3} s vs the scheduler's {sched_s:.3} s"
             );
+            100.0 * rows_s / duration
         } else {
             assert!(
                 !unsampled,
                 "{vm} covered {:.1} % with an [unsampled] row",
                 100.0 * ratio
             );
-        }
+            sampled
+        };
+        assert!(
+            (stated - theirs).abs() <= 10.0,
+            "{vm}: vmscope {stated:.1} % (sampled {sampled:.1} %, coverage {:.1} %) vs pidstat {theirs:.1} % of a CPU; recorder: {}\nthe host view by domain and process:\n{host_rows}",
+            100.0 * ratio,
+            String::from_utf8_lossy(&rec.stderr)
+        );
+        assert!(
+            (stated - sp(vm)).abs() <= 10.0,
+            "{vm}: vmscope {stated:.1} % (sampled {sampled:.1} %) vs schedstat {:.1} % of a CPU",
+            sp(vm)
+        );
     }
 
     // 4. Guest call stacks through the hot functions.
