@@ -81,6 +81,15 @@ impl SessionWriter {
     /// write sessions through [`crate::output::SessionOutput`], which checks the
     /// path, locks it and replaces it atomically.
     pub fn create(path: &Path) -> Result<SessionWriter> {
+        Self::create_paged(path, None)
+    }
+
+    /// [`SessionWriter::create`] with SQLite pages of `page_size` bytes (a
+    /// power of two from 512 to 65 536) instead of the default 4 KiB. Every
+    /// table and index of the schema takes at least one page, so a small
+    /// file that lives long (a history segment) is mostly those pages: on a
+    /// 1-VM history they were 135 KB of a segment, 144 segments a day.
+    pub fn create_paged(path: &Path, page_size: Option<u32>) -> Result<SessionWriter> {
         // Probe writability first so the error names the path, not SQLite.
         let probe = path.with_extension("vmscope-probe");
         if let Err(source) = std::fs::write(&probe, b"") {
@@ -105,7 +114,11 @@ impl SessionWriter {
         }
         let conn = Connection::open(path).map_err(sql_err(path))?;
         Sql::new(&conn, path).check(
-            conn.pragma_update(None, "journal_mode", "WAL")
+            // The page size is fixed when the first table is made, and
+            // before the file is in WAL mode.
+            page_size
+                .map_or(Ok(()), |n| conn.pragma_update(None, "page_size", n))
+                .and_then(|()| conn.pragma_update(None, "journal_mode", "WAL"))
                 .and_then(|()| conn.pragma_update(None, "synchronous", "NORMAL"))
                 // Rows keyed by second and CPU make the tables several
                 // times larger than SQLite's default 2 MB page cache: past
