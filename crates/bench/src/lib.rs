@@ -31,6 +31,8 @@
 //! each backend costs: cherkasova2005), [`net`] (menon2005's network
 //! experiment), [`web`] (menon2005 Fig 7), [`scale`] (theurer2006's
 //! scaling) and [`overhead`] (theurer2006 Fig 2: what profiling costs).
+// No function over 150 lines of code (crates/bench/clippy.toml).
+#![warn(clippy::too_many_lines)]
 
 pub mod chart;
 pub mod cpu;
