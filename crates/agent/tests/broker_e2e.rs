@@ -76,6 +76,21 @@ fn rig() -> Rig {
     Rig { dir, listen, agent }
 }
 
+/// A busy loop in the guest through `c`, the client handed back.
+fn spin(mut c: AgentClient<UnixStream>) -> (vmscope_protocol::ExecOutput, AgentClient<UnixStream>) {
+    let out = c
+        .exec(
+            &[
+                "sh".into(),
+                "-c".into(),
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo done".into(),
+            ],
+            T,
+        )
+        .unwrap();
+    (out, c)
+}
+
 fn client(r: &Rig) -> AgentClient<UnixStream> {
     let (c, hello) = AgentClient::connect(UnixStream::connect(&r.listen).unwrap(), T).unwrap();
     assert!(hello.capabilities.iter().any(|c| c == capability::STREAMS));
@@ -99,26 +114,27 @@ fn two_sessions_at_once_and_a_killed_client_frees_its_own() {
     a.profile_start(&cfg, T).unwrap();
     // A second session on another stream is not "busy".
     b.profile_start(&cfg, T).unwrap();
-    // A third client runs a command while both sessions sample.
-    let mut c = client(&r);
-    let busy = std::thread::spawn(move || {
-        c.exec(
-            &[
-                "sh".into(),
-                "-c".into(),
-                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo done".into(),
-            ],
-            T,
-        )
-        .unwrap()
-    });
+    // A third client runs a command while both sessions sample, again
+    // until both have samples (CI once ended one such command with 4
+    // samples in one session and none yet in the other).
+    let c = client(&r);
+    let mut busy = std::thread::spawn(move || spin(c));
     let mut samples = (0u64, 0u64);
-    while !busy.is_finished() {
+    let deadline = Instant::now() + T;
+    loop {
         samples.0 += a.profile_poll(T).unwrap().samples;
         samples.1 += b.profile_poll(T).unwrap().samples;
+        if busy.is_finished() {
+            let (out, c) = busy.join().unwrap();
+            assert_eq!(out.stdout, b"done\n");
+            if samples.0 > 0 && samples.1 > 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{samples:?}");
+            busy = std::thread::spawn(move || spin(c));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(busy.join().unwrap().stdout, b"done\n");
     assert!(samples.0 > 0 && samples.1 > 0, "{samples:?}");
     // b dies without stopping: the agent drops its session, a goes on.
     drop(b);
