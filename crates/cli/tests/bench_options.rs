@@ -45,6 +45,15 @@ fn run(args: &[&str], dir: &Path) -> (i32, String, String) {
     )
 }
 
+/// The built-in labs a refusal of an unknown lab lists.
+fn built_ins(stderr: &str) -> Vec<String> {
+    stderr
+        .split_once("not a built-in lab (")
+        .and_then(|(_, r)| r.split_once(')'))
+        .map(|(names, _)| names.split(", ").map(str::to_string).collect())
+        .unwrap_or_else(|| panic!("no list of built-in labs: {stderr}"))
+}
+
 #[test]
 fn every_experiment_takes_the_shared_flags() {
     let tmp = tempfile::tempdir().unwrap();
@@ -123,11 +132,7 @@ fn lab_up_takes_and_lists_every_built_in_lab_of_bench() {
     let tmp = tempfile::tempdir().unwrap();
     // The names bench knows, from its own refusal of an unknown one.
     let (_, _, stderr) = run(&["bench", "net", "--lab", "no-such-lab"], tmp.path());
-    let bench_names: Vec<String> = stderr
-        .split_once("not a built-in lab (")
-        .and_then(|(_, r)| r.split_once(')'))
-        .map(|(names, _)| names.split(", ").map(str::to_string).collect())
-        .unwrap_or_else(|| panic!("no list of built-in labs: {stderr}"));
+    let bench_names = built_ins(&stderr);
     assert!(bench_names.len() >= 5, "{bench_names:?}");
     let (code, help, _) = run(&["lab", "up", "--help"], tmp.path());
     assert_eq!(code, 0);
@@ -156,11 +161,7 @@ fn lab_up_takes_and_lists_every_built_in_lab_of_bench() {
         tmp.path(),
     );
     assert_eq!(code, 2, "lab up no-such-lab: {stderr}");
-    let lab_names: Vec<String> = stderr
-        .split_once("not a built-in lab (")
-        .and_then(|(_, r)| r.split_once(')'))
-        .map(|(names, _)| names.split(", ").map(str::to_string).collect())
-        .unwrap_or_else(|| panic!("lab up lists no built-in labs: {stderr}"));
+    let lab_names = built_ins(&stderr);
     assert_eq!(lab_names, bench_names);
     assert!(!run_dir.join("no-such-lab").exists());
 }
