@@ -100,12 +100,18 @@ fn demo_shares(rows: &[(Vec<String>, u64, f64)]) -> [f64; 3] {
 
 /// Run time (ns, schedstat) of the vCPU threads (`CPU n/...`) of `pid`.
 fn vcpu_run_ns(pid: u32) -> u64 {
+    run_ns(pid, true)
+}
+
+/// The run time (schedstat) of a process's threads: its vCPU threads only,
+/// or all of them.
+fn run_ns(pid: u32, only_vcpus: bool) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .filter_map(|e| {
             let dir = e.ok()?.path();
             let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
-            if !comm.starts_with("CPU ") {
+            if only_vcpus && !comm.starts_with("CPU ") {
                 return None;
             }
             std::fs::read_to_string(dir.join("schedstat"))
@@ -211,9 +217,12 @@ fn active_and_passive_vms_in_one_session() {
     // Let both workloads get going before anything is measured.
     std::thread::sleep(std::time::Duration::from_secs(1));
     let db = tmp.path().join("coord.db");
-    let sched0: Vec<(u64, std::time::Instant)> = pids
+    let sched0: Vec<(u64, u64, std::time::Instant)> = pids
         .iter()
-        .map(|(_, p)| (vcpu_run_ns(*p as u32), std::time::Instant::now()))
+        .map(|(_, p)| {
+            let p = *p as u32;
+            (vcpu_run_ns(p), run_ns(p, false), std::time::Instant::now())
+        })
         .collect();
     let pidstat = Command::new("pidstat")
         .args(["-t", "-p", &pid_list, "1", "5"])
@@ -242,15 +251,20 @@ fn active_and_passive_vms_in_one_session() {
     let pidstat = pidstat.wait_with_output().unwrap();
     // Each VM's vCPU threads' run time by schedstat over [before pidstat and
     // record started, after both ended], in percent of one CPU.
-    let sched_pct: Vec<f64> = pids
+    // And all of each QEMU's threads, the VM's whole process.
+    let (sched_pct, sched_all_pct): (Vec<f64>, Vec<f64>) = pids
         .iter()
         .zip(&sched0)
-        .map(|((_, p), (r0, t0))| {
-            100.0 * vcpu_run_ns(*p as u32).saturating_sub(*r0) as f64
-                / 1e9
-                / t0.elapsed().as_secs_f64()
+        .map(|((_, p), (v0, a0, t0))| {
+            let pct = |now: u64, then: u64| {
+                100.0 * now.saturating_sub(then) as f64 / 1e9 / t0.elapsed().as_secs_f64()
+            };
+            (
+                pct(vcpu_run_ns(*p as u32), *v0),
+                pct(run_ns(*p as u32, false), *a0),
+            )
         })
-        .collect();
+        .unzip();
     assert!(
         rec.status.success(),
         "record: {}",
@@ -346,7 +360,7 @@ fn active_and_passive_vms_in_one_session() {
     };
     let (ha, hp) = (vcpu_pct("act"), vcpu_pct("pas"));
     let threads = pidstat_threads(&String::from_utf8_lossy(&pidstat.stdout));
-    let ps_pct = |vm: &str| -> f64 {
+    let ps_pct = |vm: &str, only_vcpus: bool| -> f64 {
         let pid = pids.iter().find(|(n, _)| n == vm).unwrap().1;
         let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .unwrap()
@@ -354,12 +368,13 @@ fn active_and_passive_vms_in_one_session() {
             .collect();
         threads
             .iter()
-            .filter(|(t, _, c)| tids.contains(t) && c.contains("CPU "))
+            .filter(|(t, _, c)| tids.contains(t) && (!only_vcpus || c.contains("CPU ")))
             .map(|x| x.1)
             .sum()
     };
-    let (pa, pp) = (ps_pct("act"), ps_pct("pas"));
+    let (pa, pp) = (ps_pct("act", true), ps_pct("pas", true));
     let sp = |vm: &str| sched_pct[pids.iter().position(|(n, _)| n == vm).unwrap()];
+    let sp_all = |vm: &str| sched_all_pct[pids.iter().position(|(n, _)| n == vm).unwrap()];
     eprintln!(
         "vCPU time, % of one CPU: act vmscope {ha:.1} pidstat {pa:.1} schedstat {:.1}; \
          pas vmscope {hp:.1} pidstat {pp:.1} schedstat {:.1}",
@@ -408,16 +423,18 @@ fn active_and_passive_vms_in_one_session() {
             .map(|r| r["event_count"][0].as_f64().unwrap_or(0.0))
             .sum::<f64>()
             / 1e9;
+        let (ps_all, sched_all) = (ps_pct(vm, false), sp_all(vm));
         eprintln!(
-            "coverage of {vm}: {:.1} % of {sched_s:.3} s (schedstat of its vCPUs: {:.1} % of a CPU); [unsampled] row: {unsampled}; its rows {rows_s:.3} s",
+            "coverage of {vm}: {:.1} % of {sched_s:.3} s; [unsampled] row: {unsampled}; its rows {rows_s:.3} s; its whole process by schedstat {sched_all:.1} %, by pidstat {ps_all:.1} % of a CPU (its vCPUs {:.1} %, {theirs:.1} %)",
             100.0 * ratio,
             sp(vm)
         );
         // Not held against the samples' own share: CI once had act's
         // coverage at 135.2 % (rows of 7.4 s against 5.5 s of run time)
         // while its vCPU share of the samples read 98.1 % against
-        // schedstat's 99.1 %; that disagreement is open (the notes).
-        let stated = if ratio < 0.95 {
+        // schedstat's 99.1 %, when the first clock reading came after the
+        // rings were enabled (now before them).
+        if ratio < 0.95 {
             assert!(
                 unsampled,
                 "{vm} covered {:.1} % without an [unsampled] row",
@@ -427,25 +444,28 @@ fn active_and_passive_vms_in_one_session() {
                 (rows_s - sched_s).abs() <= 0.02 * sched_s,
                 "{vm}: its rows {rows_s:.3} s vs the scheduler's {sched_s:.3} s"
             );
-            100.0 * rows_s / duration
         } else {
             assert!(
                 !unsampled,
                 "{vm} covered {:.1} % with an [unsampled] row",
                 100.0 * ratio
             );
-            sampled
-        };
+        }
+        // What vmscope states of the VM, its samples and the gap when it
+        // states one, is its whole QEMU process: held against the peers'
+        // time of all its threads (CI had act's vCPU at 98.2 % by pidstat
+        // and its process at 108.4 % by vmscope: its main loop thread's
+        // short runs are the kind the sampling timer misses).
+        let stated = 100.0 * rows_s / duration;
         assert!(
-            (stated - theirs).abs() <= 10.0,
-            "{vm}: vmscope {stated:.1} % (sampled {sampled:.1} %, coverage {:.1} %) vs pidstat {theirs:.1} % of a CPU; recorder: {}\nthe host view by domain and process:\n{host_rows}",
+            (stated - ps_all).abs() <= 10.0,
+            "{vm}: vmscope {stated:.1} % (its vCPUs sampled {sampled:.1} %, coverage {:.1} %) vs pidstat {ps_all:.1} % of a CPU; recorder: {}\nthe host view by domain and process:\n{host_rows}",
             100.0 * ratio,
             String::from_utf8_lossy(&rec.stderr)
         );
         assert!(
-            (stated - sp(vm)).abs() <= 10.0,
-            "{vm}: vmscope {stated:.1} % (sampled {sampled:.1} %) vs schedstat {:.1} % of a CPU",
-            sp(vm)
+            (stated - sched_all).abs() <= 10.0,
+            "{vm}: vmscope {stated:.1} % (its vCPUs sampled {sampled:.1} %) vs schedstat {sched_all:.1} % of a CPU"
         );
     }
 

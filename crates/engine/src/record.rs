@@ -521,7 +521,7 @@ impl Run<'_, '_> {
         let duration = r.t0.elapsed();
         self.rec.disable()?;
         if let Some((begin, vms)) = r.run_clock.take() {
-            let end = crate::coverage::RunClock::read(&ProcRoot::system(), &vms);
+            let end = crate::coverage::RunClock::after_sampling(&ProcRoot::system(), &vms);
             for (domain, s) in begin.run_since(&end) {
                 writer.set_meta(
                     &format!("{}{domain}", crate::coverage::META_PREFIX),
@@ -592,13 +592,15 @@ impl Run<'_, '_> {
             .values()
             .filter_map(|(d, _)| Some((d.name.clone(), d.pid?)))
             .collect();
-        let Sampling { cost, pollers, .. } = ready.enable(&mut self.rec)?;
+        // Read before the rings are on: a reading after them would leave
+        // out of the run time what was sampled while it read.
         let run_clock = matches!(self.target, Target::AllCpus).then(|| {
             (
-                crate::coverage::RunClock::read(&ProcRoot::system(), &vms),
+                crate::coverage::RunClock::before_sampling(&ProcRoot::system(), &vms),
                 vms,
             )
         });
+        let Sampling { cost, pollers, .. } = ready.enable(&mut self.rec)?;
         self.sampling = true;
         if let Some(c) = self.child.as_mut() {
             c.release();

@@ -68,6 +68,8 @@ pub struct SoftirqTotals {
     pub by_tid: HashMap<(u32, u32), u64>,
     /// Softirqs handled (exits matched to an entry).
     pub count: u64,
+    /// Of them, per vector: the runs `/proc/softirqs` counts.
+    pub runs_by_vector: HashMap<u32, u64>,
     /// Exits with no open entry (the entry was before the recorder
     /// started, or records were lost).
     pub unmatched: u64,
@@ -187,6 +189,7 @@ impl Pairer {
                 let d = e.time - t0;
                 *totals.by_vector.entry(vec).or_default() += d;
                 *totals.by_tid.entry((tid, vec)).or_default() += d;
+                *totals.runs_by_vector.entry(vec).or_default() += 1;
                 totals.count += 1;
             }
             _ => totals.unmatched += 1,

@@ -435,8 +435,11 @@ fn softirq_time_of_loopback_traffic() {
         Err(e) => panic!("softirq tracepoints: {e}"),
     };
     let _ = rec.take();
-    // The kernel's own count over a window inside the recorder's.
+    // The kernel's own count over a window inside the recorder's; the
+    // outer window is timed too, for what runs at its edges.
+    let outer0 = std::time::Instant::now();
     let proc0 = proc_softirqs();
+    let inner0 = std::time::Instant::now();
     // TCP over loopback: every segment is received in NET_RX, run when the
     // sender re-enables bottom halves, in the sender's context.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -463,8 +466,10 @@ fn softirq_time_of_loopback_traffic() {
     }
     drop(s);
     assert_eq!(reader.join().unwrap(), 2_000_000);
+    let inner = inner0.elapsed();
     let proc1 = proc_softirqs();
     let after = rec.take();
+    let outer = outer0.elapsed();
     let net_rx = after.by_vector.get(&3).copied().unwrap_or(0);
     let count = after.count;
     eprintln!(
@@ -484,15 +489,34 @@ fn softirq_time_of_loopback_traffic() {
     // more (the edges of the two windows, a few timer ticks).
     let (kernel_all, kernel_net_rx) = (proc1.0 - proc0.0, proc1.1 - proc0.1);
     let seen = count + after.unmatched;
+    let seen_net_rx = after.runs_by_vector.get(&3).copied().unwrap_or(0);
     eprintln!(
-        "/proc/softirqs over the traffic: {kernel_all} softirqs, {kernel_net_rx} NET_RX; the recorder paired {count} (+{} unmatched)",
-        after.unmatched
+        "/proc/softirqs over the traffic: {kernel_all} softirqs, {kernel_net_rx} NET_RX; the recorder paired {count} (+{} unmatched), {seen_net_rx} NET_RX; its runs by vector {:?}",
+        after.unmatched, after.runs_by_vector
     );
     assert!(kernel_net_rx > 0, "/proc/softirqs counted no NET_RX");
     assert_eq!(rec.lost(), 0, "softirq records were lost");
+    // The edges: at most three times the inner window's rate over the
+    // time the outer one is longer (on a loaded host the test can be
+    // preempted between the two reads of an edge), and a few more.
+    let edge = outer.saturating_sub(inner).as_secs_f64();
+    let rate = kernel_all as f64 / inner.as_secs_f64().max(1e-3);
+    let slack = (3.0 * rate * edge) as u64 + kernel_all / 10 + 50;
+    // NET_RX runs in this test's tasks, where the tracepoints always fire:
+    // the recorder saw every run the kernel counted (bar one in flight per
+    // CPU at an edge).
     assert!(
-        seen + 2 >= kernel_all && seen <= kernel_all + kernel_all / 10 + 50,
-        "recorder {seen} softirqs vs /proc/softirqs {kernel_all}"
+        seen_net_rx + 2 >= kernel_net_rx && seen_net_rx <= kernel_net_rx + slack,
+        "recorder {seen_net_rx} NET_RX vs /proc/softirqs {kernel_net_rx} (inner {inner:?}, outer {outer:?}, slack {slack})"
+    );
+    // All vectors: this kernel (6.18) counts softirqs in /proc/softirqs
+    // that fire no tracepoint (perf stat -a -e irq:softirq_entry counted
+    // 154 over a second where /proc/softirqs counted 200 in half of it,
+    // on an idle machine: those run from the idle loop), so the lower
+    // bound allows a tenth less.
+    assert!(
+        seen + 2 + kernel_all / 10 >= kernel_all && seen <= kernel_all + slack,
+        "recorder {seen} softirqs vs /proc/softirqs {kernel_all} (inner {inner:?}, outer {outer:?}, slack {slack})"
     );
     assert!(after.io_ns() >= net_rx);
     assert!(

@@ -1281,6 +1281,7 @@ mod tests {
                 by_vector,
                 by_tid,
                 count: 40,
+                runs_by_vector: HashMap::new(),
                 unmatched: 0,
             }),
             // web's vCPU 0 was runnable 50 ms: 49 ms of it seen, behind the
