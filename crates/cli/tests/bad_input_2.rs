@@ -217,6 +217,24 @@ fn table2() -> Vec<Row> {
             &["memory_mib", "64 MiB is less than 128 MiB"],
         )
         .within(5),
+        // An agent given by hand is the one used, or refused: never
+        // replaced by one found elsewhere.
+        row(
+            "r2.lb_agent_missing",
+            "lab up --run-dir labrun --agent /nonexistent",
+            2,
+            &["--agent /nonexistent", "no such file"],
+        )
+        .root()
+        .within(5),
+        row(
+            "r2.lb_agent_dynamic",
+            "lab up --run-dir labrun --agent /bin/ls",
+            2,
+            &["--agent /bin/ls", "not a statically linked"],
+        )
+        .root()
+        .within(5),
         // benchmarks
         row(
             "r2.bo11",

@@ -52,12 +52,29 @@ pub struct GuestImage {
 /// Find the guest agent binary: `explicit`, then `$VMSCOPE_AGENT`, then next
 /// to the current executable, then the workspace's static build output, then
 /// the package's copy ([`PACKAGED_AGENT_PATH`]).
+///
+/// An `explicit` path is the only one: one that is missing or not a static
+/// binary is refused, never replaced by another found elsewhere (`lab up
+/// --agent /nonexistent` once booted with the workspace's agent).
 pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if p.is_file() && is_static_elf(p) {
+            return Ok(p.to_path_buf());
+        }
+        let why = if !p.exists() {
+            "no such file"
+        } else if !p.is_file() {
+            "not a regular file"
+        } else {
+            "not a statically linked executable (the guest has no libraries)"
+        };
+        return Err(LabError::Image(format!(
+            "--agent {}: {why}; build the agent with: {AGENT_BUILD}",
+            p.display()
+        )));
+    }
     let mut looked = Vec::new();
     let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = explicit {
-        candidates.push(p.to_path_buf());
-    }
     if let Some(p) = std::env::var_os("VMSCOPE_AGENT") {
         candidates.push(PathBuf::from(p));
     }
