@@ -15,7 +15,7 @@
 //! bytes, kept compressed. Times are wall-clock seconds since the epoch;
 //! [`time`] parses and shows them.
 
-mod frames;
+pub mod frames;
 pub mod reader;
 pub mod recorder;
 pub mod time;

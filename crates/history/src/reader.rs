@@ -27,8 +27,10 @@ struct Segment {
     /// File size when the span was read (a growing segment is read again).
     size: u64,
     /// Its first document when the later ones take it as their dictionary
-    /// (crate::frames), read once.
+    /// (crate::frames, segments of `first`), read once.
     dict: std::cell::OnceCell<Option<Vec<u8>>>,
+    /// Its meta's `frames_dictionary`, read once.
+    frames_by: std::cell::OnceCell<Option<String>>,
 }
 
 /// The largest document a frame may inflate to.
@@ -131,6 +133,7 @@ impl History {
                     span,
                     size,
                     dict: std::cell::OnceCell::new(),
+                    frames_by: std::cell::OnceCell::new(),
                 }),
                 Ok((_, None, _)) => self.skip(
                     &path,
@@ -200,15 +203,21 @@ impl History {
                 path: s.path.clone(),
                 source: e,
             };
+            let by = if let Some(b) = s.frames_by.get() {
+                b
+            } else {
+                let b = s.session.meta()?.get(crate::frames::META.0).cloned();
+                s.frames_by.get_or_init(|| b)
+            };
+            if by.as_deref() == Some(crate::frames::META.1) {
+                let all = s.session.history_frames_written()?;
+                chained(&all, from, to, &mut out).map_err(damaged)?;
+                continue;
+            }
             let dict = if let Some(d) = s.dict.get() {
                 d
             } else {
-                let uses = s
-                    .session
-                    .meta()?
-                    .get(crate::frames::META.0)
-                    .map(String::as_str)
-                    == Some(crate::frames::META.1);
+                let uses = by.as_deref() == Some(crate::frames::META_FIRST);
                 match s.session.history_first_frame()? {
                     Some(blob) if uses => {
                         let d =
@@ -427,4 +436,51 @@ impl History {
             segments: chosen.len(),
         })
     }
+}
+
+/// The documents of `all` (a segment's frames in the order written, each
+/// deflated against the one before or the first: crate::frames) that end
+/// in `[from, to]`, added to `out`: inflated from the key document before
+/// the first of them on.
+fn chained(
+    all: &[(f64, f64, Vec<u8>)],
+    from: f64,
+    to: f64,
+    out: &mut Vec<FrameDoc>,
+) -> std::io::Result<()> {
+    use crate::frames::{dictionary_of, inflate, Dictionary, KEY_EVERY};
+    let wanted = |t: f64| t >= from && t <= to;
+    let (Some(a), Some(b)) = (
+        all.iter().position(|f| wanted(f.0)),
+        all.iter().rposition(|f| wanted(f.0)),
+    ) else {
+        return Ok(());
+    };
+    let key = a - a % KEY_EVERY;
+    let mut first = if key > 0 {
+        Some(inflate(&all[0].2, None, FRAME_LIMIT)?)
+    } else {
+        None
+    };
+    let mut prev: Option<Vec<u8>> = None;
+    for (i, (t_end, interval_s, blob)) in all.iter().enumerate().take(b + 1).skip(key) {
+        let dict = match dictionary_of(i) {
+            Dictionary::None => None,
+            Dictionary::First => first.as_deref(),
+            Dictionary::Previous => prev.as_deref(),
+        };
+        let doc = inflate(blob, dict, FRAME_LIMIT)?;
+        if i == 0 {
+            first = Some(doc.clone());
+        }
+        if wanted(*t_end) {
+            out.push(FrameDoc {
+                t_end: *t_end,
+                interval_s: *interval_s,
+                doc: doc.clone(),
+            });
+        }
+        prev = Some(doc);
+    }
+    Ok(())
 }

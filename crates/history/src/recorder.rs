@@ -100,8 +100,11 @@ struct Segment {
     offset: u32,
     /// The domains stored in it.
     domains: usize,
-    /// Its first document, the dictionary of the later ones (crate::frames).
-    dict: Option<Vec<u8>>,
+    /// Its first document and its last, the dictionaries of the next
+    /// (crate::frames), and how many it holds.
+    first_doc: Option<Vec<u8>>,
+    last_doc: Option<Vec<u8>>,
+    docs: usize,
 }
 
 /// The recorder of one history directory.
@@ -325,8 +328,13 @@ impl Recorder {
         let Some(seg) = self.open.as_mut() else {
             return Ok(());
         };
-        let doc =
-            crate::frames::deflate(iv.doc, seg.dict.as_deref()).map_err(io(&self.opts.dir))?;
+        let compact = crate::frames::compact(iv.doc);
+        let dict = match crate::frames::dictionary_of(seg.docs) {
+            crate::frames::Dictionary::None => None,
+            crate::frames::Dictionary::First => seg.first_doc.as_deref(),
+            crate::frames::Dictionary::Previous => seg.last_doc.as_deref(),
+        };
+        let doc = crate::frames::deflate(&compact, dict).map_err(io(&self.opts.dir))?;
         let (offset, start) = (seg.offset, seg.start);
         let domains = (seg.domains != self.domains.len()).then(|| self.domains.clone());
         let build_ids = self.build_ids.clone();
@@ -373,10 +381,12 @@ impl Recorder {
         if domains.is_some() {
             seg.domains = self.domains.len();
         }
-        if seg.dict.is_none() {
-            // Stored: the dictionary of the segment's later documents.
-            seg.dict = Some(iv.doc.to_vec());
+        // Stored: the dictionaries of the documents after it.
+        if seg.first_doc.is_none() {
+            seg.first_doc = Some(compact.clone());
         }
+        seg.last_doc = Some(compact);
+        seg.docs += 1;
         Ok(())
     }
 
@@ -424,7 +434,9 @@ impl Recorder {
                     start,
                     offset,
                     domains: usize::MAX,
-                    dict: None,
+                    first_doc: None,
+                    last_doc: None,
+                    docs: 0,
                 });
                 self.retain();
                 Ok(())

@@ -180,3 +180,61 @@ fn a_damaged_segment_is_skipped_with_one_line() {
     let n = h.frames(0.0, 3000.0).unwrap().len();
     assert!((5..9).contains(&n), "{n} intervals read");
 }
+
+/// A `top`-like document of interval `i`.
+fn doc_of(i: u32) -> String {
+    format!(
+        "{{\"t\":{},\"domains\":[{{\"name\":\"vm0\",\"cpu_pct\":{:.6},\"functions\":[\"f{}\",\"g\"]}}]}}",
+        3000 + i,
+        f64::from(i % 17) * 1.234_567,
+        i % 5
+    )
+}
+
+#[test]
+fn chained_documents_read_back_from_any_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut r = Recorder::open(HistoryOptions::new(tmp.path().to_path_buf())).unwrap();
+    let n = 150u32;
+    for i in 0..n {
+        let d = doc_of(i);
+        r.append(Interval {
+            t_end: 3000.0 + f64::from(i),
+            interval_s: 1.0,
+            doc: d.as_bytes(),
+            timeline: Vec::new(),
+            host: None,
+            agent: None,
+            scales: Vec::new(),
+        })
+        .unwrap();
+    }
+    r.close();
+    assert_eq!(vmscope_history::segments(tmp.path()).unwrap().len(), 1);
+    let h = History::open(tmp.path()).unwrap();
+    // Ranges inside a group, across key documents, at the ends, and all.
+    for (a, b) in [
+        (0, 0),
+        (5, 9),
+        (58, 62),
+        (60, 60),
+        (119, 121),
+        (140, 149),
+        (0, 149),
+    ] {
+        let got = h
+            .frames(3000.0 + f64::from(a), 3000.0 + f64::from(b))
+            .unwrap();
+        let want: Vec<Vec<u8>> = (a..=b)
+            .map(|i| vmscope_history::frames::compact(doc_of(i).as_bytes()))
+            .collect();
+        let docs: Vec<Vec<u8>> = got.into_iter().map(|f| f.doc).collect();
+        assert_eq!(docs, want, "range {a}..={b}");
+    }
+    // Rounded to 4 decimals, the rest as written.
+    let one = h.frames(3003.0, 3003.0).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&one[0].doc),
+        r#"{"t":3003,"domains":[{"name":"vm0","cpu_pct":3.7037,"functions":["f3","g"]}]}"#
+    );
+}

@@ -110,7 +110,6 @@ impl Session {
     }
 
     /// Documents of the intervals ending in `[from, to]`, in time order:
-    /// (end, length, document).
     /// (whether it is the segment's first, end, length, document).
     pub fn history_frames(&self, from: f64, to: f64) -> Result<Vec<StoredFrame>> {
         if !self.has_history()? {
@@ -121,6 +120,18 @@ impl Session {
              WHERE t_end >= ?1 AND t_end <= ?2 ORDER BY t_end, rowid",
             params![from, to],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+    }
+
+    /// Every frame (end, length, document as stored) in the order written.
+    pub fn history_frames_written(&self) -> Result<Vec<(f64, f64, Vec<u8>)>> {
+        if !self.has_history()? {
+            return Ok(Vec::new());
+        }
+        self.sql().rows(
+            "SELECT t_end, interval_s, doc FROM frames ORDER BY rowid",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
     }
 
