@@ -99,10 +99,6 @@ fn demo_shares(rows: &[(Vec<String>, u64, f64)]) -> [f64; 3] {
 }
 
 /// Run time (ns, schedstat) of the vCPU threads (`CPU n/...`) of `pid`.
-fn vcpu_run_ns(pid: u32) -> u64 {
-    run_ns(pid, true)
-}
-
 /// The run time (schedstat) of a process's threads: its vCPU threads only,
 /// or all of them.
 fn run_ns(pid: u32, only_vcpus: bool) -> u64 {
@@ -221,7 +217,7 @@ fn active_and_passive_vms_in_one_session() {
         .iter()
         .map(|(_, p)| {
             let p = *p as u32;
-            (vcpu_run_ns(p), run_ns(p, false), std::time::Instant::now())
+            (run_ns(p, true), run_ns(p, false), std::time::Instant::now())
         })
         .collect();
     let pidstat = Command::new("pidstat")
@@ -260,7 +256,7 @@ fn active_and_passive_vms_in_one_session() {
                 100.0 * now.saturating_sub(then) as f64 / 1e9 / t0.elapsed().as_secs_f64()
             };
             (
-                pct(vcpu_run_ns(*p as u32), *v0),
+                pct(run_ns(*p as u32, true), *v0),
                 pct(run_ns(*p as u32, false), *a0),
             )
         })

@@ -22,30 +22,29 @@ pub const META_FIRST: &str = "first";
 pub const KEY_EVERY: usize = 60;
 
 /// The dictionary of document `i` of a segment (0-based, in the order
-/// written) under [`META`]: none for the first, the first for a key
-/// document, else the one before.
-pub fn dictionary_of(i: usize) -> Dictionary {
+/// written) under [`META`]: none for the first, the `first` for a key
+/// document, else the one before (`prev`).
+pub fn dictionary_of<'a>(
+    i: usize,
+    first: Option<&'a [u8]>,
+    prev: Option<&'a [u8]>,
+) -> Option<&'a [u8]> {
     if i == 0 {
-        Dictionary::None
+        None
     } else if i.is_multiple_of(KEY_EVERY) {
-        Dictionary::First
+        first
     } else {
-        Dictionary::Previous
+        prev
     }
-}
-
-/// Which document deflate's dictionary is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dictionary {
-    None,
-    First,
-    Previous,
 }
 
 /// `doc` (JSON) with every number that has a fraction or an exponent
 /// rounded to 4 decimals, strings left alone; what is not JSON is
 /// returned as it is. Live `top` prints these to a tenth: the digits past
 /// the fourth cost a history most of its document bytes and say nothing.
+/// A scan of the bytes, not a parse into `serde_json::Value`: that would
+/// reorder the keys (no `preserve_order` here) and the document would no
+/// longer be the one live `top --batch` printed.
 pub fn compact(doc: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(doc.len());
     let mut i = 0;
@@ -154,10 +153,11 @@ mod tests {
             r#"{"a":12.3457,"b":0,"c":[1,2.5,0,1796209502.0002],"s":"x 1.23456 \" 9.87654","n":-3}"#
         );
         assert_eq!(compact(b"not json 1.234567"), b"not json 1.2346");
-        assert_eq!(dictionary_of(0), Dictionary::None);
-        assert_eq!(dictionary_of(1), Dictionary::Previous);
-        assert_eq!(dictionary_of(KEY_EVERY), Dictionary::First);
-        assert_eq!(dictionary_of(KEY_EVERY + 1), Dictionary::Previous);
+        let (f, p): (&[u8], &[u8]) = (b"first", b"prev");
+        assert_eq!(dictionary_of(0, Some(f), Some(p)), None);
+        assert_eq!(dictionary_of(1, Some(f), Some(p)), Some(p));
+        assert_eq!(dictionary_of(KEY_EVERY, Some(f), Some(p)), Some(f));
+        assert_eq!(dictionary_of(KEY_EVERY + 1, Some(f), Some(p)), Some(p));
     }
 
     #[test]

@@ -448,7 +448,7 @@ fn chained(
     to: f64,
     out: &mut Vec<FrameDoc>,
 ) -> std::io::Result<()> {
-    use crate::frames::{dictionary_of, inflate, Dictionary, KEY_EVERY};
+    use crate::frames::{dictionary_of, inflate, KEY_EVERY};
     let wanted = |t: f64| t >= from && t <= to;
     let (Some(a), Some(b)) = (
         all.iter().position(|f| wanted(f.0)),
@@ -464,12 +464,11 @@ fn chained(
     };
     let mut prev: Option<Vec<u8>> = None;
     for (i, (t_end, interval_s, blob)) in all.iter().enumerate().take(b + 1).skip(key) {
-        let dict = match dictionary_of(i) {
-            Dictionary::None => None,
-            Dictionary::First => first.as_deref(),
-            Dictionary::Previous => prev.as_deref(),
-        };
-        let doc = inflate(blob, dict, FRAME_LIMIT)?;
+        let doc = inflate(
+            blob,
+            dictionary_of(i, first.as_deref(), prev.as_deref()),
+            FRAME_LIMIT,
+        )?;
         if i == 0 {
             first = Some(doc.clone());
         }

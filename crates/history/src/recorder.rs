@@ -329,11 +329,11 @@ impl Recorder {
             return Ok(());
         };
         let compact = crate::frames::compact(iv.doc);
-        let dict = match crate::frames::dictionary_of(seg.docs) {
-            crate::frames::Dictionary::None => None,
-            crate::frames::Dictionary::First => seg.first_doc.as_deref(),
-            crate::frames::Dictionary::Previous => seg.last_doc.as_deref(),
-        };
+        let dict = crate::frames::dictionary_of(
+            seg.docs,
+            seg.first_doc.as_deref(),
+            seg.last_doc.as_deref(),
+        );
         let doc = crate::frames::deflate(&compact, dict).map_err(io(&self.opts.dir))?;
         let (offset, start) = (seg.offset, seg.start);
         let domains = (seg.domains != self.domains.len()).then(|| self.domains.clone());
