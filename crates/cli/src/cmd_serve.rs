@@ -153,8 +153,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "INTERVAL", default_value = "1s",
           value_parser = vmscope_stat::parse_interval)]
     history_interval: std::time::Duration,
-    /// Length of one segment file of the history: 10m, 1h, 30s.
-    #[arg(long, value_name = "LENGTH", default_value = "10m", value_parser = span)]
+    /// Length of one segment file of the history: 30m, 1h, 30s. Each
+    /// segment also stores its schema and the names it uses once (about
+    /// 50 KB), and retention removes whole segments.
+    #[arg(long, value_name = "LENGTH", default_value = "30m", value_parser = span)]
     history_segment: std::time::Duration,
 }
 

@@ -1,13 +1,21 @@
-//! The two tables a history segment (`serve --history`, the
-//! `vmscope_history` crate) adds to a session: `frames`, each interval's
-//! `top` document as the recorder encoded it (opaque bytes here), and
-//! `timeline`, each domain's CPU, steal and I/O per interval as numbers
-//! (what a timeline over a day reads without decoding a document).
-//! Other sessions do not have them; [`Session::has_history`] says whether
-//! one does. Times are wall-clock seconds since the epoch, at the
-//! interval's end.
+//! What a history segment (`serve --history`, the `vmscope_history`
+//! crate) adds to a session: `frames`, one row per interval with its
+//! `top` document as the recorder encoded it (opaque bytes here) and its
+//! timeline, each domain's CPU, steal and I/O as numbers (what a
+//! timeline over a day reads without decoding a document). Other sessions
+//! do not have it; [`Session::has_history`] says whether one does. Times
+//! are wall-clock seconds since the epoch, at the interval's end.
+//!
+//! The timeline is a blob of LEB128 varints: the row count, then per
+//! domain its name (an id in `block_strings`, crate::blocks), CPU, steal
+//! and I/O CPU in microseconds and I/O operations in thousandths. Segments
+//! written before it kept a `timeline` table of one row of REALs per
+//! domain and interval, and an index on `frames(t_end)`: in a 1-VM
+//! segment of `bench/history` those took 69 and 12 bytes a second, the
+//! blob 14 (the frames of a segment, 1,800 at 1 s, are scanned in order),
+//! and the times REALs of 8 bytes each, now whole milliseconds.
 
-use crate::{Result, Session, SessionWriter};
+use crate::{Result, Session, SessionWriter, StoreError};
 use rusqlite::params;
 
 /// One domain in one interval of a history.
@@ -30,12 +38,68 @@ pub struct TimelineRow {
 
 const CREATE: &str = "
     CREATE TABLE IF NOT EXISTS frames(
-        t_end REAL NOT NULL, interval_s REAL NOT NULL, doc BLOB NOT NULL);
-    CREATE INDEX IF NOT EXISTS frames_t ON frames(t_end);
-    CREATE TABLE IF NOT EXISTS timeline(
-        t_end REAL NOT NULL, interval_s REAL NOT NULL, domain TEXT NOT NULL,
-        cpu_s REAL NOT NULL, steal_s REAL NOT NULL, io_s REAL NOT NULL, io_ops REAL NOT NULL,
-        PRIMARY KEY(t_end, domain)) WITHOUT ROWID;";
+        t_ms INTEGER NOT NULL, iv_ms INTEGER NOT NULL, doc BLOB NOT NULL, timeline BLOB);";
+
+/// `frames`' times as seconds in SQL, (end, length): whole milliseconds
+/// since the epoch in `t_ms` and `iv_ms` (6 and 2 bytes; all segments
+/// written since), or the REALs `t_end` and `interval_s` of older ones.
+fn frame_times(s: &Session) -> Result<(&'static str, &'static str)> {
+    let n: i64 = s.sql().row(
+        "SELECT COUNT(*) FROM pragma_table_info('frames') WHERE name = 't_ms'",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(if n == 1 {
+        ("(t_ms / 1000.0)", "(iv_ms / 1000.0)")
+    } else {
+        ("t_end", "interval_s")
+    })
+}
+
+/// Whether the session keeps its timeline in the `timeline` table (a
+/// segment written before the timeline moved into `frames`).
+fn timeline_table(s: &Session) -> Result<bool> {
+    let n: i64 = s.sql().row(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'timeline'",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(n == 1)
+}
+
+fn micros(s: f64) -> u64 {
+    if s.is_finite() && s > 0.0 {
+        (s * 1e6).round() as u64
+    } else {
+        0
+    }
+}
+
+/// A timeline blob's rows (`t_end` and `interval_s` left 0), `None` if it
+/// does not decode.
+fn decode_timeline(blob: &[u8], names: &[std::sync::Arc<str>]) -> Option<Vec<TimelineRow>> {
+    use vmscope_model::deferred::blocks::get_varint;
+    let mut at = 0;
+    let n = get_varint(blob, &mut at)?;
+    let mut out = Vec::with_capacity(n.min(1 << 16) as usize);
+    for _ in 0..n {
+        let domain = names.get(usize::try_from(get_varint(blob, &mut at)?).ok()?)?;
+        let mut v = [0f64; 4];
+        for x in &mut v {
+            *x = get_varint(blob, &mut at)? as f64;
+        }
+        out.push(TimelineRow {
+            t_end: 0.0,
+            interval_s: 0.0,
+            domain: domain.to_string(),
+            cpu_s: v[0] / 1e6,
+            steal_s: v[1] / 1e6,
+            io_s: v[2] / 1e6,
+            io_ops: v[3] / 1e3,
+        });
+    }
+    (at == blob.len()).then_some(out)
+}
 
 /// A frame as [`Session::history_frames`] gives it: whether it is the
 /// segment's first, its end, its length and its document as stored.
@@ -45,7 +109,8 @@ impl SessionWriter {
     /// Add the history tables (once, when a segment is created).
     pub fn create_history_tables(&self) -> Result<()> {
         self.sql().execute_batch(CREATE)?;
-        self.sql().execute_batch(crate::blocks::CREATE)
+        self.sql().execute_batch(crate::blocks::CREATE)?;
+        self.set_meta(crate::blocks::META.0, crate::blocks::META.1)
     }
 
     /// One interval of a history: its document and its timeline rows.
@@ -56,38 +121,42 @@ impl SessionWriter {
         doc: &[u8],
         timeline: &[TimelineRow],
     ) -> Result<()> {
-        self.write_tx(|tx| {
-            tx.prepare_cached("INSERT INTO frames(t_end, interval_s, doc) VALUES (?1, ?2, ?3)")?
-                .execute(params![t_end, interval_s, doc])?;
-            let mut st = tx.prepare_cached(
-                "INSERT OR REPLACE INTO timeline(t_end, interval_s, domain, cpu_s, steal_s, io_s, io_ops)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?;
-            for r in timeline {
-                st.execute(params![
-                    r.t_end,
-                    r.interval_s,
-                    r.domain,
-                    r.cpu_s,
-                    r.steal_s,
-                    r.io_s,
-                    r.io_ops
-                ])?;
+        use vmscope_model::deferred::blocks::put_varint;
+        let mut new = crate::blocks::NewIds::default();
+        let mut blob = Vec::with_capacity(8 + timeline.len() * 8);
+        put_varint(&mut blob, timeline.len() as u64);
+        for r in timeline {
+            let id = self.block_string(&r.domain, &mut new.strings)?;
+            put_varint(&mut blob, id as u64);
+            for v in [r.cpu_s, r.steal_s, r.io_s] {
+                put_varint(&mut blob, micros(v));
             }
+            put_varint(&mut blob, micros(r.io_ops / 1e3));
+        }
+        self.with_strings(new, |tx| {
+            tx.prepare_cached(
+                "INSERT INTO frames(t_ms, iv_ms, doc, timeline) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                (t_end * 1e3).round() as i64,
+                (interval_s * 1e3).round() as i64,
+                doc,
+                blob
+            ])?;
             Ok(())
         })
     }
 }
 
 impl Session {
-    /// Whether this session is a history segment (has the history tables).
+    /// Whether this session is a history segment (has its `frames`).
     pub fn has_history(&self) -> Result<bool> {
         let n: i64 = self.sql().row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('frames', 'timeline')",
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'frames'",
             [],
             |r| r.get(0),
         )?;
-        Ok(n == 2)
+        Ok(n == 1)
     }
 
     /// The first and last interval end stored, `None` when there is none.
@@ -95,8 +164,9 @@ impl Session {
         if !self.has_history()? {
             return Ok(None);
         }
+        let (t, iv) = frame_times(self)?;
         self.sql().row(
-            "SELECT MIN(t_end - interval_s), MAX(t_end) FROM frames",
+            &format!("SELECT MIN({t} - {iv}), MAX({t}) FROM frames"),
             [],
             |r| {
                 Ok(
@@ -115,9 +185,12 @@ impl Session {
         if !self.has_history()? {
             return Ok(Vec::new());
         }
+        let (t, iv) = frame_times(self)?;
         self.sql().rows(
-            "SELECT rowid = (SELECT MIN(rowid) FROM frames), t_end, interval_s, doc FROM frames
-             WHERE t_end >= ?1 AND t_end <= ?2 ORDER BY t_end, rowid",
+            &format!(
+                "SELECT rowid = (SELECT MIN(rowid) FROM frames), {t}, {iv}, doc FROM frames
+                 WHERE {t} >= ?1 AND {t} <= ?2 ORDER BY {t}, rowid"
+            ),
             params![from, to],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
@@ -128,8 +201,9 @@ impl Session {
         if !self.has_history()? {
             return Ok(Vec::new());
         }
+        let (t, iv) = frame_times(self)?;
         self.sql().rows(
-            "SELECT t_end, interval_s, doc FROM frames ORDER BY rowid",
+            &format!("SELECT {t}, {iv}, doc FROM frames ORDER BY rowid"),
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
@@ -155,23 +229,61 @@ impl Session {
             return Ok(Vec::new());
         }
         let bucket = bucket_s.max(1e-3);
-        self.sql().rows(
-            "SELECT (CAST((t_end - ?1) / ?3 AS INTEGER) + 1) * ?3 + ?1 AS b, SUM(interval_s), domain,
-               SUM(cpu_s), SUM(steal_s), SUM(io_s), SUM(io_ops)
-             FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain",
-            params![from, to, bucket],
-            |r| {
-                Ok(TimelineRow {
-                    t_end: r.get(0)?,
-                    interval_s: r.get(1)?,
-                    domain: r.get(2)?,
-                    cpu_s: r.get(3)?,
-                    steal_s: r.get(4)?,
-                    io_s: r.get(5)?,
-                    io_ops: r.get(6)?,
-                })
-            },
-        )
+        if timeline_table(self)? {
+            return self.sql().rows(
+                "SELECT (CAST((t_end - ?1) / ?3 AS INTEGER) + 1) * ?3 + ?1 AS b, SUM(interval_s), domain,
+                   SUM(cpu_s), SUM(steal_s), SUM(io_s), SUM(io_ops)
+                 FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain",
+                params![from, to, bucket],
+                |r| {
+                    Ok(TimelineRow {
+                        t_end: r.get(0)?,
+                        interval_s: r.get(1)?,
+                        domain: r.get(2)?,
+                        cpu_s: r.get(3)?,
+                        steal_s: r.get(4)?,
+                        io_s: r.get(5)?,
+                        io_ops: r.get(6)?,
+                    })
+                },
+            );
+        }
+        let names = crate::blocks::strings(&self.conn).map_err(crate::sql::sql_err(&self.path))?;
+        let (t, iv) = frame_times(self)?;
+        let stored: Vec<(f64, f64, Option<Vec<u8>>)> = self.sql().rows(
+            &format!("SELECT {t}, {iv}, timeline FROM frames WHERE {t} >= ?1 AND {t} <= ?2"),
+            params![from, to],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        // As the SQL above groups them: by bucket (its index), then domain.
+        let mut per: std::collections::BTreeMap<(i64, String), TimelineRow> = Default::default();
+        for (t_end, interval_s, blob) in stored {
+            let Some(blob) = blob else { continue };
+            let rows = decode_timeline(&blob, &names).ok_or_else(|| StoreError::NotASession {
+                path: self.path.clone(),
+                reason: "an interval's timeline is damaged (it does not decode)".into(),
+            })?;
+            let k = ((t_end - from) / bucket) as i64;
+            for r in rows {
+                let e = per
+                    .entry((k, r.domain.clone()))
+                    .or_insert_with(|| TimelineRow {
+                        t_end: (k + 1) as f64 * bucket + from,
+                        interval_s: 0.0,
+                        cpu_s: 0.0,
+                        steal_s: 0.0,
+                        io_s: 0.0,
+                        io_ops: 0.0,
+                        ..r.clone()
+                    });
+                e.interval_s += interval_s;
+                e.cpu_s += r.cpu_s;
+                e.steal_s += r.steal_s;
+                e.io_s += r.io_s;
+                e.io_ops += r.io_ops;
+            }
+        }
+        Ok(per.into_values().collect())
     }
 }
 

@@ -17,6 +17,7 @@
 
 mod blocks;
 mod deferred;
+pub mod deflate;
 mod history;
 mod intervals;
 pub mod output;

@@ -563,7 +563,7 @@ impl Session {
 
     /// Per-second sample counts: (second, domain, context, samples).
     pub fn bins(&self, event: u32) -> Result<Vec<(u32, String, String, u64)>> {
-        self.sql().rows(
+        let stored = self.sql().rows(
             "SELECT second, domain, context, samples FROM bins WHERE event = ?1 ORDER BY second, domain, context",
             params![i64::from(event)],
             |r| {
@@ -574,6 +574,24 @@ impl Session {
                     r.get::<_, i64>(3)? as u64,
                 ))
             },
-        )
+        )?;
+        if self.expanded {
+            return Ok(stored);
+        }
+        // A history segment opened compact: its blocks' bins too.
+        let blocks = crate::blocks::block_bins(&self.conn, &self.path, Some(event))?;
+        if blocks.is_empty() {
+            return Ok(stored);
+        }
+        let mut sum: std::collections::BTreeMap<(u32, String, String), u64> =
+            std::collections::BTreeMap::new();
+        for (sec, dom, ctx, n) in stored {
+            *sum.entry((sec, dom, ctx)).or_default() += n;
+        }
+        for (sec, _, dom, ctx, n) in blocks {
+            *sum.entry((sec, dom.to_string(), ctx.to_string()))
+                .or_default() += n;
+        }
+        Ok(sum.into_iter().map(|((s, d, c), n)| (s, d, c, n)).collect())
     }
 }

@@ -655,13 +655,15 @@ fn rows_with_equal_counts_come_in_key_order_not_table_order() {
 
 /// Rows written as blocks (history segments) read back as rows written
 /// to the tables do: through the tables of an expanded open, and by
-/// seconds from the blocks; an agent's guest kernel named as the tables
-/// name it; a damaged block is said, naming the file.
+/// seconds from the blocks, whichever block of a chain they are in (its
+/// key block, the one after, the last) and with periods off the nominal
+/// one; an agent's guest kernel named as the tables name it; a damaged
+/// block is said, naming the file.
 #[test]
 fn rows_in_blocks_read_as_rows_in_tables() {
     let dir = tempfile::tempdir().unwrap();
     let mut intervals = Vec::new();
-    for sec in 0..3u32 {
+    for sec in 0..150u32 {
         let mut p = Profile::new();
         for (i, sym) in ["alpha", "beta", "gamma"].iter().enumerate() {
             let mut k = key(sym, &format!("main;{sym}"));
@@ -720,26 +722,32 @@ fn rows_in_blocks_read_as_rows_in_tables() {
         .all(|r| &*r.key.image == "[guest.kernel.kallsyms]"));
     // By seconds, from the blocks themselves.
     let c = Session::open_compact(&blocks).unwrap();
-    let some = c.block_rows(false, 1, 1).unwrap().unwrap();
-    let want = t
-        .rows_in(
-            View::Host,
-            &Slice {
-                seconds: Some((1, 1)),
-                cpus: None,
-            },
-            None,
-        )
-        .unwrap();
-    assert_eq!(
-        sorted(
-            some.into_iter()
-                .filter(|r| r.key.second != UNKNOWN_SLICE)
-                .collect()
-        ),
-        sorted(want)
-    );
+    for (from, to) in [(1, 1), (0, 0), (59, 61), (60, 60), (119, 149), (149, 149)] {
+        let some = c.block_rows(false, from, to).unwrap().unwrap();
+        let want = t
+            .rows_in(
+                View::Host,
+                &Slice {
+                    seconds: Some((from, to)),
+                    cpus: None,
+                },
+                None,
+            )
+            .unwrap();
+        assert_eq!(
+            sorted(
+                some.into_iter()
+                    .filter(|r| r.key.second != UNKNOWN_SLICE)
+                    .collect()
+            ),
+            sorted(want),
+            "seconds {from}-{to}"
+        );
+    }
+    assert_eq!(c.bins(0).unwrap(), t.bins(0).unwrap());
+    assert_eq!(c.bins(0).unwrap().len(), 150);
     assert_eq!(c.block_rows(true, 2, 2).unwrap().unwrap().len(), 1);
+    assert_eq!(c.block_rows(true, 61, 62).unwrap().unwrap().len(), 2);
     assert!(t.block_rows(false, 0, 9).unwrap().is_none());
     // A block damaged by hand.
     drop((b, c));
@@ -752,4 +760,77 @@ fn rows_in_blocks_read_as_rows_in_tables() {
         .expect("a damaged block is refused")
         .to_string();
     assert!(e.contains("blocks.db") && e.contains("damaged"), "{e}");
+}
+
+/// A segment in the layout written before blocks were chained and the
+/// timeline moved into `frames` (a `timeline` table of REALs, an index on
+/// `frames(t_end)`, each block deflated alone with periods as they are,
+/// stacks as texts) still reads: its timeline, its blocks by seconds and
+/// through an expanded open.
+#[test]
+fn segments_of_the_earlier_layout_still_read() {
+    use vmscope_model::deferred::blocks::put_varint;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    host_session(&path).finish(true).unwrap();
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE frames(t_end REAL NOT NULL, interval_s REAL NOT NULL, doc BLOB NOT NULL);
+         CREATE INDEX frames_t ON frames(t_end);
+         CREATE TABLE timeline(
+             t_end REAL NOT NULL, interval_s REAL NOT NULL, domain TEXT NOT NULL,
+             cpu_s REAL NOT NULL, steal_s REAL NOT NULL, io_s REAL NOT NULL, io_ops REAL NOT NULL,
+             PRIMARY KEY(t_end, domain)) WITHOUT ROWID;
+         CREATE TABLE block_strings(id INTEGER PRIMARY KEY, text TEXT NOT NULL);
+         CREATE TABLE row_blocks(
+             first INTEGER NOT NULL, last INTEGER NOT NULL, agent INTEGER NOT NULL, data BLOB NOT NULL);
+         CREATE INDEX row_blocks_t ON row_blocks(first, last);
+         INSERT INTO frames VALUES (100.5, 1.0, x'00'), (101.5, 1.0, x'00');
+         INSERT INTO timeline VALUES (100.5, 1.0, 'host', 0.25, 0.0, 0.125, 3.0),
+                                     (101.5, 1.0, 'host', 0.5, 0.0, 0.0, 1.0);
+         INSERT INTO stacks(id, frames) VALUES (1, 'main;work');
+         INSERT INTO block_strings VALUES (1, 'host'), (2, 'host-user'), (3, 'demo'),
+                                          (4, '/bin/demo'), (5, 'work'), (6, '');",
+    )
+    .unwrap();
+    // One row: second 7 (first 7), cpu 1, event 0, the names, stack 1,
+    // srcline '', 3 samples, period 301 (no nominal period in this layout).
+    let mut raw = Vec::new();
+    for v in [1u64, 1, 2, 0, 1, 2, 3, 4, 5, 1, 6, 3, 301] {
+        put_varint(&mut raw, v);
+    }
+    let data = crate::deflate::deflate(&raw, None).unwrap();
+    conn.execute(
+        "INSERT INTO row_blocks VALUES (7, 7, 0, ?1)",
+        rusqlite::params![data],
+    )
+    .unwrap();
+    drop(conn);
+    let c = Session::open_compact(&path).unwrap();
+    assert!(c.has_history().unwrap());
+    let tl = c.history_timeline(99.0, 102.0, 10.0).unwrap();
+    assert_eq!(tl.len(), 1);
+    assert_eq!(
+        (tl[0].cpu_s, tl[0].io_ops, tl[0].interval_s),
+        (0.75, 4.0, 2.0)
+    );
+    let rows = c.block_rows(false, 7, 7).unwrap().unwrap();
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(
+        (
+            &*r.key.symbol,
+            &*r.key.stack,
+            r.key.second,
+            r.key.cpu,
+            r.samples,
+            r.period
+        ),
+        ("work", "main;work", 7, 1, 3, 301)
+    );
+    assert!(c.block_rows(false, 8, 9).unwrap().unwrap().is_empty());
+    let s = Session::open(&path).unwrap();
+    let all = s.rows(View::Host, None).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!((&*all[0].key.stack, all[0].period), ("main;work", 301));
 }

@@ -29,6 +29,8 @@ pub struct SessionWriter {
     stack_ids: vmscope_model::FastMap<Arc<str>, i64>,
     /// `block_strings` of the session (crate::blocks), by text.
     pub(crate) block_strings: vmscope_model::FastMap<Arc<str>, i64>,
+    /// The blocks written so far, to chain the next (crate::blocks).
+    pub(crate) chains: crate::blocks::Chains,
     /// [`SessionWriter::bulk_load`] is on.
     bulk: bool,
     /// The bulk load's one transaction is open (see
@@ -132,6 +134,7 @@ impl SessionWriter {
             path: path.to_path_buf(),
             stack_ids: Default::default(),
             block_strings: Default::default(),
+            chains: Default::default(),
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
             in_batch: false,
@@ -174,6 +177,7 @@ impl SessionWriter {
             path: path.to_path_buf(),
             stack_ids,
             block_strings: Default::default(),
+            chains: Default::default(),
             bulk: false,
             bulk_tx: std::cell::Cell::new(false),
             in_batch: true,
