@@ -46,9 +46,10 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 0.0, value_parser = crate::args::percent,
           allow_negative_numbers = true)]
     pub min_percent: f64,
-    /// Add a row `[unsampled]` per domain whose samples cover under 95 % of
-    /// what the scheduler says its threads ran (the `# coverage` line; a
-    /// recording of every CPU): the domain's rows then add up to its run
+    /// Reconcile the rows with the scheduler (the `# coverage` lines; a
+    /// recording of every CPU): a VM thread sampled over 110 % of its run
+    /// time is held to it, and a domain still covered under 95 % gets a row
+    /// `[unsampled]` with the gap: the domain's rows then add up to its run
     /// time, as the scheduler counts it.
     #[arg(long)]
     pub unsampled: bool,

@@ -20,6 +20,10 @@ use vmscope_linux::procfs::{clk_tck, ProcRoot, ProcStat};
 
 /// The meta key prefix of a domain's run time.
 pub const META_PREFIX: &str = "run_s_";
+/// The meta key prefix of a VM's run time per thread name: lines of
+/// `seconds name` (`report` holds each thread's samples against them: the
+/// kernel's timer can charge one thread with another CPU's idle time).
+pub const THREADS_META_PREFIX: &str = "run_threads_";
 /// The meta key of the host's own steal meanwhile, percent.
 pub const STEAL_META: &str = "host_steal_pct";
 
@@ -28,6 +32,8 @@ pub struct RunClock {
     stat: Option<ProcStat>,
     /// Each VM's name and its process's CPU ticks (none when unreadable).
     vms: Vec<(String, Option<u64>)>,
+    /// Each VM's threads: tid → (comm, schedstat run time in ns).
+    threads: Vec<HashMap<u32, (String, u64)>>,
     /// Every process's ticks: its own, and its reaped children's.
     all: HashMap<u32, (u64, u64)>,
 }
@@ -40,6 +46,7 @@ impl RunClock {
         let (stat, all) = (proc.cpu_times().ok(), read_all(proc));
         RunClock {
             stat,
+            threads: read_threads(proc, vms),
             vms: read_vms(proc, vms),
             all,
         }
@@ -52,10 +59,11 @@ impl RunClock {
     /// its coverage 92.7 %, when the first reading also came after the
     /// rings were on).
     pub fn after_sampling(proc: &ProcRoot, vms: &[(String, u32)]) -> RunClock {
-        let vms = read_vms(proc, vms);
+        let (vms, threads) = (read_vms(proc, vms), read_threads(proc, vms));
         RunClock {
             stat: proc.cpu_times().ok(),
             vms,
+            threads,
             all: read_all(proc),
         }
     }
@@ -101,6 +109,35 @@ impl RunClock {
         out
     }
 
+    /// Seconds each VM's threads ran from `self` to `end`, summed by thread
+    /// name (the name at the end; a thread that began meanwhile counts
+    /// whole, one that ended is left out), largest first: the value of the
+    /// [`THREADS_META_PREFIX`] key, a `seconds name` line each.
+    pub fn thread_runs_since(&self, end: &RunClock) -> Vec<(String, String)> {
+        self.vms
+            .iter()
+            .zip(&self.threads)
+            .filter_map(|((name, _), t0)| {
+                let i = end.vms.iter().position(|(n, _)| n == name)?;
+                let t1 = end.threads.get(i)?;
+                let mut by_name: HashMap<&str, u64> = HashMap::new();
+                for (tid, (comm, run)) in t1 {
+                    let before = t0.get(tid).map_or(0, |t| t.1);
+                    *by_name.entry(comm.as_str()).or_default() += run.saturating_sub(before);
+                }
+                let mut v: Vec<(&str, u64)> = by_name.into_iter().collect();
+                v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+                let text: String = v
+                    .iter()
+                    .map(|(comm, ns)| {
+                        format!("{:.6} {}\n", *ns as f64 / 1e9, comm.replace('\n', " "))
+                    })
+                    .collect();
+                (!text.is_empty()).then(|| (name.clone(), text))
+            })
+            .collect()
+    }
+
     /// The host's own steal from `self` to `end`, percent of all its CPUs'
     /// time (`/proc/stat`); none when unreadable.
     pub fn steal_pct(&self, end: &RunClock) -> Option<f64> {
@@ -118,6 +155,21 @@ fn read_all(proc: &ProcRoot) -> HashMap<u32, (u64, u64)> {
         .filter_map(|pid| {
             let c = proc.process_cpu(pid).ok()?;
             Some((pid, (c.utime + c.stime, c.cutime + c.cstime)))
+        })
+        .collect()
+}
+
+/// Each VM's threads: tid → (comm, run time in ns by schedstat); empty
+/// for a VM gone or unreadable.
+fn read_threads(proc: &ProcRoot, vms: &[(String, u32)]) -> Vec<HashMap<u32, (String, u64)>> {
+    vms.iter()
+        .map(|(_, pid)| {
+            proc.threads(*pid)
+                .into_iter()
+                .filter_map(|(tid, comm)| {
+                    Some((tid, (comm, proc.schedstat(*pid, tid).ok()?.run_ns)))
+                })
+                .collect()
         })
         .collect()
 }

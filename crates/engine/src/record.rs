@@ -528,6 +528,12 @@ impl Run<'_, '_> {
                     &format!("{s:.6}"),
                 )?;
             }
+            for (domain, text) in begin.thread_runs_since(&end) {
+                writer.set_meta(
+                    &format!("{}{domain}", crate::coverage::THREADS_META_PREFIX),
+                    &text,
+                )?;
+            }
             if let Some(p) = begin.steal_pct(&end) {
                 writer.set_meta(crate::coverage::STEAL_META, &format!("{p:.2}"))?;
             }

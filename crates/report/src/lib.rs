@@ -323,10 +323,47 @@ pub struct Coverage {
     pub scheduler_s: f64,
     /// `sampled_s / scheduler_s`.
     pub ratio: f64,
+    /// The CPU time its samples stand for once every over-sampled thread is
+    /// held to its run time (`report --unsampled`'s rows), seconds.
+    pub held_s: f64,
     /// Under [`LOW_COVERAGE`]: the likely cause.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub low: Option<String>,
+    /// Per thread name of a VM (when the recording stored them): its
+    /// samples against its run time, largest run first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadCoverage>,
+    /// Threads sampled over [`OVER_SAMPLED`] of their run time: what it
+    /// means (`report --unsampled` scales them down to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high: Option<String>,
 }
+
+/// How much of one thread's run time its samples cover.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ThreadCoverage {
+    /// The thread's name (its comm; threads of one name summed).
+    pub thread: String,
+    pub sampled_s: f64,
+    pub scheduler_s: f64,
+}
+
+impl ThreadCoverage {
+    /// Sampled over [`OVER_SAMPLED`] of its run time, by more than two
+    /// periods' worth at 1 kHz (a thread that ran 0 s and got one sample is
+    /// noise, not a finding).
+    pub fn over_sampled(&self) -> bool {
+        self.sampled_s > OVER_SAMPLED * self.scheduler_s
+            && self.sampled_s - self.scheduler_s > 0.002
+    }
+}
+
+/// A thread sampled over this share of its run time is over-sampled.
+pub const OVER_SAMPLED: f64 = 1.1;
+
+/// The meta key prefix of a VM's run time per thread name (`seconds name`
+/// lines, written by `record -a`).
+pub const THREADS_META_PREFIX: &str = "run_threads_";
 
 /// Coverage under this is flagged.
 pub const LOW_COVERAGE: f64 = 0.9;
@@ -355,12 +392,19 @@ fn coverage(
         return Ok(Vec::new());
     }
     let mut sampled: BTreeMap<String, u64> = BTreeMap::new();
-    for g in session.grouped(View::Host, 0, &[Field::Domain, Field::Context], &[])? {
-        if g.values.get(1).is_some_and(|c| c == Context::Idle.as_str()) {
+    let mut by_thread: HashMap<(String, String), u64> = HashMap::new();
+    for g in session.grouped(
+        View::Host,
+        0,
+        &[Field::Domain, Field::Process, Field::Context],
+        &[],
+    )? {
+        if g.values.get(2).is_some_and(|c| c == Context::Idle.as_str()) {
             continue;
         }
-        if let Some(d) = g.values.first() {
+        if let [d, p, ..] = g.values.as_slice() {
             *sampled.entry(d.clone()).or_default() += g.period;
+            *by_thread.entry((d.clone(), p.clone())).or_default() += g.period;
         }
     }
     let lost = session.lost()?.get(&0).copied().unwrap_or(0);
@@ -380,15 +424,80 @@ fn coverage(
                     "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate; report --unsampled shows the gap as a row)".into()
                 }
             });
+            let threads: Vec<ThreadCoverage> = meta
+                .get(&format!("{THREADS_META_PREFIX}{domain}"))
+                .map(|text| {
+                    text.lines()
+                        .filter_map(|l| {
+                            let (secs, name) = l.split_once(' ')?;
+                            let sampled = by_thread
+                                .get(&(domain.clone(), name.to_string()))
+                                .copied()
+                                .unwrap_or(0);
+                            Some(ThreadCoverage {
+                                thread: name.to_string(),
+                                sampled_s: sampled as f64 / 1e9,
+                                scheduler_s: secs.parse().ok()?,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let over: Vec<String> = threads
+                .iter()
+                .filter(|t| t.over_sampled())
+                .map(|t| {
+                    format!(
+                        "{} sampled {:.3} s of {:.3} s it ran",
+                        vmscope_model::text::visible(&t.thread),
+                        t.sampled_s,
+                        t.scheduler_s
+                    )
+                })
+                .collect();
+            let high = (!over.is_empty()).then(|| {
+                format!(
+                    "{}: the kernel's sampling timer did not fire while a CPU was idle and fired on the thread that woke it (perf record is charged the same; report --unsampled holds such threads to their run time)",
+                    over.join(", ")
+                )
+            });
+            let held_s = sampled_s
+                - threads
+                    .iter()
+                    .filter(|t| t.over_sampled())
+                    .map(|t| t.sampled_s - t.scheduler_s)
+                    .sum::<f64>();
             Coverage {
                 domain,
                 sampled_s,
                 scheduler_s,
                 ratio,
+                held_s,
                 low,
+                threads,
+                high,
             }
         })
         .collect())
+}
+
+/// A factor per (domain, thread name).
+type ThreadFactors = HashMap<(String, String), f64>;
+
+/// Under `report --unsampled`: each over-sampled thread's factor, its run
+/// time over its sampled time, by (domain, thread name).
+fn over_sampled_factors(coverage: &[Coverage]) -> ThreadFactors {
+    coverage
+        .iter()
+        .flat_map(|c| {
+            c.threads.iter().filter(|t| t.over_sampled()).map(|t| {
+                (
+                    (c.domain.clone(), t.thread.clone()),
+                    t.scheduler_s / t.sampled_s,
+                )
+            })
+        })
+        .collect()
 }
 
 /// Coordinated profiling of one active VM for one event.
@@ -504,7 +613,23 @@ pub fn build(
     } else {
         opts.by.clone()
     };
-    let grouper = Grouper::new(&fields);
+    let coverage = if opts.slice == Slice::default() {
+        coverage(session, &meta, &events)?
+    } else {
+        Vec::new()
+    };
+    // `--unsampled` reconciles the rows with the scheduler (first column, a
+    // clock): threads sampled over their run time are held to it, and
+    // what the timer missed becomes a row. Not under a filter or in the
+    // agents' view, whose rows are not the host's samples.
+    let reconcile = opts.unsampled
+        && opts.filter.is_empty()
+        && opts.view != View::Agent
+        && selected.first() == Some(&0);
+    let mut grouper = Grouper::new(&fields);
+    if reconcile {
+        grouper.hold(over_sampled_factors(&coverage));
+    }
 
     // Merge the per-event groupings into rows keyed by their values.
     let mut index: HashMap<Vec<String>, usize> = HashMap::new();
@@ -533,23 +658,15 @@ pub fn build(
             row.percent_ci95[ci] = share_ci95(row.percent[ci] / 100.0, col.samples);
         }
     }
-    let coverage = if opts.slice == Slice::default() {
-        coverage(session, &meta, &events)?
-    } else {
-        Vec::new()
-    };
-    // The time the timer missed, as its own row of each domain it missed
-    // (first column, a clock): the domain's rows then add up to what the
-    // scheduler says it ran. Not under a filter or in the agents' view,
-    // whose rows are not the host's samples.
-    if opts.unsampled
-        && opts.filter.is_empty()
-        && opts.view != View::Agent
-        && selected.first() == Some(&0)
-    {
+    // The time the timer missed, as its own row of each domain it missed:
+    // the domain's rows then add up to what the scheduler says it ran.
+    if reconcile {
         let total = columns.first().map_or(0, |c| c.event_count);
-        for c in coverage.iter().filter(|c| c.ratio < UNSAMPLED_ROW_BELOW) {
-            let gap = ((c.scheduler_s - c.sampled_s) * 1e9) as u64;
+        for c in coverage
+            .iter()
+            .filter(|c| c.held_s < UNSAMPLED_ROW_BELOW * c.scheduler_s)
+        {
+            let gap = ((c.scheduler_s - c.held_s) * 1e9) as u64;
             let mut row = Row {
                 values: fields
                     .iter()
@@ -732,6 +849,9 @@ pub(crate) struct Grouper {
     pos: Vec<Option<usize>>,
     /// Columns of context, image, symbol and srcline (class only).
     class_cols: Option<[usize; 4]>,
+    /// Columns of domain and thread name, and the factors of the groups
+    /// held to their run time ([`Grouper::hold`]).
+    held: Option<(usize, usize, ThreadFactors)>,
 }
 
 impl Grouper {
@@ -765,7 +885,25 @@ impl Grouper {
             query,
             pos,
             class_cols,
+            held: None,
         }
+    }
+
+    /// Scale the event count of every group of (domain, thread name) in
+    /// `factors` by its factor (the threads `report --unsampled` holds to
+    /// their run time); none given, nothing changes.
+    pub(crate) fn hold(&mut self, factors: ThreadFactors) {
+        if factors.is_empty() {
+            return;
+        }
+        let mut col = |f: Field| {
+            self.query.iter().position(|x| *x == f).unwrap_or_else(|| {
+                self.query.push(f);
+                self.query.len() - 1
+            })
+        };
+        let (d, p) = (col(Field::Domain), col(Field::Process));
+        self.held = Some((d, p, factors));
     }
 
     /// (display values, samples, period) per group, largest first.
@@ -795,16 +933,22 @@ impl Grouper {
                     }
                 })
                 .collect();
-            if self.class_cols.is_none() {
-                out.push((values, g.samples, g.period));
+            let mut period = g.period;
+            if let Some((d, p, factors)) = &self.held {
+                if let Some(f) = factors.get(&(g.values[*d].clone(), g.values[*p].clone())) {
+                    period = (period as f64 * f).round() as u64;
+                }
+            }
+            if self.class_cols.is_none() && self.held.is_none() {
+                out.push((values, g.samples, period));
                 continue;
             }
             if let Some(&i) = index.get(&values) {
                 out[i].1 += g.samples;
-                out[i].2 += g.period;
+                out[i].2 += period;
             } else {
                 index.insert(values.clone(), out.len());
-                out.push((values, g.samples, g.period));
+                out.push((values, g.samples, period));
             }
         }
         Ok(out)

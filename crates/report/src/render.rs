@@ -232,6 +232,12 @@ pub fn header_lines(r: &Report) -> Vec<String> {
                 .map(|w| format!("; LOW, likely: {w}"))
                 .unwrap_or_default()
         ));
+        if let Some(h) = &c.high {
+            v.push(format!(
+                "# coverage  {}: OVER-SAMPLED: {h}",
+                vmscope_model::text::visible(&c.domain)
+            ));
+        }
     }
     if r.rows
         .iter()

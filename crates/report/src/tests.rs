@@ -523,3 +523,71 @@ fn unsampled_rows_and_intervals_of_few_samples() {
         .iter()
         .all(|row| !row.values.iter().any(|v| v == UNSAMPLED)));
 }
+
+/// A thread sampled over its run time (the kernel's timer charging it
+/// with an idle CPU's missed period) is named in the coverage, and
+/// `--unsampled` holds it to its run time in every grouping, the rest of
+/// the domain's run time becoming its [unsampled] row.
+#[test]
+fn over_sampled_threads_are_held_to_their_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(&dir.path().join("s.db"));
+    s.annotate("run_s_vm1", "0.010").unwrap();
+    s.annotate(
+        &(THREADS_META_PREFIX.to_string() + "vm1"),
+        "0.004000 p\n0.006000 q\n",
+    )
+    .unwrap();
+    let plain = build(&s, &ReportOptions::default(), false).unwrap();
+    let c = plain.coverage.iter().find(|c| c.domain == "vm1").unwrap();
+    assert!((c.ratio - 2.0).abs() < 1e-9, "{c:?}");
+    assert!((c.held_s - 0.004).abs() < 1e-9, "{c:?}");
+    assert_eq!(c.threads.len(), 2, "{c:?}");
+    assert!(c.threads[0].over_sampled() && !c.threads[1].over_sampled());
+    assert!(
+        c.high
+            .as_ref()
+            .is_some_and(|h| h.starts_with("p sampled 0.020 s of 0.004 s")),
+        "{c:?}"
+    );
+    let mut out = Vec::new();
+    render(&plain, ReportFormat::Table, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("# coverage  vm1: OVER-SAMPLED: p sampled"),
+        "{text}"
+    );
+    let vm1_rows = |r: &Report| -> Vec<(String, u64)> {
+        r.rows
+            .iter()
+            .filter(|row| row.values[0] == "vm1")
+            .map(|row| (row.values.last().unwrap().clone(), row.event_count[0]))
+            .collect()
+    };
+    // Unheld, the rows are the samples.
+    assert_eq!(vm1_rows(&plain), vec![("do_idle".to_string(), 20_000_000)]);
+    let held = build(
+        &s,
+        &ReportOptions {
+            unsampled: true,
+            by: vec![Field::Domain.into(), Field::Symbol.into()],
+            ..Default::default()
+        },
+        false,
+    )
+    .unwrap();
+    let mut rows = vm1_rows(&held);
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![
+            ("[unsampled]".to_string(), 6_000_000),
+            ("do_idle".to_string(), 4_000_000)
+        ],
+        "{:?}",
+        held.rows
+    );
+    // The samples column stays as taken.
+    let idle = held.rows.iter().find(|r| r.values[1] == "do_idle").unwrap();
+    assert_eq!(idle.samples[0], 20);
+}
