@@ -201,8 +201,14 @@ pub fn holder(path: &Path) -> Option<LockHolder> {
     // before ours that goes away between two pages makes the listing skip
     // ours (with the tests' SQLite locks coming and going beside it, a held
     // lock was missed so about once in ten CI runs). Not found, it is read
-    // again, twice.
-    for _ in 0..3 {
+    // again, up to ten times in all, yielding between reads so that the
+    // churn in front of ours moves on (three reads in a row still missed
+    // it once in 3 000 listings in CI, under the test's churn: a skip is
+    // likelier right after one).
+    for i in 0..10 {
+        if i > 0 {
+            std::thread::yield_now();
+        }
         let locks = std::fs::read_to_string("/proc/locks").ok()?;
         if let Some(h) = holder_in(&locks, path, &m) {
             return Some(h);
