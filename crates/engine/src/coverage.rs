@@ -18,15 +18,6 @@
 use std::collections::HashMap;
 use vmscope_linux::procfs::{clk_tck, ProcRoot, ProcStat};
 
-/// The meta key prefix of a domain's run time.
-pub const META_PREFIX: &str = "run_s_";
-/// The meta key prefix of a VM's run time per thread name: lines of
-/// `seconds name` (`report` holds each thread's samples against them: the
-/// kernel's timer can charge one thread with another CPU's idle time).
-pub const THREADS_META_PREFIX: &str = "run_threads_";
-/// The meta key of the host's own steal meanwhile, percent.
-pub const STEAL_META: &str = "host_steal_pct";
-
 /// One reading of the clocks.
 pub struct RunClock {
     stat: Option<ProcStat>,
@@ -112,7 +103,7 @@ impl RunClock {
     /// Seconds each VM's threads ran from `self` to `end`, summed by thread
     /// name (the name at the end; a thread that began meanwhile counts
     /// whole, one that ended is left out), largest first: the value of the
-    /// [`THREADS_META_PREFIX`] key, a `seconds name` line each.
+    /// [`vmscope_model::coverage_meta::RUN_THREADS_PREFIX`] key, a `seconds name` line each.
     pub fn thread_runs_since(&self, end: &RunClock) -> Vec<(String, String)> {
         self.vms
             .iter()

@@ -524,18 +524,24 @@ impl Run<'_, '_> {
             let end = crate::coverage::RunClock::after_sampling(&ProcRoot::system(), &vms);
             for (domain, s) in begin.run_since(&end) {
                 writer.set_meta(
-                    &format!("{}{domain}", crate::coverage::META_PREFIX),
+                    &format!("{}{domain}", vmscope_model::coverage_meta::RUN_S_PREFIX),
                     &format!("{s:.6}"),
                 )?;
             }
             for (domain, text) in begin.thread_runs_since(&end) {
                 writer.set_meta(
-                    &format!("{}{domain}", crate::coverage::THREADS_META_PREFIX),
+                    &format!(
+                        "{}{domain}",
+                        vmscope_model::coverage_meta::RUN_THREADS_PREFIX
+                    ),
                     &text,
                 )?;
             }
             if let Some(p) = begin.steal_pct(&end) {
-                writer.set_meta(crate::coverage::STEAL_META, &format!("{p:.2}"))?;
+                writer.set_meta(
+                    vmscope_model::coverage_meta::HOST_STEAL_PCT,
+                    &format!("{p:.2}"),
+                )?;
             }
         }
         let mark = self

@@ -33,6 +33,18 @@ use serde::{Deserialize, Serialize};
 /// Name of the host domain (docs/architecture.md §2).
 pub const HOST_DOMAIN: &str = "host";
 
+/// The session meta keys of a profile's coverage (docs/architecture.md
+/// §4), written by `record -a` and read by `report`.
+pub mod coverage_meta {
+    /// The prefix of a domain's run time over the sampled window, seconds.
+    pub const RUN_S_PREFIX: &str = "run_s_";
+    /// The prefix of a VM's run time per thread name: lines of
+    /// `seconds name`.
+    pub const RUN_THREADS_PREFIX: &str = "run_threads_";
+    /// The host's own steal meanwhile, percent of its CPUs.
+    pub const HOST_STEAL_PCT: &str = "host_steal_pct";
+}
+
 /// Image name used for host kernel samples, as perf names it.
 pub const KERNEL_IMAGE: &str = "[kernel.kallsyms]";
 /// Image name of a guest's kernel, as perf kvm names it, whoever resolved

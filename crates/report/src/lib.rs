@@ -31,6 +31,7 @@ pub use stacks::{CallGraph, StackLine};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use vmscope_model::coverage_meta::{HOST_STEAL_PCT, RUN_S_PREFIX, RUN_THREADS_PREFIX};
 use vmscope_model::Context;
 use vmscope_store::{Field, Session, Slice, StoreError, View};
 
@@ -361,16 +362,8 @@ impl ThreadCoverage {
 /// A thread sampled over this share of its run time is over-sampled.
 pub const OVER_SAMPLED: f64 = 1.1;
 
-/// The meta key prefix of a VM's run time per thread name (`seconds name`
-/// lines, written by `record -a`).
-pub const THREADS_META_PREFIX: &str = "run_threads_";
-
 /// Coverage under this is flagged.
 pub const LOW_COVERAGE: f64 = 0.9;
-
-/// The host's own steal while the recording sampled, percent of its CPUs
-/// (`record -a` writes it beside the run times).
-pub const STEAL_META: &str = "host_steal_pct";
 
 /// The coverage of each domain with a stored run time (`run_s_<domain>`
 /// meta, written by `record -a`), from the host view of the first event
@@ -380,13 +373,12 @@ fn coverage(
     meta: &BTreeMap<String, String>,
     events: &[vmscope_model::SessionEvent],
 ) -> Result<Vec<Coverage>, ReportError> {
-    const PREFIX: &str = "run_s_";
     if !events.first().is_some_and(|e| is_clock(&e.name)) {
         return Ok(Vec::new());
     }
     let runs: Vec<(String, f64)> = meta
         .iter()
-        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?.to_string(), v.parse().ok()?)))
+        .filter_map(|(k, v)| Some((k.strip_prefix(RUN_S_PREFIX)?.to_string(), v.parse().ok()?)))
         .collect();
     if runs.is_empty() {
         return Ok(Vec::new());
@@ -408,7 +400,7 @@ fn coverage(
         }
     }
     let lost = session.lost()?.get(&0).copied().unwrap_or(0);
-    let steal = meta.get(STEAL_META).and_then(|s| s.parse::<f64>().ok());
+    let steal = meta.get(HOST_STEAL_PCT).and_then(|s| s.parse::<f64>().ok());
     Ok(runs
         .into_iter()
         .filter(|(_, run)| *run > 0.0)
@@ -425,7 +417,7 @@ fn coverage(
                 }
             });
             let threads: Vec<ThreadCoverage> = meta
-                .get(&format!("{THREADS_META_PREFIX}{domain}"))
+                .get(&format!("{RUN_THREADS_PREFIX}{domain}"))
                 .map(|text| {
                     text.lines()
                         .filter_map(|l| {

@@ -534,7 +534,7 @@ fn over_sampled_threads_are_held_to_their_run_time() {
     let s = session(&dir.path().join("s.db"));
     s.annotate("run_s_vm1", "0.010").unwrap();
     s.annotate(
-        &(THREADS_META_PREFIX.to_string() + "vm1"),
+        &(RUN_THREADS_PREFIX.to_string() + "vm1"),
         "0.004000 p\n0.006000 q\n",
     )
     .unwrap();
