@@ -233,7 +233,12 @@ fn perf_samples_by_pid_cpu(file: &Path) -> BTreeMap<(u32, u32), u64> {
         let (Some(pid), Some(cpu)) = (it.next(), it.next()) else {
             continue;
         };
-        let pid = pid.parse().expect("pid");
+        // perf script may print a warning on stdout (CI had a line whose
+        // first word was no pid): only "pid [cpu]" lines are samples.
+        let Ok(pid) = pid.parse() else {
+            eprintln!("perf script: not a sample line: {l}");
+            continue;
+        };
         let cpu = cpu
             .trim_matches(|c| c == '[' || c == ']')
             .parse()
