@@ -105,12 +105,26 @@ fn parent(args: &[String]) {
             "kvm".into(),
         ];
         qemu.extend(vmscope_discover::agent_channel::qemu_args(&sock));
-        let mut child = Command::new("/proc/self/exe")
+        let mut child = Command::new("/proc/self/exe");
+        child
             .arg0("qemu-system-x86_64")
             .args(&qemu)
             .env("SIM_VM_CHILD", "1")
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::piped());
+        // A simulator killed by a signal takes its VMs with it (they would
+        // otherwise stay, found by the next run's discovery as VMs of the
+        // same names).
+        // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
+        unsafe {
+            child.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = child
             .spawn()
             .unwrap_or_else(|e| die(&format!("starting VM {name}: {e}")));
         let out = std::io::BufReader::new(child.stdout.take().expect("piped"));

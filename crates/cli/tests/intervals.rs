@@ -42,7 +42,12 @@ fn stat_and_account_keep_their_intervals_for_report() {
                 .map(|r| r["per_second"].as_f64().unwrap())
                 .collect();
             assert!(!busy.is_empty());
-            assert!(busy.iter().all(|b| (0.0..=1.0).contains(b)), "{busy:?}");
+            // A share of each interval's length, summed and divided again:
+            // 1 + 2e-16 is a CPU busy throughout, not a fault.
+            assert!(
+                busy.iter().all(|b| (0.0..=1.0 + 1e-9).contains(b)),
+                "{busy:?}"
+            );
         } else {
             assert!(text.contains("# host      measured "), "{text}");
         }

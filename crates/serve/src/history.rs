@@ -2,7 +2,7 @@
 //! (1 s by default) it samples the host as `top` does (an accountant of
 //! its own), takes the rolling profile's slices since the last interval
 //! (with `--profile`), builds `top`'s frame from them with `top`'s own
-//! builders (`vmscope_top::live::frame_of`, `top_functions` over the last
+//! builders (`vmscope_top::live::frame_of`, `top_functions_of` over the last
 //! `--window` intervals) and hands the frame, each domain's timeline row,
 //! the profile rows and the active VMs' scale parts to the
 //! `vmscope_history::Recorder`, which owns the files. Its notes (a pause
@@ -20,7 +20,7 @@ use vmscope_history::{HistoryOptions, Interval, Recorder, RecorderState};
 use vmscope_model::{Profile, Role};
 use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_store::{DomainRecord, ScaleSecond, TimelineRow};
-use vmscope_top::live::{frame_of, top_functions, FrameParts, SliceRef};
+use vmscope_top::live::{frame_of, top_functions_of, FrameParts, SliceFunctions, SliceRef};
 
 /// What `--history` keeps and how often.
 #[derive(Debug, Clone)]
@@ -46,13 +46,11 @@ pub struct Keeper {
 /// (second, VM, event) of an active VM's scale parts.
 type ScaleKey = (u32, Arc<str>, u32);
 
-/// One slice as `top_functions` reads it (event 0 per VM).
+/// One slice as `top_functions_of` reads it: summed by function once, when
+/// it arrives (event 0 per VM).
 struct Kept {
     end_s: f64,
-    host: Profile,
-    agent: Profile,
-    host_guest: HashMap<Arc<str>, u64>,
-    agent_busy: HashMap<Arc<str>, u64>,
+    functions: SliceFunctions,
 }
 
 impl Keeper {
@@ -172,7 +170,7 @@ impl Keeper {
             let mut host = Profile::new();
             let mut agent = Profile::new();
             let mut scales: HashMap<ScaleKey, (u64, u64, u64)> = HashMap::new();
-            for s in &slices {
+            for s in slices {
                 add_profile(&mut host, &s.host);
                 add_profile(&mut agent, &s.agent);
                 let second = s.start_s.max(0.0).floor() as u32;
@@ -184,12 +182,16 @@ impl Keeper {
                     x.1 += p;
                     x.2 += k;
                 }
+                let host_guest = event0(&s.host_guest, |v| *v);
+                let agent_busy = event0(&s.agent_busy, |v| v.0);
                 kept.push_back(Kept {
                     end_s: s.end_s,
-                    host: s.host.clone(),
-                    agent: s.agent.clone(),
-                    host_guest: event0(&s.host_guest, |v| *v),
-                    agent_busy: event0(&s.agent_busy, |v| v.0),
+                    functions: SliceFunctions::of(&SliceRef {
+                        host: &s.host,
+                        agent: &s.agent,
+                        host_guest: &host_guest,
+                        agent_busy: &agent_busy,
+                    }),
                 });
             }
             // The function lists cover the last `window` intervals.
@@ -224,20 +226,12 @@ impl Keeper {
                     roles.insert(v.name.clone(), Role::Unmonitored);
                 }
             }
-            let refs: Vec<SliceRef<'_>> = kept
-                .iter()
-                .map(|k| SliceRef {
-                    host: &k.host,
-                    agent: &k.agent,
-                    host_guest: &k.host_guest,
-                    agent_busy: &k.agent_busy,
-                })
-                .collect();
+            let refs: Vec<&SliceFunctions> = kept.iter().map(|k| &k.functions).collect();
             let host_lost: u64 = host.lost.values().sum();
             let mut frame = frame_of(
                 &iv,
                 FrameParts {
-                    functions: top_functions(&refs, &roles, self.plan.functions),
+                    functions: top_functions_of(&refs, &roles, self.plan.functions),
                     roles: &roles,
                     reasons: &reasons,
                     host_lost,

@@ -486,7 +486,7 @@ impl Accountant {
                         c.devices.insert(format!("disk:{dev}"), (ops, bytes));
                     }
                 }
-                None => match root.io(d.pid) {
+                None => match self.reader.process_io(d.pid) {
                     Ok(p) => {
                         c.disk_source = "proc-io";
                         c.devices

@@ -503,6 +503,7 @@ mod tests {
             culprit_vm: vm.into(),
             culprit: culprit.into(),
             seconds,
+            culprits: None,
         };
         let mut waited = a.clone();
         waited.vms[0].vcpus[0].waited_behind = vec![

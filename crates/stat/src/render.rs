@@ -200,7 +200,7 @@ fn waited_behind_text(what: &str, split: &[WaitShare], total: f64, runnable: f64
         .map(|w| {
             format!(
                 "{} {:.4} s ({:.1} %)",
-                visible(&w.label()),
+                visible(&w.shown()),
                 w.seconds,
                 crate::math::pct(w.seconds, total)
             )

@@ -70,6 +70,11 @@ impl Culprit {
 /// [`Culprit::OTHER`] and counted in [`ThreadWait::folded`].
 pub const MAX_CULPRITS: usize = 64;
 
+/// Distinct culprits beyond [`MAX_CULPRITS`] whose thread ids are kept per
+/// thread and interval to count them (the count stops there: 64 KiB of ids
+/// for a thread that waited behind that many tasks in one interval).
+pub const FOLDED_COUNTED: usize = 16_384;
+
 /// One thread's waits committed in an interval.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ThreadWait {
@@ -79,6 +84,10 @@ pub struct ThreadWait {
     pub waits: u64,
     /// Charges folded into [`Culprit::OTHER`] (culprits beyond the bound).
     pub folded: u64,
+    /// The distinct culprits folded into [`Culprit::OTHER`], by thread id
+    /// (at most [`FOLDED_COUNTED`]; charges the eBPF programs made to
+    /// `other` themselves name no thread and are not in it).
+    pub folded_tids: HashSet<u32>,
 }
 
 impl ThreadWait {
@@ -99,9 +108,16 @@ impl ThreadWait {
             c
         } else {
             self.folded += 1;
+            self.count_folded(c.tid);
             Culprit::OTHER
         };
         *self.by_culprit.entry(c).or_default() += ns;
+    }
+
+    fn count_folded(&mut self, tid: u32) {
+        if self.folded_tids.len() < FOLDED_COUNTED {
+            self.folded_tids.insert(tid);
+        }
     }
 }
 
@@ -224,6 +240,9 @@ impl WaitTimeline {
             c.add(k, ns);
         }
         c.folded += w.pending.folded;
+        for t in w.pending.folded_tids {
+            c.count_folded(t);
+        }
         c.waits += 1;
     }
 
@@ -323,9 +342,22 @@ pub struct WaitShare {
     /// task), `idle`, `other` or `unknown`.
     pub culprit: String,
     pub seconds: f64,
+    /// `other` only: how many distinct culprits it sums (threads' bounds
+    /// of [`FOLDED_COUNTED`] each; eBPF charges to `other` not counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub culprits: Option<u64>,
 }
 
 impl WaitShare {
+    /// [`WaitShare::label`], with the count of culprits `other` sums
+    /// (text output; stored rows keep the label, one name per interval).
+    pub fn shown(&self) -> String {
+        match self.culprits {
+            Some(n) if n > 0 => format!("other ({n} culprits)"),
+            _ => self.label(),
+        }
+    }
+
     /// `d2 web vCPU 0`, `host backup (pid 812)`, `idle`.
     pub fn label(&self) -> String {
         match self.kind {
@@ -359,7 +391,9 @@ pub fn shares<'a>(
     process: &mut dyn FnMut(u32) -> Option<(u32, String)>,
 ) -> Vec<WaitShare> {
     let mut sum: HashMap<(&'static str, u32, String, String), u64> = HashMap::new();
+    let mut folded: HashSet<u32> = HashSet::new();
     for w in waiters {
+        folded.extend(&w.folded_tids);
         for (c, &ns) in &w.by_culprit {
             let key = match *c {
                 Culprit::IDLE => ("idle", 0, "host".to_string(), "idle".to_string()),
@@ -390,6 +424,7 @@ pub fn shares<'a>(
         .into_iter()
         .map(
             |((kind, culprit_domain, culprit_vm, culprit), ns)| WaitShare {
+                culprits: (kind == "other").then_some(folded.len() as u64),
                 kind,
                 culprit_domain,
                 culprit_vm,
@@ -599,5 +634,12 @@ mod tests {
         assert!(w.folded > 0);
         assert!(w.by_culprit[&Culprit::OTHER] > 0);
         assert_eq!(w.total_ns(), 10_000);
+        // 74 jobs and the last one (2000): 64 named, 11 counted in other.
+        assert_eq!(w.folded_tids.len(), 11);
+        let s = shares([w], 1, &HashMap::new(), &mut |_| None);
+        let other = s.iter().find(|x| x.kind == "other").unwrap();
+        assert_eq!(other.culprits, Some(11));
+        assert_eq!(other.shown(), "other (11 culprits)");
+        assert!(s.iter().all(|x| x.kind == "other" || x.culprits.is_none()));
     }
 }

@@ -6,9 +6,24 @@
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
+thread_local! {
+    /// One compressor per thread, reset for each document: a new one
+    /// allocates and zeroes its window and tables (about 256 KiB), which
+    /// was a fifth of the recorder's deflate time every interval.
+    static COMPRESS: std::cell::RefCell<Compress> =
+        std::cell::RefCell::new(Compress::new(Compression::default(), false));
+}
+
 /// `doc` deflated (raw deflate), with `dict` as the preset dictionary.
 pub fn deflate(doc: &[u8], dict: Option<&[u8]>) -> std::io::Result<Vec<u8>> {
-    let mut c = Compress::new(Compression::default(), false);
+    COMPRESS.with(|c| {
+        let mut c = c.borrow_mut();
+        c.reset();
+        deflate_with(&mut c, doc, dict)
+    })
+}
+
+fn deflate_with(c: &mut Compress, doc: &[u8], dict: Option<&[u8]>) -> std::io::Result<Vec<u8>> {
     if let Some(d) = dict {
         c.set_dictionary(d).map_err(std::io::Error::other)?;
     }

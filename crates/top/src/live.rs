@@ -12,11 +12,8 @@ use std::time::{Duration, Instant};
 use vmscope_engine::live::{LiveEvent, LiveOptions, LiveSession};
 use vmscope_engine::plan::{plan_session, PlanRequest};
 use vmscope_linux::{Recorder, RingOptions, Target};
-use vmscope_model::{Context, EventSpec, Profile, Role};
+use vmscope_model::{Context, EventSpec, FastMap, Profile, Role};
 use vmscope_stat::account::{AccountInterval, AccountOptions, Accountant};
-
-/// (context, process, symbol) → (samples, period) of one domain.
-type FunctionTotals = HashMap<(Context, String, String), (u64, f64)>;
 
 /// How `top` measures.
 pub struct LiveTopOptions {
@@ -280,6 +277,61 @@ pub struct SliceRef<'a> {
     pub agent_busy: &'a HashMap<Arc<str>, u64>,
 }
 
+/// A function of a domain: (context, process, symbol).
+type FunctionKey = (Context, Arc<str>, Arc<str>);
+
+/// Per function: host samples, host period, agent samples, agent period.
+type SliceTotals = FastMap<FunctionKey, [u64; 4]>;
+
+/// One slice's rows summed by domain and function (event 0), what
+/// [`top_functions_of`] adds up: built once when a slice arrives, so that
+/// a window of several slices is not walked row by row (stacks and all)
+/// at every interval again. Keyed by the rows' own names (a reference
+/// count each, not a copy).
+#[derive(Debug, Clone, Default)]
+pub struct SliceFunctions {
+    by_domain: FastMap<Arc<str>, SliceTotals>,
+    /// VM → host-measured guest period (event 0) in the slice.
+    pub host_guest: HashMap<Arc<str>, u64>,
+    /// VM → agent busy period (event 0) in the slice.
+    pub agent_busy: HashMap<Arc<str>, u64>,
+}
+
+impl SliceFunctions {
+    pub fn of(s: &SliceRef<'_>) -> SliceFunctions {
+        let mut by_domain: FastMap<Arc<str>, SliceTotals> = FastMap::default();
+        for (k, c) in &s.host.rows {
+            if k.event != 0 {
+                continue;
+            }
+            let e = by_domain
+                .entry(k.domain.clone())
+                .or_default()
+                .entry((k.context, k.process.clone(), k.symbol.clone()))
+                .or_default();
+            e[0] += c.samples;
+            e[1] += c.period;
+        }
+        for (k, c) in &s.agent.rows {
+            if k.event != 0 || &*k.process == "swapper" {
+                continue;
+            }
+            let e = by_domain
+                .entry(k.domain.clone())
+                .or_default()
+                .entry((k.context, k.process.clone(), k.symbol.clone()))
+                .or_default();
+            e[2] += c.samples;
+            e[3] += c.period;
+        }
+        SliceFunctions {
+            by_domain,
+            host_guest: s.host_guest.clone(),
+            agent_busy: s.agent_busy.clone(),
+        }
+    }
+}
+
 /// Top `n` functions of every domain over `slices` (event 0): the host's
 /// rows, and each active VM's guest rows from its agent scaled to the
 /// guest time the host measured, as a recording's merged view does.
@@ -288,82 +340,83 @@ pub fn top_functions(
     roles: &HashMap<String, Role>,
     n: usize,
 ) -> HashMap<String, Vec<FunctionView>> {
-    // (domain) → (context, process, symbol) → (samples, period)
-    let mut per: HashMap<String, FunctionTotals> = HashMap::new();
-    let mut host_guest: HashMap<Arc<str>, u64> = HashMap::new();
-    let mut agent_busy: HashMap<Arc<str>, u64> = HashMap::new();
+    let pre: Vec<SliceFunctions> = slices.iter().map(SliceFunctions::of).collect();
+    top_functions_of(&pre.iter().collect::<Vec<_>>(), roles, n)
+}
+
+/// [`top_functions`] of slices summed already.
+pub fn top_functions_of(
+    slices: &[&SliceFunctions],
+    roles: &HashMap<String, Role>,
+    n: usize,
+) -> HashMap<String, Vec<FunctionView>> {
+    let mut host_guest: HashMap<&Arc<str>, u64> = HashMap::new();
+    let mut agent_busy: HashMap<&Arc<str>, u64> = HashMap::new();
     for s in slices {
-        for (k, v) in s.host_guest {
-            *host_guest.entry(k.clone()).or_default() += v;
+        for (k, v) in &s.host_guest {
+            *host_guest.entry(k).or_default() += v;
         }
-        for (k, v) in s.agent_busy {
-            *agent_busy.entry(k.clone()).or_default() += v;
+        for (k, v) in &s.agent_busy {
+            *agent_busy.entry(k).or_default() += v;
         }
     }
     let active = |d: &str| roles.get(d) == Some(&Role::Active);
+    // (domain) → (context, process, symbol) → (samples, period)
+    let mut per: FastMap<&Arc<str>, FastMap<&FunctionKey, (u64, f64)>> = FastMap::default();
     for s in slices {
-        for (k, c) in &s.host.rows {
-            if k.event != 0 {
-                continue;
-            }
-            // An active VM's guest time comes from its agent.
-            if active(&k.domain)
-                && matches!(
-                    k.context,
-                    Context::GuestTranslated | Context::GuestUser | Context::GuestKernel
-                )
-            {
-                continue;
-            }
-            let e = per
-                .entry(k.domain.to_string())
-                .or_default()
-                .entry((k.context, k.process.to_string(), k.symbol.to_string()))
-                .or_default();
-            e.0 += c.samples;
-            e.1 += c.period as f64;
-        }
-        for (k, c) in &s.agent.rows {
-            if k.event != 0 || &*k.process == "swapper" {
-                continue;
-            }
-            let busy = agent_busy.get(&k.domain).copied().unwrap_or(0);
+        for (d, m) in &s.by_domain {
+            let busy = agent_busy.get(d).copied().unwrap_or(0);
             let factor = if busy > 0 {
-                host_guest.get(&k.domain).copied().unwrap_or(0) as f64 / busy as f64
+                host_guest.get(d).copied().unwrap_or(0) as f64 / busy as f64
             } else {
                 0.0
             };
-            let e = per
-                .entry(k.domain.to_string())
-                .or_default()
-                .entry((k.context, k.process.to_string(), k.symbol.to_string()))
-                .or_default();
-            e.0 += c.samples;
-            e.1 += c.period as f64 * factor;
+            let is_active = active(d);
+            let out = per.entry(d).or_default();
+            for (k, c) in m {
+                // An active VM's guest time comes from its agent.
+                let host = !(is_active
+                    && matches!(
+                        k.0,
+                        Context::GuestTranslated | Context::GuestUser | Context::GuestKernel
+                    ));
+                let (mut samples, mut period) = (c[2], c[3] as f64 * factor);
+                if host {
+                    samples += c[0];
+                    period += c[1] as f64;
+                }
+                if samples == 0 && period == 0.0 {
+                    continue;
+                }
+                let e = out.entry(k).or_default();
+                e.0 += samples;
+                e.1 += period;
+            }
         }
     }
     per.into_iter()
         .map(|(d, m)| {
             let total: f64 = m.values().map(|v| v.1).sum();
-            let mut v: Vec<FunctionView> = m
+            let mut v: Vec<(&FunctionKey, (u64, f64))> =
+                m.into_iter().filter(|(_, (_, p))| *p > 0.0).collect();
+            v.sort_by(|a, b| {
+                b.1 .1
+                    .partial_cmp(&a.1 .1)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then_with(|| a.0 .2.cmp(&b.0 .2))
+            });
+            v.truncate(n);
+            let v = v
                 .into_iter()
-                .filter(|(_, (_, p))| *p > 0.0)
                 .map(|((ctx, process, symbol), (samples, p))| FunctionView {
                     context: ctx.as_str().to_string(),
-                    process,
-                    symbol,
+                    process: process.to_string(),
+                    symbol: symbol.to_string(),
                     samples,
                     pct: if total > 0.0 { 100.0 * p / total } else { 0.0 },
                 })
                 .collect();
-            v.sort_by(|a, b| {
-                b.pct
-                    .partial_cmp(&a.pct)
-                    .unwrap_or(std::cmp::Ordering::Equal)
-                    .then_with(|| a.symbol.cmp(&b.symbol))
-            });
-            v.truncate(n);
-            (d, v)
+            (d.to_string(), v)
         })
         .collect()
 }

@@ -80,6 +80,19 @@ fn task_lister_relists_when_the_thread_count_changes() {
     l.forget(|_| false);
     assert_eq!(l.tids(&proc, 5), vec![5, 7, 9]);
     assert!(l.tids(&proc, 77).is_empty());
+    // The process gone and its pid reused with as many threads: the kept
+    // handle is on the old directory, which counts none now.
+    std::fs::remove_dir_all(dir.path().join("5")).unwrap();
+    assert!(l.tids(&proc, 5).is_empty());
+    for t in ["5", "11", "12"] {
+        std::fs::create_dir_all(task.join(t)).unwrap();
+    }
+    assert_eq!(l.tids(&proc, 5), vec![5, 11, 12]);
+    std::fs::remove_dir_all(dir.path().join("5")).unwrap();
+    for t in ["5", "13", "14"] {
+        std::fs::create_dir_all(task.join(t)).unwrap();
+    }
+    assert_eq!(l.tids(&proc, 5), vec![5, 13, 14]);
 }
 
 #[test]
