@@ -10,7 +10,7 @@
 //! `/metrics` (`vmscope_history_*`).
 
 use crate::profile::{Rolling, SliceCopy};
-use crate::ServeError;
+use crate::{Sampler, ServeError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use vmscope_history::recorder::ProfileInfo;
 use vmscope_history::{HistoryOptions, Interval, Recorder, RecorderState};
 use vmscope_model::{Profile, Role};
-use vmscope_stat::account::{AccountOptions, Accountant};
 use vmscope_store::{DomainRecord, ScaleSecond, TimelineRow};
 use vmscope_top::live::{frame_of, top_functions_of, FrameParts, SliceFunctions, SliceRef};
 
@@ -101,7 +100,12 @@ impl Keeper {
     }
 
     /// Record until `stop` is set; the open segment is closed cleanly then.
-    pub fn run(&self, stop: &AtomicBool, rolling: Option<&Rolling>, shared_io: &[u32]) {
+    pub(crate) fn run(
+        &self,
+        stop: &AtomicBool,
+        rolling: Option<&Rolling>,
+        sampler: &Mutex<Sampler>,
+    ) {
         let Some(mut rec) = self
             .recorder
             .lock()
@@ -123,11 +127,16 @@ impl Keeper {
                 callchain: r.callchain(),
             });
         }
-        let mut acc = Accountant::new(AccountOptions {
-            shared_io_pids: shared_io.to_vec(),
-            ..AccountOptions::default()
-        });
-        if let Err(e) = acc.sample() {
+        // The accountant `/metrics` reads, sampled here every interval
+        // (its first interval here runs from serve's start, and is not
+        // recorded).
+        let sample = || {
+            sampler
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .sample_for_history()
+        };
+        if let Err(e) = sample() {
             eprintln!("vmscope serve: history: sampling the host failed, nothing is recorded: {e}");
             return;
         }
@@ -152,7 +161,7 @@ impl Keeper {
                 std::thread::sleep(left.min(Duration::from_millis(100)));
             }
             let t_end = vmscope_history::time::now();
-            let (iv, changes) = match acc.sample() {
+            let (iv, changes) = match sample() {
                 Ok((Some(iv), c)) => (iv, c),
                 Ok((None, _)) => continue,
                 Err(e) => {

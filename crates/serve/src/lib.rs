@@ -79,6 +79,34 @@ pub(crate) struct Sampler {
     acc: Accountant,
     vmstat: Option<VmStat>,
     totals: Totals,
+    /// With `--history` the keeper samples `acc` every interval and adds
+    /// each interval to `totals`: a scrape then encodes them as they are
+    /// (at most one interval old) instead of sampling a second time. One
+    /// accountant for both: a second one loaded a second set of eBPF wait
+    /// programs on every context switch of the host, a second softirq
+    /// ring thread and a second exit listener.
+    fed: bool,
+}
+
+impl Sampler {
+    /// Sample the host for the history: the interval is added to the
+    /// totals `/metrics` serves, and returned.
+    pub(crate) fn sample_for_history(
+        &mut self,
+    ) -> Result<
+        (
+            Option<vmscope_stat::account::AccountInterval>,
+            Vec<vmscope_stat::tracker::Change>,
+        ),
+        vmscope_stat::StatError,
+    > {
+        self.fed = true;
+        let (iv, changes) = self.acc.sample()?;
+        if let Some(iv) = &iv {
+            self.totals.add(iv);
+        }
+        Ok((iv, changes))
+    }
 }
 
 /// A bound server.
@@ -88,7 +116,6 @@ pub struct Server {
     rolling: Option<Arc<profile::Rolling>>,
     exports: Option<Arc<export::Exports>>,
     history: Option<Arc<history::Keeper>>,
-    shared_io: Vec<u32>,
 }
 
 impl Server {
@@ -137,11 +164,11 @@ impl Server {
                     opts.wait_culprits
                         .unwrap_or(vmscope_stat::metrics::DEFAULT_WAIT_TOP),
                 ),
+                fed: false,
             })),
             rolling,
             exports,
             history,
-            shared_io: opts.shared_io.clone(),
         })
     }
 
@@ -171,10 +198,10 @@ impl Server {
         let history = self.history.clone();
         std::thread::scope(|scope| {
             if let Some(h) = &self.history {
-                let (rolling, shared_io) = (self.rolling.as_deref(), &self.shared_io);
+                let (rolling, sampler) = (self.rolling.as_deref(), &self.sampler);
                 std::thread::Builder::new()
                     .name("serve-history".into())
-                    .spawn_scoped(scope, move || h.run(stop, rolling, shared_io))
+                    .spawn_scoped(scope, move || h.run(stop, rolling, sampler))
                     .map_err(|e| eprintln!("vmscope serve: cannot start the history thread: {e}"))
                     .ok();
             }
@@ -286,9 +313,12 @@ pub(crate) fn metrics(
         acc,
         vmstat,
         totals,
+        fed,
     } = &mut *s;
-    if let (Some(iv), _) = acc.sample()? {
-        totals.add(&iv);
+    if !*fed {
+        if let (Some(iv), _) = acc.sample()? {
+            totals.add(&iv);
+        }
     }
     if let Some(v) = vmstat.as_mut() {
         let iv = v.sample()?;
