@@ -407,15 +407,6 @@ fn coverage(
         .map(|(domain, scheduler_s)| {
             let sampled_s = sampled.get(&domain).copied().unwrap_or(0) as f64 / 1e9;
             let ratio = sampled_s / scheduler_s;
-            let low = (ratio < LOW_COVERAGE).then(|| {
-                if lost > 0 {
-                    format!("{lost} samples were lost (ring overflow: a larger -m, a lower rate)")
-                } else if steal.is_some_and(|s| s > 5.0) {
-                    "this host is itself a VM whose CPUs were stolen: its timers fire late and miss the threads' short runs".into()
-                } else {
-                    "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate; report --unsampled shows the gap as a row)".into()
-                }
-            });
             let threads: Vec<ThreadCoverage> = meta
                 .get(&format!("{RUN_THREADS_PREFIX}{domain}"))
                 .map(|text| {
@@ -459,6 +450,17 @@ fn coverage(
                     .filter(|t| t.over_sampled())
                     .map(|t| t.sampled_s - t.scheduler_s)
                     .sum::<f64>();
+            // Flagged by the held time: a VM whose vCPU is under-sampled while
+            // its main loop is over-sampled reads about 100 % raw.
+            let low = (held_s / scheduler_s < LOW_COVERAGE).then(|| {
+                if lost > 0 {
+                    format!("{lost} samples were lost (ring overflow: a larger -m, a lower rate)")
+                } else if steal.is_some_and(|s| s > 5.0) {
+                    "this host is itself a VM whose CPUs were stolen: its timers fire late and miss the threads' short runs".into()
+                } else {
+                    "its threads ran in bursts shorter than the sampling period: the timer missed them (a higher rate; report --unsampled shows the gap as a row)".into()
+                }
+            });
             Coverage {
                 domain,
                 sampled_s,

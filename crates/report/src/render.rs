@@ -221,8 +221,16 @@ pub fn header_lines(r: &Report) -> Vec<String> {
     }
     // What share of each domain's run time its samples stand for.
     for c in &r.coverage {
+        let held = if (c.held_s - c.sampled_s).abs() > 1e-9 {
+            format!(
+                ", {:.1} % held to the threads' run times",
+                100.0 * c.held_s / c.scheduler_s
+            )
+        } else {
+            String::new()
+        };
         v.push(format!(
-            "# coverage  {}: {:.1} % ({:.3} s sampled of {:.3} s its threads ran){}",
+            "# coverage  {}: {:.1} % ({:.3} s sampled of {:.3} s its threads ran{held}){}",
             vmscope_model::text::visible(&c.domain),
             100.0 * c.ratio,
             c.sampled_s,

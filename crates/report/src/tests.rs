@@ -557,6 +557,12 @@ fn over_sampled_threads_are_held_to_their_run_time() {
         text.contains("# coverage  vm1: OVER-SAMPLED: p sampled"),
         "{text}"
     );
+    // 200 % raw, but held to the threads' run times 40 %: flagged LOW.
+    assert!(c.low.is_some(), "{c:?}");
+    assert!(
+        text.contains("# coverage  vm1: 200.0 % (0.020 s sampled of 0.010 s its threads ran, 40.0 % held to the threads' run times); LOW, likely: "),
+        "{text}"
+    );
     let vm1_rows = |r: &Report| -> Vec<(String, u64)> {
         r.rows
             .iter()

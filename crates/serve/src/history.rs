@@ -1,6 +1,7 @@
 //! `serve --history DIR`: the flight recorder's thread. Every interval
-//! (1 s by default) it samples the host as `top` does (an accountant of
-//! its own), takes the rolling profile's slices since the last interval
+//! (1 s by default) it samples the host as `top` does (the accountant
+//! `/metrics` reads, whose totals it feeds: scrapes then sample nothing
+//! themselves), takes the rolling profile's slices since the last interval
 //! (with `--profile`), builds `top`'s frame from them with `top`'s own
 //! builders (`vmscope_top::live::frame_of`, `top_functions_of` over the last
 //! `--window` intervals) and hands the frame, each domain's timeline row,
