@@ -16,6 +16,9 @@ pub struct AgentProfiler {
     hello: AgentHello,
     /// Overhead budget sent with `profile_start`, parts per million.
     budget_ppm: Option<u32>,
+    /// Rows of a poll whose later messages (`more`) did not come in time:
+    /// kept for the late answer, so a slow agent's rows are not lost.
+    held: Option<ProfileDelta>,
 }
 
 /// Why a VM's agent could not be used.
@@ -54,11 +57,37 @@ impl AgentProfiler {
                 source,
             })?;
         Ok(AgentProfiler {
+            held: None,
             budget_ppm: None,
             domain: domain.to_string(),
             client,
             hello,
         })
+    }
+
+    /// A poll's answer and what the agent still holds (`more`: bounded
+    /// messages, at most 16 more), added to rows held from a poll whose
+    /// later messages were late. A timeout keeps what came for the late rest.
+    fn drain(&mut self, got: ProfileDelta, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
+        let mut d = match self.held.take() {
+            Some(mut held) => {
+                held.absorb(got);
+                held
+            }
+            None => got,
+        };
+        let mut rounds = 0;
+        while d.more && rounds < 16 {
+            match self.client.profile_poll(timeout) {
+                Ok(next) => d.absorb(next),
+                Err(e) => {
+                    self.held = Some(d);
+                    return Err(e);
+                }
+            }
+            rounds += 1;
+        }
+        Ok(convert(d))
     }
 
     /// What the agent said in its hello (protocol version, capabilities).
@@ -146,25 +175,13 @@ impl GuestProfiler for AgentProfiler {
     }
 
     fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
-        let mut d = self.client.profile_poll(timeout)?;
-        // Drain what the agent still holds (bounded messages).
-        let mut rounds = 0;
-        while d.more && rounds < 16 {
-            let next = self.client.profile_poll(timeout)?;
-            d.rows.extend(next.rows);
-            d.lost += next.lost;
-            d.more = next.more;
-            d.cost = match (d.cost, next.cost) {
-                (Some(a), Some(b)) => Some(vmscope_protocol::DeltaCost {
-                    cost_ns: a.cost_ns + b.cost_ns,
-                    capacity_ns: a.capacity_ns + b.capacity_ns,
-                    rate_hz: b.rate_hz,
-                }),
-                (a, b) => b.or(a),
-            };
-            rounds += 1;
-        }
-        Ok(convert(d))
+        let first = self.client.profile_poll(timeout)?;
+        self.drain(first, timeout)
+    }
+
+    fn poll_late(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
+        let late = self.client.profile_poll_late(timeout)?;
+        self.drain(late, timeout)
     }
 
     fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError> {
@@ -188,6 +205,8 @@ mod tests {
         GarbageOnStart,
         GarbageOnPoll,
         SilentOnPoll,
+        /// The first poll answered after 5.5 s: a busy guest.
+        SlowFirstPoll,
     }
 
     /// A guest agent played by a thread over a real Unix socket: correct
@@ -200,6 +219,7 @@ mod tests {
                 return;
             };
             let mut dec = Decoder::new();
+            let mut slowed = false;
             let mut buf = [0u8; 65536];
             loop {
                 let n = match s.read(&mut buf) {
@@ -236,6 +256,30 @@ mod tests {
                             continue;
                         }
                         Request::ProfilePoll {} if how == Misbehave::SilentOnPoll => continue,
+                        Request::ProfilePoll {} if how == Misbehave::SlowFirstPoll && !slowed => {
+                            slowed = true;
+                            std::thread::sleep(Duration::from_millis(5500));
+                            Response::ProfileData {
+                                seq: 1,
+                                rows: vec![vmscope_protocol::ProfileRow {
+                                    event: 0,
+                                    context: "guest-user".into(),
+                                    process: "app".into(),
+                                    image: "/bin/app".into(),
+                                    symbol: "late".into(),
+                                    stack: String::new(),
+                                    cpu: Some(0),
+                                    samples: 7,
+                                    period: 1_000_000,
+                                }],
+                                samples: 7,
+                                lost: 0,
+                                t_ns: 2,
+                                more: false,
+                                last: false,
+                                cost: None,
+                            }
+                        }
                         Request::ProfilePoll {} | Request::ProfileStop {} => {
                             let last = matches!(env.msg, Request::ProfileStop {});
                             Response::ProfileData {
@@ -327,5 +371,49 @@ mod tests {
             good_rows >= 5,
             "the good agent kept streaming: {good_rows} rows"
         );
+    }
+
+    #[test]
+    fn a_slow_agent_is_waited_for_and_its_late_rows_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = fake_agent(dir.path(), "slow", Misbehave::SlowFirstPoll);
+        let g = AgentProfiler::connect("slow", &sock, Duration::from_secs(5)).unwrap();
+        let ev = vec![EventSpec::parse("cpu-clock", 1000).unwrap()];
+        let armed = arm_all(vec![Box::new(g)], &ev, false, Duration::from_secs(2));
+        let ready: Vec<_> = armed.into_iter().filter_map(|a| a.result.ok()).collect();
+        assert_eq!(ready.len(), 1);
+        let pollers = GuestPollers::spawn(ready, Duration::from_millis(50), Instant::now());
+        std::thread::sleep(Duration::from_millis(6500));
+        let events: Vec<GuestEvent> = pollers.stop().try_iter().collect();
+        assert!(
+            !events.iter().any(|e| matches!(e, GuestEvent::Lost { .. })),
+            "{events:?}"
+        );
+        let late_rows: u64 = events
+            .iter()
+            .filter_map(|e| match e {
+                GuestEvent::Delta { delta, .. } => Some(
+                    delta
+                        .rows
+                        .iter()
+                        .filter(|r| r.symbol == "late")
+                        .map(|r| r.samples)
+                        .sum::<u64>(),
+                ),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(late_rows, 7, "{events:?}");
+        let waited = events.iter().find_map(|e| match e {
+            GuestEvent::Late { waited, .. } => Some(*waited),
+            _ => None,
+        });
+        assert!(
+            waited.is_some_and(|w| w >= Duration::from_millis(5400)),
+            "{waited:?}"
+        );
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, GuestEvent::Stopped { .. })));
     }
 }

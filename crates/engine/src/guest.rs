@@ -52,6 +52,14 @@ pub trait GuestProfiler: Send {
     ) -> Result<(), ProtocolError>;
     /// Rows measured since the last call.
     fn poll(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
+    /// After a poll timed out: wait up to `timeout` more for its answer (a
+    /// busy guest answers late; its rows are not lost). By default there is
+    /// no late answer.
+    fn poll_late(&mut self, _timeout: Duration) -> Result<GuestDelta, ProtocolError> {
+        Err(ProtocolError::Timeout {
+            what: "agent response".into(),
+        })
+    }
     /// Stop sampling; the last rows.
     fn stop(&mut self, timeout: Duration) -> Result<GuestDelta, ProtocolError>;
     /// Ask the guest to keep its profiling within `budget` (a fraction of
@@ -75,7 +83,27 @@ pub enum GuestEvent {
     Stopped {
         domain: Arc<str>,
     },
+    /// A poll was answered only after [`POLL_TIMEOUT`] (sent when a VM's
+    /// wait is longer than any before); its rows came late, none lost.
+    Late {
+        domain: Arc<str>,
+        waited: Duration,
+    },
 }
+
+/// How long a poll of an agent waits before it is counted late (and how
+/// long the last exchange at stop may take).
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(5);
+/// A poll's answer is waited for in steps of this long, looking at the stop
+/// flag between them.
+const POLL_STEP: Duration = Duration::from_secs(1);
+/// How long a late poll is waited for before the agent counts as lost. An
+/// emulated guest whose one vCPU runs a busy workload, three profiling
+/// sessions and a file transfer took over 5 s to answer a poll; a poll
+/// given up then lost every guest row of the recording.
+pub const AGENT_SILENCE: Duration = Duration::from_secs(30);
+/// Once the recording stops, how much longer a late poll is waited for.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Outcome of the readiness barrier for one VM.
 pub struct Armed {
@@ -185,7 +213,8 @@ fn poll_loop(
     t0: Instant,
 ) {
     let domain: Arc<str> = g.domain().into();
-    let timeout = Duration::from_secs(5);
+    let timeout = POLL_TIMEOUT;
+    let mut told_late = timeout;
     let mut interval = every;
     let mut last_rate: Option<u64> = None;
     loop {
@@ -220,7 +249,19 @@ fn poll_loop(
             }
             return;
         }
-        match g.poll(timeout) {
+        let asked = Instant::now();
+        let mut got = g.poll(POLL_STEP);
+        if matches!(got, Err(ProtocolError::Timeout { .. })) {
+            got = wait_late(&mut *g, &stop, asked);
+            if got.is_ok() && asked.elapsed() > told_late {
+                told_late = asked.elapsed();
+                let _ = tx.send(GuestEvent::Late {
+                    domain: domain.clone(),
+                    waited: told_late,
+                });
+            }
+        }
+        match got {
             Ok(delta) => {
                 let rate = delta.cost.as_ref().map(|c| c.rate_hz);
                 interval = next_interval(interval, every, longest, last_rate, rate);
@@ -243,6 +284,39 @@ fn poll_loop(
                 });
                 return;
             }
+        }
+    }
+}
+
+/// A poll asked at `asked` that was not answered within a step: its answer
+/// waited for in steps, up to [`AGENT_SILENCE`] since it was asked, or
+/// [`STOP_GRACE`] once `stop` is set.
+fn wait_late(
+    g: &mut dyn GuestProfiler,
+    stop: &AtomicBool,
+    asked: Instant,
+) -> Result<GuestDelta, ProtocolError> {
+    let mut stopped_at: Option<Instant> = None;
+    loop {
+        if stopped_at.is_none() && stop.load(Ordering::Acquire) {
+            stopped_at = Some(Instant::now());
+        }
+        let limit = match stopped_at {
+            Some(t) => (t + STOP_GRACE).min(asked + AGENT_SILENCE),
+            None => asked + AGENT_SILENCE,
+        };
+        let left = limit.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ProtocolError::Timeout {
+                what: format!(
+                    "an answer to a poll ({:.0} s without one)",
+                    asked.elapsed().as_secs_f64()
+                ),
+            });
+        }
+        match g.poll_late(left.min(POLL_STEP)) {
+            Err(ProtocolError::Timeout { .. }) => continue,
+            other => return other,
         }
     }
 }

@@ -383,7 +383,8 @@ impl LiveSession {
                     });
                 }
             }
-            GuestEvent::Stopped { .. } => {}
+            // Rows that came late are booked when they come.
+            GuestEvent::Late { .. } | GuestEvent::Stopped { .. } => {}
         }
     }
 

@@ -888,6 +888,7 @@ impl Recording {
                 agents.take(ev, writer, &mut cost, t0, &mut notes)?;
             }
         }
+        notes.extend(agents.late_notes());
         agents.flush(writer, conv.stats(), true)?;
         notes.extend(cost.finish(writer)?);
         let mut all_warnings = conv.symbolizer_mut().warnings();
@@ -980,11 +981,30 @@ struct AgentBook {
     ended: std::collections::HashSet<String>,
     /// When each VM's agent was lost (seconds since start).
     lost_at: HashMap<String, f64>,
+    /// The longest a poll of each VM's agent waited for its late answer.
+    late: HashMap<String, Duration>,
     /// Time origin of the session's seconds (the converter's).
     t0: Option<Instant>,
 }
 
 impl AgentBook {
+    /// One note per VM whose agent answered a poll late (and was not lost).
+    fn late_notes(&self) -> Vec<String> {
+        let mut v: Vec<_> = self
+            .late
+            .iter()
+            .filter(|(d, _)| !self.lost_at.contains_key(*d))
+            .map(|(d, w)| {
+                format!(
+                    "VM {d}: its agent answered a poll only after {:.1} s (a busy guest); its rows came late, none lost",
+                    w.as_secs_f64()
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The session's second now (rows are booked in it).
     fn second(&self) -> u32 {
         self.t0.map_or(0, |t| {
@@ -1027,6 +1047,10 @@ impl AgentBook {
                         detail: format!("{det}; agent lost: {why}"),
                     })?;
                 }
+            }
+            GuestEvent::Late { domain, waited } => {
+                let w = self.late.entry(domain.to_string()).or_default();
+                *w = (*w).max(waited);
             }
             GuestEvent::Stopped { .. } => {}
         }

@@ -127,7 +127,8 @@ pub struct ProfileDelta {
 }
 
 impl ProfileDelta {
-    fn absorb(&mut self, other: ProfileDelta) {
+    /// Adds a later message of the same session: rows, counts and cost.
+    pub fn absorb(&mut self, other: ProfileDelta) {
         self.seq = other.seq;
         self.rows.extend(other.rows);
         self.samples += other.samples;
@@ -168,6 +169,10 @@ pub struct AgentClient<T: Transport> {
     next_id: u64,
     hello: AgentHello,
     ignored_frames: u64,
+    /// The request whose answer did not come before its deadline: a slow
+    /// agent's answer still arrives, and [`AgentClient::wait_late`] takes it
+    /// rather than letting the next request's wait skip it.
+    late: Option<u64>,
 }
 
 impl<T: Transport> AgentClient<T> {
@@ -185,6 +190,7 @@ impl<T: Transport> AgentClient<T> {
             next_id: (random_u64() >> 12) | 1,
             hello: placeholder_hello(),
             ignored_frames: 0,
+            late: None,
         };
         let req = Request::Hello {
             nonce,
@@ -406,33 +412,19 @@ impl<T: Transport> AgentClient<T> {
         Ok(all)
     }
 
+    /// Waits up to `timeout` more for the poll that timed out last
+    /// ([`AgentClient::wait_late`]): a busy guest's rows, late, not lost.
+    pub fn profile_poll_late(&mut self, timeout: Duration) -> Result<ProfileDelta, ProtocolError> {
+        let resp = self.wait_late(timeout)?;
+        profile_delta(resp)
+    }
+
     fn profile_data(
         &mut self,
         req: &Request,
         timeout: Duration,
     ) -> Result<ProfileDelta, ProtocolError> {
-        match self.request(req, timeout)? {
-            Response::ProfileData {
-                seq,
-                rows,
-                samples,
-                lost,
-                t_ns,
-                more,
-                last,
-                cost,
-            } => Ok(ProfileDelta {
-                seq,
-                rows,
-                samples,
-                lost,
-                t_ns,
-                more,
-                last,
-                cost,
-            }),
-            other => Err(unexpected("profile_data", &other)),
-        }
+        profile_delta(self.request(req, timeout)?)
     }
 
     /// The guest's `/proc/kallsyms` text and `/proc/modules` names, fetched
@@ -482,8 +474,30 @@ impl<T: Transport> AgentClient<T> {
     /// for message types added later.
     pub fn request(&mut self, req: &Request, timeout: Duration) -> Result<Response, ProtocolError> {
         let deadline = Instant::now() + timeout;
+        self.late = None;
         let id = self.send(req, deadline)?;
-        match self.wait_for(deadline, |got, _| got == id)? {
+        self.answer_to(id, deadline)
+    }
+
+    /// Waits up to `timeout` more for the answer to the request that timed
+    /// out last (the agent may only be slow: a guest whose CPUs are busy).
+    /// Another timeout keeps it waiting; any other outcome ends the wait.
+    pub fn wait_late(&mut self, timeout: Duration) -> Result<Response, ProtocolError> {
+        let Some(id) = self.late else {
+            return Err(ProtocolError::malformed(
+                "no request waits for a late answer",
+            ));
+        };
+        self.answer_to(id, Instant::now() + timeout)
+    }
+
+    fn answer_to(&mut self, id: u64, deadline: Instant) -> Result<Response, ProtocolError> {
+        let got = self.wait_for(deadline, |got, _| got == id);
+        self.late = match &got {
+            Err(ProtocolError::Timeout { .. }) => Some(id),
+            _ => None,
+        };
+        match got? {
             Response::Error { kind, message } => Err(ProtocolError::Remote { kind, message }),
             other => Ok(other),
         }
@@ -608,4 +622,30 @@ fn unexpected(wanted: &str, got: &Response) -> ProtocolError {
         Response::Unknown { type_name } => type_name.as_str(),
     };
     ProtocolError::malformed(format!("expected {wanted}, agent answered {name}"))
+}
+
+/// A `profile_data` answer as a delta; anything else is unexpected.
+fn profile_delta(resp: Response) -> Result<ProfileDelta, ProtocolError> {
+    match resp {
+        Response::ProfileData {
+            seq,
+            rows,
+            samples,
+            lost,
+            t_ns,
+            more,
+            last,
+            cost,
+        } => Ok(ProfileDelta {
+            seq,
+            rows,
+            samples,
+            lost,
+            t_ns,
+            more,
+            last,
+            cost,
+        }),
+        other => Err(unexpected("profile_data", &other)),
+    }
 }
