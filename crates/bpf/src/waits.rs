@@ -52,7 +52,7 @@ pub struct Charge {
     pub waiter: u32,
     /// A tid; 0 idle; [`UNKNOWN_TID`], [`OTHER_TID`].
     pub culprit: u32,
-    /// The culprit's comm when it was first charged (NUL-padded).
+    /// The culprit's comm when it was last charged (NUL-padded).
     pub comm: [u8; 16],
     pub ns: u64,
 }

@@ -356,3 +356,86 @@ fn ten_thousand_host_threads_are_named_to_the_bound_and_the_rest_counted() {
         );
     }
 }
+
+/// A culprit that a shell starts and then becomes another program (fork,
+/// busy in `sh`, exec `python3`), pinned beside a busy loop within one
+/// interval: the eBPF source names it by its latest name, as `ps` would;
+/// the rings, beside it, split its time by the name it had at each switch.
+#[test]
+fn a_culprit_that_execs_is_named_by_its_latest_name() {
+    use vmscope_stat::wait_source::{WaitChoice, WaitSource};
+    let _cpu0 = CPU0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !vmscope_testkit::require_root("loading eBPF programs")
+        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
+    {
+        return;
+    }
+    let mut bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
+    let mut rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    let busy = busy_on_cpu0();
+    let pa = busy.0.id();
+    std::thread::sleep(Duration::from_millis(300));
+    for s in [&mut bpf, &mut rings] {
+        s.follow(vec![pa]);
+    }
+    let now = clock_monotonic_ns();
+    bpf.take(now);
+    rings.take(now);
+    // taskset execs sh, and sh execs python3: one pid throughout.
+    let culprit = Kill(
+        Command::new("taskset")
+            .args([
+                "-c",
+                "0",
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; exec python3 -c 'while True: pass'",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("taskset sh"),
+    );
+    let pc = culprit.0.id();
+    // Until python3 runs, and a second more of it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(format!("/proc/{pc}/comm"))
+        .map_or(true, |c| c.trim() != "python3")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pc} never became python3"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let now = clock_monotonic_ns();
+    let (wb, _) = bpf.take(now);
+    let (wr, _) = rings.take(now);
+    let names = |w: &std::collections::HashMap<u32, vmscope_stat::wait::ThreadWait>| {
+        let mut v: Vec<(String, u64)> = w
+            .get(&pa)
+            .map(|t| {
+                t.by_culprit
+                    .iter()
+                    .filter(|(c, _)| c.tid == pc)
+                    .map(|(c, n)| (c.comm.to_string(), *n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let (b, r) = (names(&wb), names(&wr));
+    println!("culprit pid {pc}: eBPF {b:?}; rings {r:?}");
+    assert!(
+        r.iter().any(|(n, _)| n == "sh") && r.iter().any(|(n, _)| n == "python3"),
+        "the rings saw it as sh and then python3: {r:?}"
+    );
+    assert_eq!(
+        b.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["python3"],
+        "eBPF: {b:?}"
+    );
+}

@@ -219,7 +219,7 @@ struct wait_key {
 
 struct wait_val {
 	__u64 ns;
-	char comm[COMM_LEN]; // the culprit's, when first charged
+	char comm[COMM_LEN]; // the culprit's, when last charged
 };
 
 struct {
@@ -305,6 +305,10 @@ static __always_inline void charge(__u32 waiter, __u32 culprit,
 	struct wait_val *v = bpf_map_lookup_elem(&waits, &k);
 	if (v) {
 		__sync_fetch_and_add(&v->ns, ns);
+		// The latest name: a culprit forked by a shell and then exec'd
+		// was named by the shell's comm for the whole interval.
+		if (comm)
+			__builtin_memcpy(v->comm, comm, COMM_LEN);
 		return;
 	}
 	// A new culprit of this waiter: within its bound, else OTHER.
