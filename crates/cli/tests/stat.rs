@@ -1395,8 +1395,14 @@ fn lab_wait_attribution() {
             // not deliver a waiting thread's switch-in (this host's
             // tracepoint streams have holes; see docs/stat.md): those
             // waits are missing from the split, and said to be.
-            let mut holes = 0;
-            for iv in intervals {
+            // A wait that ends between account's schedstat reads and its
+            // drain of the programs counts in one interval by run_delay and
+            // the next by the split (a CI run: +29 ms in one interval of a
+            // vCPU whose waits were up to 270 ms long): such an interval
+            // must agree with a neighbour's sum instead.
+            let (mut holes, mut shifted) = (0, 0);
+            let near = |a: f64, r: f64| (a - r).abs() <= 0.02 * r + 0.001;
+            for (k, iv) in intervals.iter().enumerate() {
                 let (runnable, attributed, _) = waits_of(iv, name);
                 let said = iv["notes"].as_array().is_some_and(|n| {
                     n.iter().any(|n| {
@@ -1408,14 +1414,24 @@ fn lab_wait_attribution() {
                     holes += 1;
                     continue;
                 }
+                if near(attributed, runnable) {
+                    continue;
+                }
+                let pair = |j: usize| {
+                    intervals.get(j).is_some_and(|other| {
+                        let (r2, a2, _) = waits_of(other, name);
+                        near(attributed + a2, runnable + r2)
+                    })
+                };
                 assert!(
-                    (attributed - runnable).abs() <= 0.02 * runnable + 0.001,
-                    "{phase}: {name} attributed {attributed:.4} s vs account's runnable {runnable:.4} s in {iv}"
+                    pair(k + 1) || (k > 0 && pair(k - 1)),
+                    "{phase}: {name} attributed {attributed:.4} s vs account's runnable {runnable:.4} s in {iv}, and not made up by a neighbouring interval"
                 );
+                shifted += 1;
             }
             eprintln!(
-                "{phase}: {name} within 2 % of account's runnable in {} of {} intervals ({holes} with undelivered switch-ins, said in a note)",
-                intervals.len() - holes,
+                "{phase}: {name} within 2 % of account's runnable in {} of {} intervals ({holes} with undelivered switch-ins, said in a note; {shifted} made up by a neighbour)",
+                intervals.len() - holes - shifted,
                 intervals.len()
             );
         }
