@@ -209,6 +209,30 @@ mod tests {
         SlowFirstPoll,
     }
 
+    /// One row of `samples` samples of `symbol`, as the fake agent answers.
+    fn data(symbol: &str, samples: u64, last: bool) -> Response {
+        Response::ProfileData {
+            seq: 1,
+            rows: vec![vmscope_protocol::ProfileRow {
+                event: 0,
+                context: "guest-user".into(),
+                process: "app".into(),
+                image: "/bin/app".into(),
+                symbol: symbol.into(),
+                stack: String::new(),
+                cpu: Some(0),
+                samples,
+                period: 1_000_000,
+            }],
+            samples,
+            lost: 0,
+            t_ns: 2,
+            more: false,
+            last,
+            cost: None,
+        }
+    }
+
     /// A guest agent played by a thread over a real Unix socket: correct
     /// protocol until the chosen misbehaviour.
     fn fake_agent(dir: &std::path::Path, name: &str, how: Misbehave) -> PathBuf {
@@ -259,49 +283,11 @@ mod tests {
                         Request::ProfilePoll {} if how == Misbehave::SlowFirstPoll && !slowed => {
                             slowed = true;
                             std::thread::sleep(Duration::from_millis(5500));
-                            Response::ProfileData {
-                                seq: 1,
-                                rows: vec![vmscope_protocol::ProfileRow {
-                                    event: 0,
-                                    context: "guest-user".into(),
-                                    process: "app".into(),
-                                    image: "/bin/app".into(),
-                                    symbol: "late".into(),
-                                    stack: String::new(),
-                                    cpu: Some(0),
-                                    samples: 7,
-                                    period: 1_000_000,
-                                }],
-                                samples: 7,
-                                lost: 0,
-                                t_ns: 2,
-                                more: false,
-                                last: false,
-                                cost: None,
-                            }
+                            data("late", 7, false)
                         }
                         Request::ProfilePoll {} | Request::ProfileStop {} => {
                             let last = matches!(env.msg, Request::ProfileStop {});
-                            Response::ProfileData {
-                                seq: 1,
-                                rows: vec![vmscope_protocol::ProfileRow {
-                                    event: 0,
-                                    context: "guest-user".into(),
-                                    process: "app".into(),
-                                    image: "/bin/app".into(),
-                                    symbol: "work".into(),
-                                    stack: String::new(),
-                                    cpu: Some(0),
-                                    samples: 1,
-                                    period: 1_000_000,
-                                }],
-                                samples: 1,
-                                lost: 0,
-                                t_ns: 2,
-                                more: false,
-                                last,
-                                cost: None,
-                            }
+                            data("work", 1, last)
                         }
                         _ => continue,
                     };

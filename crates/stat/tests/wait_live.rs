@@ -9,6 +9,7 @@ use std::time::Duration;
 use vmscope_linux::procfs::ProcRoot;
 use vmscope_linux::{clock_monotonic_ns, SchedEvent, SchedEventRecorder};
 use vmscope_stat::wait::{Culprit, WaitTimeline};
+use vmscope_stat::wait_source::{WaitChoice, WaitSource};
 
 struct Kill(Child);
 impl Drop for Kill {
@@ -31,6 +32,23 @@ fn busy_on_cpu0() -> Kill {
             .spawn()
             .expect("taskset"),
     )
+}
+
+/// CPU 0 held, root and the tools checked, and both wait sources open
+/// side by side: the eBPF programs and the tracepoint rings. `None`: the
+/// test is skipped (said).
+fn both_sources() -> Option<(std::sync::MutexGuard<'static, ()>, WaitSource, WaitSource)> {
+    let cpu0 = CPU0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !vmscope_testkit::require_root("loading eBPF programs")
+        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
+    {
+        return None;
+    }
+    let bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
+    let rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    Some((cpu0, bpf, rings))
 }
 
 #[test]
@@ -138,17 +156,9 @@ fn two_pinned_loops_wait_behind_each_other_as_schedstat_says() {
 /// comparison (their records are stamped after the kernel's clock reads).
 #[test]
 fn ebpf_split_is_run_delay_even_for_short_waits() {
-    use vmscope_stat::wait_source::{WaitChoice, WaitSource};
-    let _cpu0 = CPU0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !vmscope_testkit::require_root("loading eBPF programs")
-        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
-    {
+    let Some((_cpu0, mut bpf, mut rings)) = both_sources() else {
         return;
-    }
-    let mut bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
-    let mut rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    };
     let busy = busy_on_cpu0();
     let sleeper = Kill(
         Command::new("taskset")
@@ -254,19 +264,11 @@ fn ebpf_split_is_run_delay_even_for_short_waits() {
 /// `run_delay` (both sources, side by side in one run).
 #[test]
 fn ten_thousand_host_threads_are_named_to_the_bound_and_the_rest_counted() {
-    use vmscope_stat::wait::{shares, Culprit, MAX_CULPRITS};
-    use vmscope_stat::wait_source::{WaitChoice, WaitSource};
+    use vmscope_stat::wait::{shares, MAX_CULPRITS};
     const THREADS: u64 = 10_000;
-    let _cpu0 = CPU0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !vmscope_testkit::require_root("loading eBPF programs")
-        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
-    {
+    let Some((_cpu0, mut bpf, mut rings)) = both_sources() else {
         return;
-    }
-    let mut bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
-    let mut rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    };
     let busy = busy_on_cpu0();
     let pa = busy.0.id();
     std::thread::sleep(Duration::from_millis(300));
@@ -363,17 +365,9 @@ fn ten_thousand_host_threads_are_named_to_the_bound_and_the_rest_counted() {
 /// the rings, beside it, split its time by the name it had at each switch.
 #[test]
 fn a_culprit_that_execs_is_named_by_its_latest_name() {
-    use vmscope_stat::wait_source::{WaitChoice, WaitSource};
-    let _cpu0 = CPU0
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !vmscope_testkit::require_root("loading eBPF programs")
-        || !vmscope_testkit::require_tools(&[("taskset", "util-linux"), ("python3", "python3")])
-    {
+    let Some((_cpu0, mut bpf, mut rings)) = both_sources() else {
         return;
-    }
-    let mut bpf = WaitSource::open(WaitChoice::Bpf).unwrap_or_else(|e| panic!("{e}"));
-    let mut rings = WaitSource::open(WaitChoice::Tracepoints).unwrap_or_else(|e| panic!("{e}"));
+    };
     let busy = busy_on_cpu0();
     let pa = busy.0.id();
     std::thread::sleep(Duration::from_millis(300));
