@@ -111,8 +111,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (f64::from(abs) + shift - origin).max(0.0) as u32
             }
         };
-        let host = moved(&s.host, &sec);
-        let agent = moved(&s.agent, &sec);
+        let host = s.host.with_seconds(sec);
+        let agent = s.agent.with_seconds(sec);
         let scales = s
             .scales
             .iter()
@@ -161,20 +161,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `p` with each second mapped by `sec`.
-fn moved(p: &Profile, sec: &dyn Fn(u32) -> u32) -> Profile {
-    let mut out = Profile::new();
-    for (k, c) in &p.rows {
-        let mut k = k.clone();
-        k.second = sec(k.second);
-        out.add(k, c.samples, c.period);
-    }
-    for ((s, e, d, c), n) in &p.bins {
-        out.add_bin(sec(*s), *e, d.clone(), *c, *n);
-    }
-    out
-}
-
 type Seed = (
     Vec<SeedInterval>,
     Vec<(String, String)>,
@@ -193,19 +179,11 @@ fn read_seed(dir: &std::path::Path) -> Result<Seed, Box<dyn std::error::Error>> 
         return Err(format!("{}: no interval recorded", dir.display()).into());
     };
     let docs = h.frames(a - 1.0, b + 1.0)?;
-    let mut by_ms: BTreeMap<u64, Vec<TimelineRow>> = BTreeMap::new();
-    for r in h.timeline(a - 1.0, b + 1.0, 1e-3)? {
-        by_ms
-            .entry((r.t_end * 1000.0).round() as u64)
-            .or_default()
-            .push(r);
-    }
+    let timeline = h.timeline(a - 1.0, b + 1.0, 1e-3)?;
     let mut out: Vec<SeedInterval> = docs
         .into_iter()
         .map(|d| SeedInterval {
-            timeline: by_ms
-                .remove(&((d.t_end * 1000.0).round() as u64))
-                .unwrap_or_default(),
+            timeline: Vec::new(),
             t_end: d.t_end,
             interval_s: d.interval_s,
             doc: d.doc,
@@ -214,6 +192,21 @@ fn read_seed(dir: &std::path::Path) -> Result<Seed, Box<dyn std::error::Error>> 
             scales: Vec::new(),
         })
         .collect();
+    if out.is_empty() {
+        return Err(format!("{}: no interval document recorded", dir.display()).into());
+    }
+    // Each domain's timeline row goes with the document whose end is
+    // nearest to its own (the timeline's times are bucketed to 1 ms).
+    for r in timeline {
+        let i = out.partition_point(|d| d.t_end < r.t_end);
+        let i = if i == out.len() || (i > 0 && r.t_end - out[i - 1].t_end < out[i].t_end - r.t_end)
+        {
+            i - 1
+        } else {
+            i
+        };
+        out[i].timeline.push(r);
+    }
     let ends: Vec<f64> = out.iter().map(|i| i.t_end).collect();
     // The interval a wall-clock second ended in.
     let owner = |abs: f64| ends.partition_point(|e| *e < abs + 1.0).min(ends.len() - 1);

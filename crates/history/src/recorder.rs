@@ -178,24 +178,13 @@ fn shifted(p: &Profile, offset: u32) -> Profile {
     if offset == 0 {
         return p.clone();
     }
-    let mut out = Profile::new();
-    let sec = |s: u32| {
+    p.with_seconds(|s| {
         if s == UNKNOWN_SLICE {
             s
         } else {
             s.saturating_sub(offset)
         }
-    };
-    for (k, c) in &p.rows {
-        let mut k = k.clone();
-        k.second = sec(k.second);
-        out.add(k, c.samples, c.period);
-    }
-    for ((s, e, d, c), n) in &p.bins {
-        out.add_bin(sec(*s), *e, d.clone(), *c, *n);
-    }
-    out.lost = p.lost.clone();
-    out
+    })
 }
 
 impl Recorder {

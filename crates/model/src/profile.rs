@@ -129,6 +129,23 @@ impl Profile {
         }
     }
 
+    /// A copy with every row's and bin's second mapped by `sec` (lost
+    /// counts kept): a profile moved in time, as a history segment stores
+    /// its rows from its own second 0.
+    pub fn with_seconds(&self, sec: impl Fn(u32) -> u32) -> Profile {
+        let mut out = Profile::new();
+        for (k, c) in &self.rows {
+            let mut k = k.clone();
+            k.second = sec(k.second);
+            out.add(k, c.samples, c.period);
+        }
+        for ((s, e, d, c), n) in &self.bins {
+            out.add_bin(sec(*s), *e, d.clone(), *c, *n);
+        }
+        out.lost = self.lost.clone();
+        out
+    }
+
     pub fn into_rows(self) -> Vec<ProfileRow> {
         let mut v: Vec<ProfileRow> = self
             .rows
