@@ -179,8 +179,13 @@ fn extract_history(args: &ReportArgs) -> anyhow::Result<(tempfile::TempDir, Path
     )?;
     let path = tmp.path().join("history.db");
     let x = h.extract(from.max(first), to.min(last), &path)?;
+    let steps = if x.step > 1 {
+        format!("; its timeline in steps of {} s", x.step)
+    } else {
+        String::new()
+    };
     eprintln!(
-        "vmscope: the history in {} from {} to {}: {} intervals in {} segments (seconds below count from {})",
+        "vmscope: the history in {} from {} to {}: {} intervals in {} segments (seconds below count from {}{steps})",
         dir.display(),
         time::show(from.max(first), args.utc),
         time::show(to.min(last), args.utc),

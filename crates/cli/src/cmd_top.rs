@@ -135,9 +135,7 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
             (from, to, None)
         }
     };
-    let docs = h.frames(from, to + 1e-3)?;
-    let mut frames = Vec::with_capacity(docs.len());
-    for d in docs {
+    let parse_frame = |d: vmscope_history::FrameDoc| -> Result<(f64, vmscope_top::Frame)> {
         let mut f: vmscope_top::Frame = serde_json::from_slice(&d.doc).with_context(|| {
             format!(
                 "{}: a recorded interval at {} does not read as a frame",
@@ -147,28 +145,27 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
         })?;
         f.time_s = d.t_end - from;
         f.at = Some(time::rfc3339(d.t_end, utc));
-        frames.push((d.t_end, f));
-    }
+        Ok((d.t_end, f))
+    };
     // The interval holding --at: the first that ends at or after it (an
     // end up to a tenth of an interval before it counts: a document's time
     // is its interval's end, taken a few milliseconds after the tick).
-    let start = at
-        .map(|t| {
-            frames
-                .iter()
-                .position(|(e, f)| *e >= t - 0.1 * f.interval_s)
-                .unwrap_or(frames.len().saturating_sub(1))
-        })
-        .unwrap_or(0);
-    if frames.is_empty() {
-        return Err(h.outside("the range asked for", utc).into());
-    }
+    let holds_at = |e: f64, f: &vmscope_top::Frame| at.is_none_or(|t| e >= t - 0.1 * f.interval_s);
     crate::signals::install();
     if !a.batch {
-        let start = if at.is_none() {
-            frames.len() - 1
-        } else {
-            start
+        let mut frames = Vec::new();
+        for d in h.frames(from, to + 1e-3)? {
+            frames.push(parse_frame(d)?);
+        }
+        if frames.is_empty() {
+            return Err(h.outside("the range asked for", utc).into());
+        }
+        let start = match at {
+            None => frames.len() - 1,
+            Some(_) => frames
+                .iter()
+                .position(|(e, f)| holds_at(*e, f))
+                .unwrap_or(frames.len() - 1),
         };
         vmscope_top::run_replay(
             frames.into_iter().map(|(_, f)| f).collect(),
@@ -177,6 +174,9 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
+    // Batch mode reads the range a chunk at a time, so a day costs the
+    // memory of a chunk (one frame of 32 VMs inflates to about 0.1 MiB
+    // parsed; a day of them would not fit the 200 MiB bound).
     let view = View {
         functions: a.functions,
         ..View::default()
@@ -184,26 +184,48 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
     let count = a.count.unwrap_or(if at.is_some() { 1 } else { u64::MAX });
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    for (_, frame) in frames
-        .iter()
-        .skip(start)
-        .take(usize::try_from(count).unwrap_or(usize::MAX))
-    {
-        if crate::signals::received().is_some() {
-            break;
+    let mut printed = 0u64;
+    // --at: from a little before it (an interval ending just before counts).
+    let mut lo = at.map_or(from, |t| t - REPLAY_CHUNK.min(60.0));
+    let mut after = f64::NEG_INFINITY;
+    let mut piped = false;
+    'chunks: while printed < count && lo <= to + 1e-3 {
+        let hi = (lo + REPLAY_CHUNK).min(to + 1e-3);
+        for d in h.frames(lo, hi)? {
+            if d.t_end <= after {
+                continue;
+            }
+            let (e, frame) = parse_frame(d)?;
+            if !holds_at(e, &frame) {
+                continue;
+            }
+            if crate::signals::received().is_some() || printed >= count {
+                break 'chunks;
+            }
+            let r = match a.format {
+                TopFormat::Text => vmscope_top::write_text(&frame, &view, &mut out),
+                TopFormat::Json => vmscope_top::write_json(&frame, &mut out),
+            };
+            match r.and_then(|()| out.flush()) {
+                Ok(()) => printed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    piped = true;
+                    break 'chunks;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let r = match a.format {
-            TopFormat::Text => vmscope_top::write_text(frame, &view, &mut out),
-            TopFormat::Json => vmscope_top::write_json(frame, &mut out),
-        };
-        match r.and_then(|()| out.flush()) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
-            Err(e) => return Err(e.into()),
-        }
+        after = hi;
+        lo = hi;
+    }
+    if printed == 0 && !piped && crate::signals::received().is_none() {
+        return Err(h.outside("the range asked for", utc).into());
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Seconds of history batch replay reads at a time.
+const REPLAY_CHUNK: f64 = 300.0;
 
 pub fn run(a: TopArgs) -> Result<ExitCode> {
     if a.freq == 0 {

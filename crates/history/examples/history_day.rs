@@ -179,7 +179,7 @@ fn read_seed(dir: &std::path::Path) -> Result<Seed, Box<dyn std::error::Error>> 
         return Err(format!("{}: no interval recorded", dir.display()).into());
     };
     let docs = h.frames(a - 1.0, b + 1.0)?;
-    let timeline = h.timeline(a - 1.0, b + 1.0, 1e-3)?;
+    let timeline = h.timeline(a - 1.0, b + 1.0, 0.0)?;
     let mut out: Vec<SeedInterval> = docs
         .into_iter()
         .map(|d| SeedInterval {

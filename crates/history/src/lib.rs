@@ -20,7 +20,7 @@ pub mod reader;
 pub mod recorder;
 pub mod time;
 
-pub use reader::{Extracted, History};
+pub use reader::{step_for, Extracted, FrameDoc, History, MOST_STEPS};
 pub use recorder::{HistoryOptions, Interval, Recorder, RecorderState};
 
 use std::path::{Path, PathBuf};

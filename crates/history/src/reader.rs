@@ -33,6 +33,9 @@ struct Segment {
     frames_by: std::cell::OnceCell<Option<String>>,
 }
 
+/// The page cache of each open segment, KiB.
+const SEGMENT_CACHE_KIB: u32 = 256;
+
 /// The largest document a frame may inflate to.
 const FRAME_LIMIT: usize = 64 << 20;
 
@@ -59,8 +62,11 @@ pub struct Extracted {
     /// Wall-clock time of the session's second 0.
     pub start: f64,
     pub seconds: f64,
-    pub intervals: usize,
+    /// Intervals recorded in the range.
+    pub intervals: u64,
     pub segments: usize,
+    /// Seconds per point of its timeline and bins ([`step_for`]).
+    pub step: u32,
 }
 
 impl History {
@@ -117,6 +123,7 @@ impl History {
                 continue;
             }
             let opened = Session::open_compact(&path).and_then(|session| {
+                session.limit_cache(SEGMENT_CACHE_KIB)?;
                 let start = session
                     .meta()?
                     .get("started_at")
@@ -244,7 +251,8 @@ impl History {
     }
 
     /// Each domain's timeline in `[from, to]`, summed over buckets of
-    /// `bucket_s` seconds.
+    /// `bucket_s` seconds (0: each interval as recorded), as
+    /// [`Session::history_timeline`] buckets them.
     pub fn timeline(
         &self,
         from: f64,
@@ -273,20 +281,37 @@ impl History {
     }
 
     /// Write the range `[from, to]` as one session at `out`: the profile
-    /// rows of its whole seconds (host and agents, each active VM's scale
-    /// for exactly those seconds), the domains, build-ids, and each
-    /// interval's timeline as `history` interval rows. Its second 0 is
-    /// `from` (whole seconds).
+    /// rows of its whole seconds summed over the range (host and agents,
+    /// each active VM's scale for exactly those seconds; a report of a
+    /// history range does not slice it again, so their second is the
+    /// unknown one), the domains, build-ids, and the timeline and the
+    /// host's per-second bins in steps of [`step_for`] the range's length
+    /// (1 s up to 24 minutes), the timeline as `history` interval rows.
+    /// Its second 0 is `from` rounded down to a step of the clock (whole
+    /// seconds at 1 s); meta `bin_seconds` is the step. A segment the
+    /// range holds all of is read from its rollup (its rows summed when
+    /// it was closed) when there is one and the step is a multiple of its
+    /// ten seconds, else from its blocks.
+    ///
+    /// Why steps: a day of 1 s intervals of 33 domains is 11.4 million
+    /// interval rows and 5.7 million bins, which took most of the 281 s
+    /// and 879 MiB a report of a generated day (32 VMs) took here when
+    /// each was written as it was recorded; no chart or table shows more
+    /// than about 1,440 points of a range.
     pub fn extract(&self, from: f64, to: f64, out: &Path) -> Result<Extracted, HistoryError> {
-        let start = from.floor();
+        let step = step_for(to - from);
+        // Steps on the clock (the bins of a segment's rollup are per ten
+        // seconds of it).
+        let start = (from / f64::from(step)).floor() * f64::from(step);
         let mut w = SessionWriter::create(out)?;
         let chosen: Vec<&Segment> = self.overlapping(from, to).collect();
         let mut events_set = false;
         let mut domains: BTreeMap<String, DomainRecord> = BTreeMap::new();
         let mut build_ids: BTreeMap<String, String> = BTreeMap::new();
         let mut scales: BTreeMap<(String, u32), (u64, u64, u64)> = BTreeMap::new();
-        let mut intervals = 0;
         let mut meta_done = false;
+        let mut host = Profile::new();
+        let mut agents = Profile::new();
         for s in &chosen {
             let meta = s.session.meta()?;
             if !meta_done {
@@ -309,86 +334,109 @@ impl History {
             // The segment's whole seconds inside the range.
             let first = (from - s.start).floor().max(0.0) as u32;
             let last_f = (to - s.start).ceil() - 1.0;
-            if last_f >= f64::from(first) {
-                let last = last_f as u32;
-                let slice = Slice {
-                    seconds: Some((first, last)),
-                    cpus: None,
-                };
-                // Seconds of the segment as seconds of the range.
-                let shift = s.start - start;
-                let moved = |sec: u32| -> u32 {
-                    if sec == UNKNOWN_SLICE {
-                        return sec;
-                    }
-                    (f64::from(sec) + shift).round().max(0.0) as u32
-                };
-                for (view, agent) in [(View::Host, false), (View::Agent, true)] {
-                    let mut p = Profile::new();
-                    let rows = match s.session.block_rows(agent, first, last)? {
-                        Some(mut rows) => {
-                            // Older segments' rows may be in the tables too.
-                            rows.extend(s.session.rows_in(view, &slice, None)?);
-                            rows
+            if last_f < f64::from(first) {
+                continue;
+            }
+            let last = last_f as u32;
+            // A second of the segment as the start of its step of the range.
+            let shift = s.start - start;
+            let bin_at = |sec: u32| -> u32 {
+                let moved = (f64::from(sec) + shift).round().max(0.0) as u32;
+                moved / step * step
+            };
+            let row_at = |_: u32| UNKNOWN_SLICE;
+            let slice = Slice {
+                seconds: Some((first, last)),
+                cpus: None,
+            };
+            // Older segments' rows may be in the tables too.
+            let tables = |view| -> Result<Vec<vmscope_model::ProfileRow>, HistoryError> {
+                Ok(s.session.rows_in(view, &slice, None)?)
+            };
+            // All of the segment: its rollup, when the steps are made of
+            // its ten seconds.
+            let whole = first == 0
+                && s.span.is_some_and(|(_, b)| to >= b)
+                && step.is_multiple_of(vmscope_store::ROLLUP_SECONDS);
+            let sums = match whole {
+                true => s.session.rollup_sums(&bin_at)?,
+                false => None,
+            };
+            let sums = match sums {
+                Some(sums) => Some(sums),
+                None => s.session.block_sums(first, last, &row_at, &bin_at)?,
+            };
+            let (mut host_rows, mut agent_rows, bins) = if let Some(sums) = sums {
+                (sums.host, sums.agent, sums.bins)
+            } else {
+                let mut bins = Vec::new();
+                for ev in 0..events.len() as u32 {
+                    for (sec, dom, ctx, n) in s.session.bins(ev)? {
+                        if sec >= first && sec <= last {
+                            bins.push((bin_at(sec), ev, dom.into(), ctx.into(), n));
                         }
-                        None => s.session.rows_in(view, &slice, None)?,
-                    };
-                    for r in rows {
-                        let mut k = r.key;
-                        k.second = moved(k.second);
-                        p.add(k, r.samples, r.period);
-                    }
-                    if !agent {
-                        for ev in 0..events.len() as u32 {
-                            for (sec, dom, ctx, n) in s.session.bins(ev)? {
-                                if sec >= first && sec <= last {
-                                    if let Some(c) = vmscope_model::Context::parse(&ctx) {
-                                        p.add_bin(moved(sec), ev, dom.into(), c, n);
-                                    }
-                                }
-                            }
-                        }
-                        w.flush(&p)?;
-                    } else {
-                        w.flush_agent(&p)?;
                     }
                 }
-                for sc in s.session.scale_seconds(first, last)? {
-                    let e = scales.entry((sc.domain, sc.event)).or_default();
-                    e.0 += sc.host_period;
-                    e.1 += sc.agent_period;
-                    e.2 += sc.agent_samples;
+                (Vec::new(), Vec::new(), bins)
+            };
+            host_rows.extend(tables(View::Host)?);
+            agent_rows.extend(tables(View::Agent)?);
+            for (p, rows) in [(&mut host, host_rows), (&mut agents, agent_rows)] {
+                for r in rows {
+                    let mut k = r.key;
+                    k.second = UNKNOWN_SLICE;
+                    p.add(k, r.samples, r.period);
                 }
             }
-            let rows: Vec<IntervalRow> = s
-                .session
-                .history_timeline(from, to + 1e-6, 1e-3)?
-                .into_iter()
-                .flat_map(|r| {
-                    let t1 = r.t_end - start;
-                    let t0 = t1 - r.interval_s;
-                    [
-                        ("cpu", r.cpu_s, "s"),
-                        ("steal", r.steal_s, "s"),
-                        ("io_cpu", r.io_s, "s"),
-                        ("io_ops", r.io_ops, "ops"),
-                    ]
-                    .map(|(metric, value, unit)| IntervalRow {
-                        kind: "history".into(),
-                        t_start: t0,
-                        t_end: t1,
-                        cpu: None,
-                        domain: Some(r.domain.clone()),
-                        vcpu: None,
-                        metric: metric.into(),
-                        value,
-                        unit: unit.into(),
-                    })
-                })
-                .collect();
-            intervals += rows.len() / 4;
-            w.add_intervals(&rows)?;
+            for (sec, ev, dom, ctx, n) in bins {
+                if let Some(c) = vmscope_model::Context::parse(&ctx) {
+                    host.add_bin(sec, ev, dom, c, n);
+                }
+            }
+            for sc in s.session.scale_seconds(first, last)? {
+                let e = scales.entry((sc.domain, sc.event)).or_default();
+                e.0 += sc.host_period;
+                e.1 += sc.agent_period;
+                e.2 += sc.agent_samples;
+            }
         }
+        w.flush(&host)?;
+        w.flush_agent(&agents)?;
+        drop((host, agents));
+        // The timeline in steps, summed across segments; each interval as
+        // recorded at 1 s.
+        let bucket = if step == 1 { 0.0 } else { f64::from(step) };
+        // (Steps of the clock, as `start` is.)
+        let mut intervals = 0;
+        for s in &chosen {
+            intervals += s.session.history_intervals(from, to + 1e-6)?;
+        }
+        let rows: Vec<IntervalRow> = self
+            .timeline(from, to + 1e-6, bucket)?
+            .into_iter()
+            .flat_map(|r| {
+                let t1 = r.t_end - start;
+                let t0 = t1 - r.interval_s;
+                [
+                    ("cpu", r.cpu_s, "s"),
+                    ("steal", r.steal_s, "s"),
+                    ("io_cpu", r.io_s, "s"),
+                    ("io_ops", r.io_ops, "ops"),
+                ]
+                .map(|(metric, value, unit)| IntervalRow {
+                    kind: "history".into(),
+                    t_start: t0,
+                    t_end: t1,
+                    cpu: None,
+                    domain: Some(r.domain.clone()),
+                    vcpu: None,
+                    metric: metric.into(),
+                    value,
+                    unit: unit.into(),
+                })
+            })
+            .collect();
+        w.add_intervals(&rows)?;
         if !domains.contains_key("host") {
             w.upsert_domain(&DomainRecord {
                 domain: vmscope_model::Domain::host(),
@@ -421,6 +469,7 @@ impl History {
             ("source", crate::SOURCE.to_string()),
             ("started_at", format!("{start:.3}")),
             ("duration_s", format!("{seconds:.3}")),
+            ("bin_seconds", step.to_string()),
             (
                 "history_range",
                 format!("{} to {}", time::show(from, false), time::show(to, false)),
@@ -434,8 +483,24 @@ impl History {
             seconds,
             intervals,
             segments: chosen.len(),
+            step,
         })
     }
+}
+
+/// The most points a range's timeline and bins are written as.
+pub const MOST_STEPS: f64 = 1440.0;
+
+/// The step of a range of `seconds` (its timeline and bins in
+/// [`History::extract`]): the shortest of 1, 2, 5, 10, 30 s, 1, 2, 5, 10,
+/// 30 min and 1 h that makes at most [`MOST_STEPS`] of them (from 10 s on
+/// each a multiple of a rollup's ten seconds).
+pub fn step_for(seconds: f64) -> u32 {
+    const STEPS: [u32; 11] = [1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600];
+    STEPS
+        .into_iter()
+        .find(|s| seconds / f64::from(*s) <= MOST_STEPS)
+        .unwrap_or(3600)
 }
 
 /// The documents of `all` (a segment's frames in the order written, each

@@ -109,6 +109,32 @@ struct Segment {
     first_doc: Option<Vec<u8>>,
     last_doc: Option<Vec<u8>>,
     docs: usize,
+    /// Its host and agent rows summed so far, kept as its rollup when it
+    /// is closed (vmscope_store's `set_row_rollup`).
+    rollup: [Profile; 2],
+}
+
+impl Segment {
+    /// Add an interval's rows (as stored: seconds of the segment) to the
+    /// rollup: rows over all seconds, bins per ten seconds of the clock.
+    fn roll_up(&mut self, p: &Profile, agent: bool) {
+        let r = &mut self.rollup[usize::from(agent)];
+        for (k, c) in &p.rows {
+            let mut k = k.clone();
+            k.second = UNKNOWN_SLICE;
+            r.add(k, c.samples, c.period);
+        }
+        let ten = f64::from(vmscope_store::ROLLUP_SECONDS);
+        for ((sec, ev, dom, ctx), n) in &p.bins {
+            let at = if *sec == UNKNOWN_SLICE {
+                *sec
+            } else {
+                let wall = self.start + f64::from(*sec);
+                ((wall / ten).floor() * ten - self.start).max(0.0).round() as u32
+            };
+            r.add_bin(at, *ev, dom.clone(), *ctx, *n);
+        }
+    }
 }
 
 /// The recorder of one history directory.
@@ -348,15 +374,16 @@ impl Recorder {
                 ..s.clone()
             })
             .collect();
+        let host = iv.host.map(|h| shifted(h, offset));
+        let agent = iv.agent.map(|a| shifted(a, offset));
         seg.writer.batch(|w| -> Result<(), HistoryError> {
             w.add_history_interval(iv.t_end, iv.interval_s, &doc, &timeline)?;
             // Rows as blocks (vmscope_store's `blocks`): a tenth of the
             // bytes of the row tables.
-            if let Some(h) = iv.host {
-                w.add_row_block(&shifted(h, offset), false)?;
-            }
-            if let Some(a) = iv.agent {
-                w.add_row_block(&shifted(a, offset), true)?;
+            for (p, agent) in [(&host, false), (&agent, true)] {
+                if let Some(p) = p {
+                    w.add_row_block(p, agent)?;
+                }
             }
             if !scales.is_empty() {
                 w.add_scale_seconds(&scales)?;
@@ -373,6 +400,11 @@ impl Recorder {
         })?;
         if domains.is_some() {
             seg.domains = self.domains.len();
+        }
+        for (p, agent) in [(&host, false), (&agent, true)] {
+            if let Some(p) = p {
+                seg.roll_up(p, agent);
+            }
         }
         // Stored: the dictionaries of the documents after it.
         if seg.first_doc.is_none() {
@@ -430,6 +462,7 @@ impl Recorder {
                     first_doc: None,
                     last_doc: None,
                     docs: 0,
+                    rollup: Default::default(),
                 });
                 self.retain();
                 Ok(())
@@ -444,7 +477,22 @@ impl Recorder {
 
     /// Close the open segment (clean stop, log folded in).
     fn close_segment(&mut self) {
-        if let Some(s) = self.open.take() {
+        if let Some(mut s) = self.open.take() {
+            // Its rows summed, for ranges that hold all of it; a segment
+            // closed without them (killed, or this failing) is read from
+            // its blocks.
+            let rolled = (|| -> Result<(), vmscope_store::StoreError> {
+                s.writer.set_row_rollup(&s.rollup[0], false)?;
+                s.writer.set_row_rollup(&s.rollup[1], true)?;
+                s.writer.set_meta(
+                    vmscope_store::ROLLUP_META,
+                    &vmscope_store::ROLLUP_SECONDS.to_string(),
+                )
+            })();
+            if let Err(e) = rolled {
+                self.notes
+                    .push(format!("history: the rollup of {}: {e}", s.path.display()));
+            }
             if let Err(e) = s.writer.close(true) {
                 self.notes
                     .push(format!("history: closing {}: {e}", s.path.display()));

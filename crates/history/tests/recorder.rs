@@ -239,3 +239,148 @@ fn chained_documents_read_back_from_any_range() {
         r#"{"t":3003,"domains":[{"name":"vm0","cpu_pct":3.7,"functions":["f3","g"]}]}"#
     );
 }
+
+/// A host profile of one second: `rows` functions and the bin that counts them.
+fn binned(second: u32, rows: usize) -> Profile {
+    let mut p = profile(second, rows, 0);
+    p.add_bin(
+        second,
+        0,
+        Arc::from("vm0"),
+        Context::GuestKernel,
+        rows as u64,
+    );
+    p
+}
+
+#[test]
+fn a_long_range_is_extracted_in_steps_and_loses_no_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = HistoryOptions::new(tmp.path().to_path_buf());
+    opts.segment = Duration::from_secs(600);
+    let mut r = Recorder::open(opts).unwrap();
+    let origin = 50_000.0;
+    r.set_profile(ProfileInfo {
+        origin,
+        events: vec![SessionEvent {
+            name: "cpu-clock".into(),
+            period: None,
+            frequency: Some(99),
+        }],
+        callchain: true,
+    });
+    // 3,000 intervals of 1 s in 5 segments, 3 rows of one sample each.
+    let n = 3000u32;
+    for i in 0..n {
+        let p = binned(i, 3);
+        append(&mut r, origin + f64::from(i + 1), Some(&p));
+    }
+    r.close();
+    assert!(vmscope_history::segments(tmp.path()).unwrap().len() >= 5);
+    let h = History::open(tmp.path()).unwrap();
+    let (first, last) = h.span().unwrap();
+    let read = |from: f64, to: f64| {
+        let out = tmp.path().join(format!("range-{from}-{to}.db"));
+        let x = h.extract(from, to, &out).unwrap();
+        (x, vmscope_store::Session::open(&out).unwrap())
+    };
+    let (x, s) = read(first, last);
+    assert_eq!((x.intervals, x.step), (3000, 5));
+    assert_eq!(s.meta().unwrap()["bin_seconds"], "5");
+    // Every sample, summed to one row per key (the functions and CPUs).
+    let rows = s
+        .rows_in(vmscope_store::View::Host, &Default::default(), None)
+        .unwrap();
+    assert_eq!(rows.iter().map(|r| r.samples).sum::<u64>(), 3 * 3000);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    // The bins in 600 steps of 5 s, each holding its 5 seconds.
+    let bins = s.bins(0).unwrap();
+    assert_eq!(bins.len(), 600);
+    assert!(bins.iter().all(|b| b.0 % 5 == 0 && b.3 == 15), "{bins:?}");
+    // The timeline: 600 steps of vm0, its CPU 0.5 s a second throughout.
+    let iv = s.intervals(Some("history")).unwrap();
+    let cpu: Vec<_> = iv.iter().filter(|r| r.metric == "cpu").collect();
+    assert_eq!(cpu.len(), 600);
+    let total: f64 = cpu.iter().map(|r| r.value).sum();
+    assert!((total - 1500.0).abs() < 1e-6, "{total}");
+    // A short range keeps each interval, and its seconds' samples only.
+    let (x, s) = read(origin + 100.0, origin + 200.0);
+    assert_eq!((x.intervals, x.step), (101, 1));
+    let rows = s
+        .rows_in(vmscope_store::View::Host, &Default::default(), None)
+        .unwrap();
+    assert_eq!(rows.iter().map(|r| r.samples).sum::<u64>(), 3 * 100);
+    assert_eq!(s.intervals(Some("history")).unwrap().len(), 4 * 101);
+}
+
+#[test]
+fn a_closed_segment_rollup_sums_what_its_blocks_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut opts = HistoryOptions::new(tmp.path().to_path_buf());
+    opts.segment = Duration::from_secs(100);
+    let mut r = Recorder::open(opts).unwrap();
+    let origin = 70_003.0;
+    r.set_profile(ProfileInfo {
+        origin,
+        events: vec![SessionEvent {
+            name: "cpu-clock".into(),
+            period: None,
+            frequency: Some(99),
+        }],
+        callchain: true,
+    });
+    for i in 0..250u32 {
+        let mut p = binned(i, 2 + (i % 3) as usize);
+        p.add(
+            AggKey {
+                event: 0,
+                domain: Arc::from("host"),
+                context: Context::HostKernel,
+                process: Arc::from("kworker"),
+                image: Arc::from("[kernel.kallsyms]"),
+                symbol: Arc::from("flush"),
+                stack: Arc::from(""),
+                srcline: Arc::from(""),
+                second: i,
+                cpu: 1,
+            },
+            u64::from(i % 4),
+            u64::from(i % 4) * 1_000,
+        );
+        append(&mut r, origin + f64::from(i + 1), Some(&p));
+    }
+    r.close();
+    let segs = vmscope_history::segments(tmp.path()).unwrap();
+    assert!(segs.len() >= 3, "{segs:?}");
+    for (_, path) in segs {
+        let s = vmscope_store::Session::open_compact(&path).unwrap();
+        let start: f64 = s.meta().unwrap()["started_at"].parse().unwrap();
+        // Each second as the first of its ten on the clock (at least 0).
+        let ten =
+            |sec: u32| (((start + f64::from(sec)) / 10.0).floor() * 10.0 - start).max(0.0) as u32;
+        let by_tens = |sec: u32| ten(sec);
+        let sorted = |mut v: Vec<vmscope_model::ProfileRow>| {
+            v.sort_by(|a, b| a.key.cmp(&b.key));
+            v.into_iter()
+                .map(|r| (r.key, r.samples, r.period))
+                .collect::<Vec<_>>()
+        };
+        let rolled = s
+            .rollup_sums(&|x| x)
+            .unwrap()
+            .expect("a closed segment has a rollup");
+        let blocks = s
+            .block_sums(0, u32::MAX - 1, &|_| vmscope_model::UNKNOWN_SLICE, &by_tens)
+            .unwrap()
+            .unwrap();
+        assert!(!blocks.host.is_empty());
+        assert_eq!(
+            sorted(rolled.host),
+            sorted(blocks.host),
+            "{}",
+            path.display()
+        );
+        assert_eq!(sorted(rolled.agent), sorted(blocks.agent));
+        assert_eq!(rolled.bins, blocks.bins, "{}", path.display());
+    }
+}

@@ -93,16 +93,19 @@ fn timeline(
     for (sec, dom, _ctx, n) in bins {
         *per.entry(dom).or_default().entry(sec).or_default() += n;
     }
-    let duration = session
-        .meta()?
-        .get("duration_s")
-        .and_then(|d| d.parse::<f64>().ok());
+    let meta = session.meta()?;
+    let duration = meta.get("duration_s").and_then(|d| d.parse::<f64>().ok());
+    // A history range's bins are per step (vmscope_history's extract).
+    let step = meta
+        .get("bin_seconds")
+        .and_then(|d| d.parse::<u32>().ok())
+        .unwrap_or(1);
     // cpu-clock at F Hz: samples per second / F = CPUs busy.
     let (scale, label) = match (is_clock, frequency) {
         (true, Some(f)) if f > 0 => (1.0 / f as f64, "CPUs busy (samples per second / frequency)"),
         _ => (1.0, "samples per second"),
     };
-    let series: Vec<(String, Vec<(f64, f64)>)> = overtime::bin_spans(&per, duration)
+    let series: Vec<(String, Vec<(f64, f64)>)> = overtime::bin_spans(&per, duration, step)
         .into_iter()
         .map(|(d, spans)| {
             let pts = overtime::per_second(spans)

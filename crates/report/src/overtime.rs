@@ -68,21 +68,25 @@ pub fn per_second(mut spans: Vec<Span>) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Per-second sample counts of each domain as spans: one per second, the
-/// last ending at `duration` (the session's length) when that falls inside
-/// it; seconds without samples count 0.
+/// Sample counts of each domain per `step` seconds (1, or a history
+/// range's `bin_seconds`: each bin's second is its step's first) as
+/// spans: one per step, the last ending at `duration` (the session's
+/// length) when that falls inside it; steps without samples count 0.
 pub fn bin_spans(
     bins: &BTreeMap<String, BTreeMap<u32, u64>>,
     duration: Option<f64>,
+    step: u32,
 ) -> BTreeMap<String, Vec<Span>> {
+    let step = step.max(1);
     let last = bins
         .values()
         .filter_map(|m| m.keys().max())
         .max()
         .copied()
         .unwrap_or(0);
+    let last = last / step * step;
     let end = |s: u32| {
-        let full = f64::from(s) + 1.0;
+        let full = f64::from(s) + f64::from(step);
         match duration {
             Some(d) if s == last && d > f64::from(s) && d < full => d,
             _ => full,
@@ -91,10 +95,14 @@ pub fn bin_spans(
     bins.iter()
         .map(|(d, m)| {
             let spans = (0..=last)
+                .step_by(step as usize)
                 .map(|s| Span {
                     t0: f64::from(s),
                     t1: end(s),
-                    amount: m.get(&s).copied().unwrap_or(0) as f64,
+                    amount: m
+                        .range(s..s.saturating_add(step))
+                        .map(|(_, n)| *n)
+                        .sum::<u64>() as f64,
                 })
                 .collect();
             (d.clone(), spans)
@@ -111,6 +119,23 @@ mod tests {
     }
 
     #[test]
+    fn bins_in_steps_are_one_span_per_step_at_the_same_rate() {
+        // A history range in steps of 60 s: 100 samples a second for
+        // 150 s, the bins at each step's first second, the last step 30 s.
+        let mut bins = BTreeMap::new();
+        bins.insert(
+            "web".to_string(),
+            BTreeMap::from([(0, 6000), (60, 6000), (120, 3000)]),
+        );
+        let spans = bin_spans(&bins, Some(150.0), 60);
+        assert_eq!(spans["web"].len(), 3);
+        assert_eq!(spans["web"][2].t1, 150.0);
+        for (_, v) in per_second(spans["web"].clone()) {
+            assert!((v - 100.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
     fn a_partial_last_second_is_neither_a_drop_nor_a_spike() {
         // 50 samples a second for 2.6 s: the last 0.6 s hold 30.
         let mut bins = BTreeMap::new();
@@ -118,7 +143,7 @@ mod tests {
             "web".to_string(),
             BTreeMap::from([(0, 50), (1, 50), (2, 30)]),
         );
-        let spans = bin_spans(&bins, Some(2.6));
+        let spans = bin_spans(&bins, Some(2.6), 1);
         let pts = per_second(spans["web"].clone());
         assert_eq!(pts.len(), 3);
         for (_, v) in &pts {
@@ -130,7 +155,7 @@ mod tests {
             "web".to_string(),
             BTreeMap::from([(0, 50), (1, 50), (2, 2)]),
         );
-        let pts = per_second(bin_spans(&bins, Some(2.04)).remove("web").unwrap());
+        let pts = per_second(bin_spans(&bins, Some(2.04), 1).remove("web").unwrap());
         assert_eq!(pts.len(), 2);
         assert!((pts[1].1 - 52.0 / 1.04).abs() < 1e-9, "{pts:?}");
     }

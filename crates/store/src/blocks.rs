@@ -47,6 +47,7 @@ use vmscope_model::{AggKey, Context, Profile, ProfileRow, UNKNOWN_SLICE};
 pub(crate) const CREATE: &str = "
     CREATE TABLE IF NOT EXISTS block_strings(id INTEGER PRIMARY KEY, text TEXT NOT NULL);
     CREATE TABLE IF NOT EXISTS block_stacks(id INTEGER PRIMARY KEY, frames BLOB NOT NULL);
+    CREATE TABLE IF NOT EXISTS row_rollups(agent INTEGER PRIMARY KEY, data BLOB NOT NULL);
     CREATE TABLE IF NOT EXISTS row_blocks(
         first INTEGER NOT NULL, last INTEGER NOT NULL, agent INTEGER NOT NULL, data BLOB NOT NULL);";
 
@@ -75,6 +76,29 @@ pub(crate) struct NewIds {
     /// (id, frames as varints of string ids), and the text.
     stacks: Vec<(i64, Vec<u8>, Arc<str>)>,
 }
+
+/// A block before deflate: its first and last second, its bytes, and the
+/// strings and stacks it names that are new.
+type Encoded = (u32, u32, Vec<u8>, NewIds);
+
+/// `p`'s lost counts alone.
+fn lost_only(p: &Profile) -> Profile {
+    Profile {
+        rows: Default::default(),
+        bins: Default::default(),
+        lost: p.lost.clone(),
+        total_samples: 0,
+    }
+}
+
+/// The seconds of a rollup's bins ([`SessionWriter::set_row_rollup`]):
+/// each bin's second the first of its ten on the wall clock (a segment's
+/// first bin at its second 0 if those ten began before it).
+pub const ROLLUP_SECONDS: u32 = 10;
+
+/// The meta key that says a segment's rollups are complete, and holds
+/// [`ROLLUP_SECONDS`].
+pub const ROLLUP_META: &str = "row_rollup_s";
 
 /// The most common period per sample of `rows` (0 if none has samples).
 fn nominal_period(rows: &[(&AggKey, u64, u64)]) -> u64 {
@@ -116,6 +140,64 @@ impl SessionWriter {
     /// else the host's), its bins and lost counts as [`SessionWriter::flush`]
     /// does. The blocks' table must exist ([`SessionWriter::create_history_tables`]).
     pub fn add_row_block(&mut self, p: &Profile, agent: bool) -> Result<()> {
+        let Some((first, last, raw, new)) = self.encode_block(p, agent)? else {
+            if !agent && !p.lost.is_empty() {
+                self.flush(&lost_only(p))?;
+            }
+            return Ok(());
+        };
+        let kind = usize::from(agent);
+        let key = self.chains.written[kind].is_multiple_of(KEY_EVERY);
+        let dict = (!key).then_some(&self.chains.last[kind][..]);
+        let data =
+            crate::deflate::deflate(&raw, dict).map_err(|source| StoreError::NotWritable {
+                path: self.path().to_path_buf(),
+                source,
+            })?;
+        self.with_strings(new, |tx| {
+            tx.prepare_cached(
+                "INSERT INTO row_blocks(first, last, agent, data) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![first, last, agent, data])?;
+            Ok(())
+        })?;
+        self.chains.last[kind] = raw;
+        self.chains.written[kind] += 1;
+        if !agent && !p.lost.is_empty() {
+            self.flush(&lost_only(p))?;
+        }
+        Ok(())
+    }
+
+    /// Keep `p` (a whole segment's rows summed, their second the unknown
+    /// one, and its bins per [`ROLLUP_SECONDS`]) as the segment's rollup of
+    /// `agent`'s or the host's rows, in place of one kept before; `bins_s`
+    /// goes in the meta (`row_rollup_s`) once both kinds are kept. A
+    /// reader of a range that holds the whole segment reads it instead of
+    /// its blocks ([`Session::rollup_sums`]); its lost counts are not kept
+    /// again.
+    pub fn set_row_rollup(&mut self, p: &Profile, agent: bool) -> Result<()> {
+        let Some((_, _, raw, new)) = self.encode_block(p, agent)? else {
+            self.sql()
+                .execute("DELETE FROM row_rollups WHERE agent = ?1", params![agent])?;
+            return Ok(());
+        };
+        let data =
+            crate::deflate::deflate(&raw, None).map_err(|source| StoreError::NotWritable {
+                path: self.path().to_path_buf(),
+                source,
+            })?;
+        self.with_strings(new, |tx| {
+            tx.prepare_cached("INSERT OR REPLACE INTO row_rollups(agent, data) VALUES (?1, ?2)")?
+                .execute(params![agent, data])?;
+            Ok(())
+        })
+    }
+
+    /// `p`'s rows and (the host's) bins in the block layout: its first and
+    /// last second, the bytes before deflate, and the strings and stacks
+    /// it names that are new; `None` when it holds neither.
+    fn encode_block(&mut self, p: &Profile, agent: bool) -> Result<Option<Encoded>> {
         // The host's bins go in its block; an agent's are not kept.
         let bins: Vec<(&vmscope_model::BinKey, u64)> = if agent {
             Vec::new()
@@ -124,17 +206,8 @@ impl SessionWriter {
             b.sort_unstable_by(|a, b| a.0.cmp(b.0));
             b
         };
-        let lost_only = |p: &Profile| Profile {
-            rows: Default::default(),
-            bins: Default::default(),
-            lost: p.lost.clone(),
-            total_samples: 0,
-        };
         if p.rows.is_empty() && bins.is_empty() {
-            if !agent && !p.lost.is_empty() {
-                self.flush(&lost_only(p))?;
-            }
-            return Ok(());
+            return Ok(None);
         }
         let mut rows: Vec<(&AggKey, u64, u64)> = p
             .rows
@@ -230,27 +303,7 @@ impl SessionWriter {
             }
             put_varint(&mut raw, *n);
         }
-        let kind = usize::from(agent);
-        let key = self.chains.written[kind].is_multiple_of(KEY_EVERY);
-        let dict = (!key).then_some(&self.chains.last[kind][..]);
-        let data =
-            crate::deflate::deflate(&raw, dict).map_err(|source| StoreError::NotWritable {
-                path: self.path().to_path_buf(),
-                source,
-            })?;
-        self.with_strings(new, |tx| {
-            tx.prepare_cached(
-                "INSERT INTO row_blocks(first, last, agent, data) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![first, last, agent, data])?;
-            Ok(())
-        })?;
-        self.chains.last[kind] = raw;
-        self.chains.written[kind] += 1;
-        if !agent && !p.lost.is_empty() {
-            self.flush(&lost_only(p))?;
-        }
-        Ok(())
+        Ok(Some((first, last, raw, new)))
     }
 
     /// `write` in one transaction with the strings and stacks `new` handed
@@ -347,6 +400,24 @@ type BlockBin = (u32, u32, u64, u64, u64);
 /// The rows and bins of a block's bytes (inflated; `chained`: the
 /// [`CHAINED`] layout, the only one with bins).
 fn decode(raw: &[u8], first: u32, chained: bool) -> Option<(Vec<BlockRow>, Vec<BlockBin>)> {
+    let mut out = Vec::new();
+    let mut bins = Vec::new();
+    decode_each(raw, first, chained, &mut |r| out.push(r), &mut |b| {
+        bins.push(b);
+    })?;
+    Some((out, bins))
+}
+
+/// [`decode`] without keeping the rows: each row and bin given to
+/// `row` and `bin` as it is read. `None` (after some calls) when the bytes
+/// do not decode.
+fn decode_each(
+    raw: &[u8],
+    first: u32,
+    chained: bool,
+    row: &mut dyn FnMut(BlockRow),
+    bin: &mut dyn FnMut(BlockBin),
+) -> Option<()> {
     let mut at = 0;
     let n = get_varint(raw, &mut at)?;
     let nominal = if chained {
@@ -354,7 +425,6 @@ fn decode(raw: &[u8], first: u32, chained: bool) -> Option<(Vec<BlockRow>, Vec<B
     } else {
         0
     };
-    let mut out = Vec::with_capacity(n.min(1 << 20) as usize);
     for _ in 0..n {
         let mut v = [0u64; 12];
         for x in &mut v {
@@ -374,7 +444,7 @@ fn decode(raw: &[u8], first: u32, chained: bool) -> Option<(Vec<BlockRow>, Vec<B
         };
         let mut key = [0u64; 10];
         key.copy_from_slice(&v[..10]);
-        out.push(BlockRow {
+        row(BlockRow {
             key,
             second,
             cpu,
@@ -382,7 +452,6 @@ fn decode(raw: &[u8], first: u32, chained: bool) -> Option<(Vec<BlockRow>, Vec<B
             period: v[11],
         });
     }
-    let mut bins = Vec::new();
     if chained {
         let n = get_varint(raw, &mut at)?;
         for _ in 0..n {
@@ -394,10 +463,10 @@ fn decode(raw: &[u8], first: u32, chained: bool) -> Option<(Vec<BlockRow>, Vec<B
                 0 => UNKNOWN_SLICE,
                 s => first.checked_add(u32::try_from(s - 1).ok()?)?,
             };
-            bins.push((second, u32::try_from(v[1]).ok()?, v[2], v[3], v[4]));
+            bin((second, u32::try_from(v[1]).ok()?, v[2], v[3], v[4]));
         }
     }
-    (at == raw.len()).then_some((out, bins))
+    (at == raw.len()).then_some(())
 }
 
 /// Whether the session holds blocks of rows.
@@ -484,7 +553,7 @@ fn chained(conn: &Connection) -> rusqlite::Result<bool> {
 type Inflated = (u32, Vec<u8>);
 
 /// A bin of a block with its names: second, event, domain, context, samples.
-pub(crate) type NamedBin = (u32, u32, Arc<str>, Arc<str>, u64);
+pub type NamedBin = (u32, u32, Arc<str>, Arc<str>, u64);
 
 /// The bound on one block's bytes (a damaged one must not inflate
 /// without bound).
@@ -500,6 +569,25 @@ fn blocks_in(
     from: u32,
     to: u32,
 ) -> Result<(Vec<Inflated>, bool)> {
+    let mut out = Vec::new();
+    let chained = each_block_in(conn, path, agent, from, to, &mut |first, raw| {
+        out.push((first, raw.to_vec()));
+        Ok(())
+    })?;
+    Ok((out, chained))
+}
+
+/// [`blocks_in`] one block at a time (a segment's inflated blocks at once
+/// took 90 MiB of a day's report): `each` gets its first second and its
+/// bytes; returns whether they are chained.
+fn each_block_in(
+    conn: &Connection,
+    path: &std::path::Path,
+    agent: bool,
+    from: u32,
+    to: u32,
+    each: &mut dyn FnMut(u32, &[u8]) -> Result<()>,
+) -> Result<bool> {
     let sqle = crate::sql::sql_err(path);
     let chained = chained(conn).map_err(&sqle)?;
     let mut st = conn
@@ -512,16 +600,15 @@ fn blocks_in(
     let overlaps =
         |&(first, last, _): &(i64, i64, Vec<u8>)| first <= i64::from(to) && last >= i64::from(from);
     let bad = |_| damaged(path, "it does not decode");
-    let mut out = Vec::new();
     if !chained {
         for b in all.iter().filter(|b| overlaps(b)) {
             let raw = crate::deflate::inflate(&b.2, None, BLOCK_LIMIT).map_err(bad)?;
-            out.push((u32::try_from(b.0).unwrap_or(0), raw));
+            each(u32::try_from(b.0).unwrap_or(0), &raw)?;
         }
-        return Ok((out, false));
+        return Ok(false);
     }
     let Some(start) = all.iter().position(overlaps) else {
-        return Ok((out, true));
+        return Ok(true);
     };
     let key = start - start % KEY_EVERY as usize;
     let mut prev: Vec<u8> = Vec::new();
@@ -529,11 +616,11 @@ fn blocks_in(
         let dict = (i % KEY_EVERY as usize != 0).then_some(&prev[..]);
         let raw = crate::deflate::inflate(&b.2, dict, BLOCK_LIMIT).map_err(bad)?;
         if overlaps(b) {
-            out.push((u32::try_from(b.0).unwrap_or(0), raw.clone()));
+            each(u32::try_from(b.0).unwrap_or(0), &raw)?;
         }
         prev = raw;
     }
-    Ok((out, true))
+    Ok(true)
 }
 
 /// Copy the blocks into temporary tables named as the row tables (which
@@ -742,5 +829,200 @@ impl Session {
             }
         }
         Ok(Some(out))
+    }
+}
+
+/// A range of a compact session's blocks summed over its seconds
+/// ([`Session::block_sums`]).
+#[derive(Debug, Default)]
+pub struct BlockSums {
+    /// The host's rows, one per key (their second as the caller mapped it).
+    pub host: Vec<ProfileRow>,
+    /// The agents' rows, the same way.
+    pub agent: Vec<ProfileRow>,
+    /// The host's bins, one per (mapped second, event, domain, context):
+    /// those of the blocks and of the `bins` table.
+    pub bins: Vec<NamedBin>,
+}
+
+/// A block row's key with its second mapped: the ids of event, domain,
+/// context, process, image, symbol, stack and srcline, then second and
+/// cpu (ids as u32: 40 bytes to hash and compare instead of 72).
+type SumKey = [u32; 10];
+
+impl Session {
+    /// The rows and bins of seconds `[from, to]`, summed: each row's
+    /// second given to `row_second` and each bin's to `bin_second` (rows
+    /// and bins of the unknown second keep it), rows and bins that then
+    /// share a key added. `None` when the session keeps its rows in
+    /// tables ([`Session::rows_in`]).
+    ///
+    /// Why not [`Session::block_rows`] and then [`Profile::add`]: a day of
+    /// history (32 VMs, `bench/history-replay`) is a few thousand distinct
+    /// keys out of tens of millions of rows; keyed by the blocks' numbers
+    /// a row costs one hash of integers instead of eight texts looked up,
+    /// cloned and hashed, and each block is inflated once for its rows and
+    /// bins and dropped before the next.
+    pub fn block_sums(
+        &self,
+        from: u32,
+        to: u32,
+        row_second: &dyn Fn(u32) -> u32,
+        bin_second: &dyn Fn(u32) -> u32,
+    ) -> Result<Option<BlockSums>> {
+        let sqle = crate::sql::sql_err(&self.path);
+        if self.expanded || !has_blocks(&self.conn).map_err(&sqle)? {
+            return Ok(None);
+        }
+        self.sums(from, to, row_second, bin_second, false).map(Some)
+    }
+
+    /// The segment's rollup ([`SessionWriter::set_row_rollup`]) as
+    /// [`Session::block_sums`] of all its seconds gives it, the rows
+    /// already summed over them and the bins per [`ROLLUP_SECONDS`] (each
+    /// bin's second given to `bin_second`); `None` when the segment has
+    /// none (it was not closed: a killed recorder's last one, or one
+    /// written before rollups).
+    pub fn rollup_sums(&self, bin_second: &dyn Fn(u32) -> u32) -> Result<Option<BlockSums>> {
+        if self.expanded {
+            return Ok(None);
+        }
+        let done = self.meta()?.remove(ROLLUP_META);
+        if done.as_deref() != Some(&*ROLLUP_SECONDS.to_string()) {
+            return Ok(None);
+        }
+        self.sums(0, UNKNOWN_SLICE - 1, &|s| s, bin_second, true)
+            .map(Some)
+    }
+
+    fn sums(
+        &self,
+        from: u32,
+        to: u32,
+        row_second: &dyn Fn(u32) -> u32,
+        bin_second: &dyn Fn(u32) -> u32,
+        rollup: bool,
+    ) -> Result<BlockSums> {
+        let sqle = crate::sql::sql_err(&self.path);
+        let keep = |s: u32| s == UNKNOWN_SLICE || (from..=to).contains(&s);
+        let map = |f: &dyn Fn(u32) -> u32, s: u32| if s == UNKNOWN_SLICE { s } else { f(s) };
+        let names = strings(&self.conn).map_err(&sqle)?;
+        let name = |i: u32| -> Result<Arc<str>> {
+            names
+                .get(i as usize)
+                .cloned()
+                .ok_or_else(|| damaged(&self.path, "a string it names is missing"))
+        };
+        let id = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let mut out = BlockSums::default();
+        let mut stacks = None;
+        let mut bins: vmscope_model::FastMap<[u32; 4], u64> = Default::default();
+        let chained = chained(&self.conn).map_err(&sqle)?;
+        for agent in [false, true] {
+            let mut sums: vmscope_model::FastMap<SumKey, (u64, u64)> = Default::default();
+            let mut each = |first: u32, raw: &[u8]| -> Result<()> {
+                let mut on_row = |r: BlockRow| {
+                    if !keep(r.second) {
+                        return;
+                    }
+                    let mut k = [0u32; 10];
+                    for (x, v) in k.iter_mut().zip(&r.key[2..10]) {
+                        *x = id(*v);
+                    }
+                    k[8] = map(row_second, r.second);
+                    k[9] = r.cpu;
+                    let e = sums.entry(k).or_default();
+                    e.0 += r.samples;
+                    e.1 += r.period;
+                };
+                let mut on_bin = |(sec, ev, dom, ctx, n): BlockBin| {
+                    if !agent && keep(sec) {
+                        *bins
+                            .entry([map(bin_second, sec), ev, id(dom), id(ctx)])
+                            .or_default() += n;
+                    }
+                };
+                decode_each(raw, first, chained || rollup, &mut on_row, &mut on_bin)
+                    .ok_or_else(|| damaged(&self.path, "it does not decode"))
+            };
+            if rollup {
+                let data: Vec<Vec<u8>> = self.sql().rows(
+                    "SELECT data FROM row_rollups WHERE agent = ?1",
+                    params![agent],
+                    |r| r.get(0),
+                )?;
+                for d in data {
+                    let raw = crate::deflate::inflate(&d, None, BLOCK_LIMIT)
+                        .map_err(|_| damaged(&self.path, "its rollup does not inflate"))?;
+                    each(0, &raw)?;
+                }
+            } else {
+                each_block_in(&self.conn, &self.path, agent, from, to, &mut each)?;
+            }
+            if sums.is_empty() {
+                continue;
+            }
+            if stacks.is_none() {
+                stacks = Some(
+                    block_stack_texts(&self.conn, &names, chained)
+                        .map_err(&sqle)?
+                        .ok_or_else(|| {
+                            damaged(&self.path, "a stack names a string that is missing")
+                        })?,
+                );
+            }
+            let stacks = stacks.as_ref().expect("read above");
+            let rows = if agent { &mut out.agent } else { &mut out.host };
+            rows.reserve(sums.len());
+            for (k, (samples, period)) in sums {
+                let ctx = name(k[2])?;
+                rows.push(ProfileRow {
+                    key: AggKey {
+                        event: k[0],
+                        domain: name(k[1])?,
+                        context: Context::parse(&ctx).unwrap_or(Context::HostUser),
+                        process: name(k[3])?,
+                        image: name(k[4])?,
+                        symbol: name(k[5])?,
+                        stack: match k[6] {
+                            0 => "".into(),
+                            id => stacks.get(&i64::from(id)).cloned().ok_or_else(|| {
+                                damaged(&self.path, "a stack it names is missing")
+                            })?,
+                        },
+                        srcline: name(k[7])?,
+                        second: k[8],
+                        cpu: k[9],
+                    },
+                    samples,
+                    period,
+                });
+            }
+        }
+        // Bins kept in the table (a segment written before its bins went
+        // into the blocks).
+        let stored: Vec<(i64, i64, String, String, i64)> = self.sql().rows(
+            "SELECT second, event, domain, context, samples FROM main.bins WHERE second BETWEEN ?1 AND ?2",
+            params![i64::from(from), i64::from(to)],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?;
+        let mut named: std::collections::HashMap<(u32, u32, Arc<str>, Arc<str>), u64> =
+            Default::default();
+        for ([sec, ev, dom, ctx], n) in bins {
+            *named.entry((sec, ev, name(dom)?, name(ctx)?)).or_default() += n;
+        }
+        for (sec, ev, dom, ctx, n) in stored {
+            let sec = map(bin_second, sec as u32);
+            *named
+                .entry((sec, ev as u32, dom.into(), ctx.into()))
+                .or_default() += n as u64;
+        }
+        out.bins = named
+            .into_iter()
+            .map(|((sec, ev, dom, ctx), n)| (sec, ev, dom, ctx, n))
+            .collect();
+        out.bins
+            .sort_unstable_by(|a, b| (a.0, a.1, &a.2, &a.3).cmp(&(b.0, b.1, &b.2, &b.3)));
+        Ok(out)
     }
 }

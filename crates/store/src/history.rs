@@ -179,6 +179,19 @@ impl Session {
         )
     }
 
+    /// How many intervals end in `[from, to]`.
+    pub fn history_intervals(&self, from: f64, to: f64) -> Result<u64> {
+        if !self.has_history()? {
+            return Ok(0);
+        }
+        let (t, _) = frame_times(self)?;
+        self.sql().row(
+            &format!("SELECT COUNT(*) FROM frames WHERE {t} >= ?1 AND {t} <= ?2"),
+            params![from, to],
+            |r| r.get::<_, i64>(0).map(|n| n as u64),
+        )
+    }
+
     /// Documents of the intervals ending in `[from, to]`, in time order:
     /// (whether it is the segment's first, end, length, document).
     pub fn history_frames(&self, from: f64, to: f64) -> Result<Vec<StoredFrame>> {
@@ -222,18 +235,30 @@ impl Session {
     }
 
     /// Timeline rows of the intervals ending in `[from, to]`, summed per
-    /// domain over buckets of `bucket_s` seconds (each row's `t_end` is
-    /// then the bucket's end, `interval_s` the time its rows cover).
+    /// domain over buckets of `bucket_s` seconds of the clock (from the
+    /// epoch: 10 s buckets start at :00, :10, ...), each
+    /// interval in the bucket that holds its middle (each row's `t_end` is
+    /// then the bucket's end, `interval_s` the time its rows cover; an
+    /// interval's end is taken a few milliseconds after the tick, so its
+    /// end could fall either side of a bucket's). A `bucket_s` of 0 gives
+    /// each interval as recorded.
     pub fn history_timeline(&self, from: f64, to: f64, bucket_s: f64) -> Result<Vec<TimelineRow>> {
         if !self.has_history()? {
             return Ok(Vec::new());
         }
-        let bucket = bucket_s.max(1e-3);
+        // Each interval alone: a bucket key that is its end.
+        let each = bucket_s <= 0.0;
+        let bucket = if each { 1.0 } else { bucket_s };
         if timeline_table(self)? {
+            let b = if each {
+                "t_end"
+            } else {
+                "(CAST((t_end - interval_s / 2) / ?3 AS INTEGER) + 1) * ?3"
+            };
             return self.sql().rows(
-                "SELECT (CAST((t_end - ?1) / ?3 AS INTEGER) + 1) * ?3 + ?1 AS b, SUM(interval_s), domain,
+                &format!("SELECT {b} AS b, SUM(interval_s), domain,
                    SUM(cpu_s), SUM(steal_s), SUM(io_s), SUM(io_ops)
-                 FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain",
+                 FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain"),
                 params![from, to, bucket],
                 |r| {
                     Ok(TimelineRow {
@@ -263,12 +288,18 @@ impl Session {
                 path: self.path.clone(),
                 reason: "an interval's timeline is damaged (it does not decode)".into(),
             })?;
-            let k = ((t_end - from) / bucket) as i64;
+            let (k, end) = if each {
+                // Whole milliseconds, as the frames keep them.
+                ((t_end * 1000.0).round() as i64, t_end)
+            } else {
+                let k = ((t_end - interval_s / 2.0) / bucket).floor() as i64;
+                (k, (k + 1) as f64 * bucket)
+            };
             for r in rows {
                 let e = per
                     .entry((k, r.domain.clone()))
                     .or_insert_with(|| TimelineRow {
-                        t_end: (k + 1) as f64 * bucket + from,
+                        t_end: end,
                         interval_s: 0.0,
                         cpu_s: 0.0,
                         steal_s: 0.0,

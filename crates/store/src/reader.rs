@@ -239,6 +239,16 @@ impl Session {
         &self.path
     }
 
+    /// Keep at most `kib` KiB of the file's pages cached (SQLite's default
+    /// is 2 MiB a connection): for a reader holding many files open, each
+    /// read once in order (a history's segments: 49 for a day, whose
+    /// caches were half of the 200 MiB a day's report may take).
+    pub fn limit_cache(&self, kib: u32) -> Result<()> {
+        self.conn
+            .pragma_update(None, "cache_size", -i64::from(kib))
+            .map_err(sql_err(&self.path))
+    }
+
     /// Statements on the session, their errors naming its file.
     pub(crate) fn sql(&self) -> Sql<'_> {
         Sql::new(&self.conn, &self.path)
