@@ -186,7 +186,7 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
     let mut out = stdout.lock();
     let mut printed = 0u64;
     // --at: from a little before it (an interval ending just before counts).
-    let mut lo = at.map_or(from, |t| t - REPLAY_CHUNK.min(60.0));
+    let mut lo = at.map_or(from, |t| t - BEFORE_AT);
     let mut after = f64::NEG_INFINITY;
     let mut piped = false;
     'chunks: while printed < count && lo <= to + 1e-3 {
@@ -226,6 +226,11 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
 
 /// Seconds of history batch replay reads at a time.
 const REPLAY_CHUNK: f64 = 300.0;
+
+/// How far before --at batch replay starts reading: the interval holding
+/// it may end a little before it (`holds_at`), and intervals are at most
+/// this long.
+const BEFORE_AT: f64 = 60.0;
 
 pub fn run(a: TopArgs) -> Result<ExitCode> {
     if a.freq == 0 {

@@ -1,8 +1,8 @@
 //! Reading a history: which segments cover which times ([`History`]), the
 //! documents and timeline of a range, and a range extracted into one
 //! session ([`History::extract`]) that `report` reads like any recording
-//! (its seconds start at the range's start; its `history` interval rows
-//! are each domain's CPU, steal and I/O per interval). A segment that
+//! (its rows summed over the range; its `history` interval rows each
+//! domain's CPU, steal and I/O per step of [`step_for`] the range). A segment that
 //! cannot be read (damaged by hand, cut by a full disk before its first
 //! interval) is skipped with one line ([`History::skipped`]); the others
 //! are read. A segment being written is read up to its last interval.

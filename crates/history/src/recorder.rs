@@ -110,7 +110,7 @@ struct Segment {
     last_doc: Option<Vec<u8>>,
     docs: usize,
     /// Its host and agent rows summed so far, kept as its rollup when it
-    /// is closed (vmscope_store's `set_row_rollup`).
+    /// is closed (vmscope_store's `set_row_rollups`).
     rollup: [Profile; 2],
 }
 
@@ -124,14 +124,8 @@ impl Segment {
             k.second = UNKNOWN_SLICE;
             r.add(k, c.samples, c.period);
         }
-        let ten = f64::from(vmscope_store::ROLLUP_SECONDS);
         for ((sec, ev, dom, ctx), n) in &p.bins {
-            let at = if *sec == UNKNOWN_SLICE {
-                *sec
-            } else {
-                let wall = self.start + f64::from(*sec);
-                ((wall / ten).floor() * ten - self.start).max(0.0).round() as u32
-            };
+            let at = vmscope_store::rollup_second(self.start, *sec);
             r.add_bin(at, *ev, dom.clone(), *ctx, *n);
         }
     }
@@ -481,15 +475,8 @@ impl Recorder {
             // Its rows summed, for ranges that hold all of it; a segment
             // closed without them (killed, or this failing) is read from
             // its blocks.
-            let rolled = (|| -> Result<(), vmscope_store::StoreError> {
-                s.writer.set_row_rollup(&s.rollup[0], false)?;
-                s.writer.set_row_rollup(&s.rollup[1], true)?;
-                s.writer.set_meta(
-                    vmscope_store::ROLLUP_META,
-                    &vmscope_store::ROLLUP_SECONDS.to_string(),
-                )
-            })();
-            if let Err(e) = rolled {
+            let [host, agent] = &s.rollup;
+            if let Err(e) = s.writer.set_row_rollups(host, agent) {
                 self.notes
                     .push(format!("history: the rollup of {}: {e}", s.path.display()));
             }

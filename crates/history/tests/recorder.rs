@@ -35,6 +35,19 @@ fn profile(second: u32, rows: usize, salt: usize) -> Profile {
     p
 }
 
+/// A profile of cpu-clock at 99 Hz with call stacks, its second 0 at `origin`.
+fn cpu_clock_at(origin: f64) -> ProfileInfo {
+    ProfileInfo {
+        origin,
+        events: vec![SessionEvent {
+            name: "cpu-clock".into(),
+            period: None,
+            frequency: Some(99),
+        }],
+        callchain: true,
+    }
+}
+
 fn append(r: &mut Recorder, t: f64, p: Option<&Profile>) {
     let doc = format!("{{\"t\":{t}}}");
     r.append(Interval {
@@ -85,15 +98,7 @@ fn retention_by_size_keeps_the_bound_and_leaves_other_files() {
     opts.max_size = max;
     opts.segment = Duration::from_secs(5);
     let mut r = Recorder::open(opts).unwrap();
-    r.set_profile(ProfileInfo {
-        origin: 1_000_000.0,
-        events: vec![SessionEvent {
-            name: "cpu-clock".into(),
-            period: None,
-            frequency: Some(99),
-        }],
-        callchain: true,
-    });
+    r.set_profile(cpu_clock_at(1_000_000.0));
     let mut largest = 0;
     for i in 0..60u32 {
         let p = profile(i, 600, i as usize);
@@ -260,15 +265,7 @@ fn a_long_range_is_extracted_in_steps_and_loses_no_sample() {
     opts.segment = Duration::from_secs(600);
     let mut r = Recorder::open(opts).unwrap();
     let origin = 50_000.0;
-    r.set_profile(ProfileInfo {
-        origin,
-        events: vec![SessionEvent {
-            name: "cpu-clock".into(),
-            period: None,
-            frequency: Some(99),
-        }],
-        callchain: true,
-    });
+    r.set_profile(cpu_clock_at(origin));
     // 3,000 intervals of 1 s in 5 segments, 3 rows of one sample each.
     let n = 3000u32;
     for i in 0..n {
@@ -320,15 +317,7 @@ fn a_closed_segment_rollup_sums_what_its_blocks_hold() {
     opts.segment = Duration::from_secs(100);
     let mut r = Recorder::open(opts).unwrap();
     let origin = 70_003.0;
-    r.set_profile(ProfileInfo {
-        origin,
-        events: vec![SessionEvent {
-            name: "cpu-clock".into(),
-            period: None,
-            frequency: Some(99),
-        }],
-        callchain: true,
-    });
+    r.set_profile(cpu_clock_at(origin));
     for i in 0..250u32 {
         let mut p = binned(i, 2 + (i % 3) as usize);
         p.add(
@@ -358,7 +347,6 @@ fn a_closed_segment_rollup_sums_what_its_blocks_hold() {
         // Each second as the first of its ten on the clock (at least 0).
         let ten =
             |sec: u32| (((start + f64::from(sec)) / 10.0).floor() * 10.0 - start).max(0.0) as u32;
-        let by_tens = |sec: u32| ten(sec);
         let sorted = |mut v: Vec<vmscope_model::ProfileRow>| {
             v.sort_by(|a, b| a.key.cmp(&b.key));
             v.into_iter()
@@ -370,7 +358,7 @@ fn a_closed_segment_rollup_sums_what_its_blocks_hold() {
             .unwrap()
             .expect("a closed segment has a rollup");
         let blocks = s
-            .block_sums(0, u32::MAX - 1, &|_| vmscope_model::UNKNOWN_SLICE, &by_tens)
+            .block_sums(0, u32::MAX - 1, &|_| vmscope_model::UNKNOWN_SLICE, &ten)
             .unwrap()
             .unwrap();
         assert!(!blocks.host.is_empty());

@@ -91,10 +91,22 @@ fn lost_only(p: &Profile) -> Profile {
     }
 }
 
-/// The seconds of a rollup's bins ([`SessionWriter::set_row_rollup`]):
-/// each bin's second the first of its ten on the wall clock (a segment's
-/// first bin at its second 0 if those ten began before it).
+/// Seconds of the clock per bin of a rollup ([`SessionWriter::set_row_rollups`]).
 pub const ROLLUP_SECONDS: u32 = 10;
+
+/// The second a rollup keeps the bins of second `sec` of a segment whose
+/// second 0 is `start` (wall clock) at: the first of its
+/// [`ROLLUP_SECONDS`] on the clock, or 0 if those began before the
+/// segment. A range in steps of a multiple of them, starting on one,
+/// gets each bin into the same step as from the blocks.
+pub fn rollup_second(start: f64, sec: u32) -> u32 {
+    if sec == UNKNOWN_SLICE {
+        return sec;
+    }
+    let ten = f64::from(ROLLUP_SECONDS);
+    let wall = start + f64::from(sec);
+    ((wall / ten).floor() * ten - start).max(0.0).round() as u32
+}
 
 /// The meta key that says a segment's rollups are complete, and holds
 /// [`ROLLUP_SECONDS`].
@@ -169,14 +181,21 @@ impl SessionWriter {
         Ok(())
     }
 
-    /// Keep `p` (a whole segment's rows summed, their second the unknown
-    /// one, and its bins per [`ROLLUP_SECONDS`]) as the segment's rollup of
-    /// `agent`'s or the host's rows, in place of one kept before; `bins_s`
-    /// goes in the meta (`row_rollup_s`) once both kinds are kept. A
-    /// reader of a range that holds the whole segment reads it instead of
-    /// its blocks ([`Session::rollup_sums`]); its lost counts are not kept
-    /// again.
-    pub fn set_row_rollup(&mut self, p: &Profile, agent: bool) -> Result<()> {
+    /// Keep `host` and `agent` (a whole segment's rows summed, their
+    /// second the unknown one, and the host's bins at [`rollup_second`]s)
+    /// as the segment's rollups, in place of any kept before, then say so
+    /// in the meta ([`ROLLUP_META`]): a reader of a range that holds the
+    /// whole segment reads them instead of its blocks
+    /// ([`Session::rollup_sums`]); a segment without that meta (its writer
+    /// killed first) is read from its blocks. Their lost counts are not
+    /// kept again.
+    pub fn set_row_rollups(&mut self, host: &Profile, agent: &Profile) -> Result<()> {
+        self.set_row_rollup(host, false)?;
+        self.set_row_rollup(agent, true)?;
+        self.set_meta(ROLLUP_META, &ROLLUP_SECONDS.to_string())
+    }
+
+    fn set_row_rollup(&mut self, p: &Profile, agent: bool) -> Result<()> {
         let Some((_, _, raw, new)) = self.encode_block(p, agent)? else {
             self.sql()
                 .execute("DELETE FROM row_rollups WHERE agent = ?1", params![agent])?;
@@ -858,8 +877,9 @@ impl Session {
     /// tables ([`Session::rows_in`]).
     ///
     /// Why not [`Session::block_rows`] and then [`Profile::add`]: a day of
-    /// history (32 VMs, `bench/history-replay`) is a few thousand distinct
-    /// keys out of tens of millions of rows; keyed by the blocks' numbers
+    /// history (32 simulated VMs, made by the `history_day` example of
+    /// vmscope-history) is a few thousand distinct keys out of tens of
+    /// millions of rows; keyed by the blocks' numbers
     /// a row costs one hash of integers instead of eight texts looked up,
     /// cloned and hashed, and each block is inflated once for its rows and
     /// bins and dropped before the next.
@@ -877,7 +897,7 @@ impl Session {
         self.sums(from, to, row_second, bin_second, false).map(Some)
     }
 
-    /// The segment's rollup ([`SessionWriter::set_row_rollup`]) as
+    /// The segment's rollups ([`SessionWriter::set_row_rollups`]) as
     /// [`Session::block_sums`] of all its seconds gives it, the rows
     /// already summed over them and the bins per [`ROLLUP_SECONDS`] (each
     /// bin's second given to `bin_second`); `None` when the segment has

@@ -248,18 +248,13 @@ impl Session {
         }
         // Each interval alone: a bucket key that is its end.
         let each = bucket_s <= 0.0;
-        let bucket = if each { 1.0 } else { bucket_s };
         if timeline_table(self)? {
-            let b = if each {
-                "t_end"
-            } else {
-                "(CAST((t_end - interval_s / 2) / ?3 AS INTEGER) + 1) * ?3"
-            };
             return self.sql().rows(
-                &format!("SELECT {b} AS b, SUM(interval_s), domain,
+                "SELECT CASE WHEN ?3 > 0 THEN (CAST((t_end - interval_s / 2) / ?3 AS INTEGER) + 1) * ?3
+                   ELSE t_end END AS b, SUM(interval_s), domain,
                    SUM(cpu_s), SUM(steal_s), SUM(io_s), SUM(io_ops)
-                 FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain"),
-                params![from, to, bucket],
+                 FROM timeline WHERE t_end >= ?1 AND t_end <= ?2 GROUP BY b, domain ORDER BY b, domain",
+                params![from, to, bucket_s],
                 |r| {
                     Ok(TimelineRow {
                         t_end: r.get(0)?,
@@ -292,8 +287,8 @@ impl Session {
                 // Whole milliseconds, as the frames keep them.
                 ((t_end * 1000.0).round() as i64, t_end)
             } else {
-                let k = ((t_end - interval_s / 2.0) / bucket).floor() as i64;
-                (k, (k + 1) as f64 * bucket)
+                let k = ((t_end - interval_s / 2.0) / bucket_s).floor() as i64;
+                (k, (k + 1) as f64 * bucket_s)
             };
             for r in rows {
                 let e = per

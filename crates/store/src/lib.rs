@@ -28,7 +28,7 @@ mod validate;
 mod view;
 mod writer;
 
-pub use blocks::{BlockSums, ROLLUP_META, ROLLUP_SECONDS};
+pub use blocks::{rollup_second, BlockSums, ROLLUP_META, ROLLUP_SECONDS};
 pub use deferred::{snapshot, PendingSymbols, SYMBOLS_DEFERRED};
 pub use history::{ScaleSecond, StoredFrame, TimelineRow};
 pub use intervals::IntervalRow;

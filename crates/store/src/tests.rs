@@ -814,6 +814,10 @@ fn segments_of_the_earlier_layout_still_read() {
         (tl[0].cpu_s, tl[0].io_ops, tl[0].interval_s),
         (0.75, 4.0, 2.0)
     );
+    // A bucket of 0: each interval as recorded, at its own end.
+    let each = c.history_timeline(99.0, 102.0, 0.0).unwrap();
+    let ends: Vec<(f64, f64)> = each.iter().map(|r| (r.t_end, r.cpu_s)).collect();
+    assert_eq!(ends, [(100.5, 0.25), (101.5, 0.5)]);
     let rows = c.block_rows(false, 7, 7).unwrap().unwrap();
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
