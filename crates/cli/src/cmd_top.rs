@@ -135,7 +135,7 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
             (from, to, None)
         }
     };
-    let parse_frame = |d: vmscope_history::FrameDoc| -> Result<(f64, vmscope_top::Frame)> {
+    let parse_frame = |d: &vmscope_history::FrameDoc| -> Result<vmscope_top::Frame> {
         let mut f: vmscope_top::Frame = serde_json::from_slice(&d.doc).with_context(|| {
             format!(
                 "{}: a recorded interval at {} does not read as a frame",
@@ -145,33 +145,28 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
         })?;
         f.time_s = d.t_end - from;
         f.at = Some(time::rfc3339(d.t_end, utc));
-        Ok((d.t_end, f))
+        Ok(f)
     };
     // The interval holding --at: the first that ends at or after it (an
     // end up to a tenth of an interval before it counts: a document's time
     // is its interval's end, taken a few milliseconds after the tick).
-    let holds_at = |e: f64, f: &vmscope_top::Frame| at.is_none_or(|t| e >= t - 0.1 * f.interval_s);
+    let holds_at =
+        |d: &vmscope_history::FrameDoc| at.is_none_or(|t| d.t_end >= t - 0.1 * d.interval_s);
     crate::signals::install();
     if !a.batch {
-        let mut frames = Vec::new();
-        for d in h.frames(from, to + 1e-3)? {
-            frames.push(parse_frame(d)?);
-        }
-        if frames.is_empty() {
+        // The documents as recorded (JSON), each parsed when it is shown.
+        let docs = h.frames(from, to + 1e-3)?;
+        if docs.is_empty() {
             return Err(h.outside("the range asked for", utc).into());
         }
         let start = match at {
-            None => frames.len() - 1,
-            Some(_) => frames
-                .iter()
-                .position(|(e, f)| holds_at(*e, f))
-                .unwrap_or(frames.len() - 1),
+            None => docs.len() - 1,
+            Some(_) => docs.iter().position(holds_at).unwrap_or(docs.len() - 1),
         };
-        vmscope_top::run_replay(
-            frames.into_iter().map(|(_, f)| f).collect(),
-            start,
-            crate::signals::stopped(),
-        )?;
+        let mut frame = |i: usize| {
+            parse_frame(&docs[i]).map_err(|e| vmscope_top::TopError::Source(format!("{e:#}")))
+        };
+        vmscope_top::run_replay(docs.len(), &mut frame, start, crate::signals::stopped())?;
         return Ok(ExitCode::SUCCESS);
     }
     // Batch mode reads the range a chunk at a time, so a day costs the
@@ -187,18 +182,19 @@ fn replay(a: &TopArgs, dir: &Path) -> Result<ExitCode> {
     let mut printed = 0u64;
     // --at: from a little before it (an interval ending just before counts).
     let mut lo = at.map_or(from, |t| t - BEFORE_AT);
+    // Chunks [lo, hi] up to the range's end; the loop stops once a chunk
+    // has reached it (a test on `lo <= end` met lo == end and read an
+    // empty chunk forever).
+    let end = to + 1e-3;
     let mut after = f64::NEG_INFINITY;
     let mut piped = false;
-    'chunks: while printed < count && lo <= to + 1e-3 {
-        let hi = (lo + REPLAY_CHUNK).min(to + 1e-3);
+    'chunks: while printed < count && lo < end {
+        let hi = (lo + REPLAY_CHUNK).min(end);
         for d in h.frames(lo, hi)? {
-            if d.t_end <= after {
+            if d.t_end <= after || !holds_at(&d) {
                 continue;
             }
-            let (e, frame) = parse_frame(d)?;
-            if !holds_at(e, &frame) {
-                continue;
-            }
+            let frame = parse_frame(&d)?;
             if crate::signals::received().is_some() || printed >= count {
                 break 'chunks;
             }

@@ -12,8 +12,51 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vmscope"))
 }
 
+/// How long one command a test runs may take before it is killed and the
+/// test fails: a command that never ends (a replay loop that did not
+/// stop once hung a CI run to its limit) fails its test instead.
+pub const COMMAND_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// `cmd.output()`, killed and failed after `limit`.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped")));
+    let err = drain(Box::new(child.stderr.take().expect("piped")));
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout"),
+        stderr: err.join().expect("stderr"),
+    }
+}
+
 pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawn");
+    let out = output_within(cmd, COMMAND_LIMIT);
     assert!(
         out.status.success(),
         "{:?} failed: {}\n{}",

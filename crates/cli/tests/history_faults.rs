@@ -57,12 +57,13 @@ fn refused(out: &Output, words: &[&str]) {
 }
 
 fn frames(dir: &Path) -> (Vec<serde_json::Value>, String) {
-    let out = Command::new(VMSCOPE)
-        .args(["top", "--replay"])
-        .arg(dir)
-        .args(["--batch", "--format", "json"])
-        .output()
-        .unwrap();
+    let out = common::output_within(
+        Command::new(VMSCOPE)
+            .args(["top", "--replay"])
+            .arg(dir)
+            .args(["--batch", "--format", "json"]),
+        Duration::from_secs(60),
+    );
     assert!(
         out.status.success(),
         "{}",
