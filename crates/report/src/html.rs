@@ -327,6 +327,8 @@ pub fn write(
     opts: &ReportOptions,
     out: &mut dyn Write,
 ) -> Result<(), ReportError> {
+    // Five reports of one session: each repeated query answered once.
+    let _held = session.hold_results();
     let with = |by: &[GroupKey], limit: Option<usize>| -> Result<Report, ReportError> {
         let mut o = opts.clone();
         o.by = by.to_vec();

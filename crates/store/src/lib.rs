@@ -32,7 +32,7 @@ pub use blocks::{rollup_second, BlockSums, ROLLUP_META, ROLLUP_SECONDS};
 pub use deferred::{snapshot, PendingSymbols, SYMBOLS_DEFERRED};
 pub use history::{ScaleSecond, StoredFrame, TimelineRow};
 pub use intervals::IntervalRow;
-pub use reader::{GroupRow, Session, Slicing};
+pub use reader::{GroupRow, HeldResults, Session, Slicing};
 pub use schema::SCHEMA_VERSION;
 pub use view::{Field, Slice, View};
 pub use writer::SessionWriter;

@@ -11,8 +11,10 @@ use crate::{
     SCHEMA_VERSION, SYMBOLS_DEFERRED,
 };
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use vmscope_model::{AggKey, Context, Domain, ProfileRow, Role, SessionEvent, UNKNOWN_SLICE};
 
 /// What a session can be sliced by (`report --time`, `--cpu`).
@@ -96,6 +98,26 @@ pub struct Session {
     pub(crate) path: PathBuf,
     /// Its blocks of rows (crate::blocks) are in temporary row tables.
     pub(crate) expanded: bool,
+    /// Answers kept while results are held ([`Session::hold_results`]):
+    /// by the statement's text and arguments.
+    pub(crate) held: RefCell<Option<HashMap<String, Held>>>,
+}
+
+/// An answer [`Session::hold_results`] keeps.
+#[derive(Debug, Clone)]
+pub(crate) enum Held {
+    Totals(BTreeMap<u32, (u64, u64)>),
+    Groups(Vec<GroupRow>),
+}
+
+/// While alive, the session answers a repeated totals or grouping query
+/// from what it answered before ([`Session::hold_results`]).
+pub struct HeldResults<'a>(&'a Session);
+
+impl Drop for HeldResults<'_> {
+    fn drop(&mut self) {
+        *self.0.held.borrow_mut() = None;
+    }
 }
 
 impl Session {
@@ -232,6 +254,7 @@ impl Session {
             conn,
             path: path.to_path_buf(),
             expanded: false,
+            held: RefCell::new(None),
         })
     }
 
@@ -407,12 +430,38 @@ impl Session {
             "SELECT event, SUM(samples), SUM(period) FROM {} GROUP BY event",
             view.source_in(slice)
         );
-        self.sql().rows(&sql, [], |r| {
+        if let Some(Held::Totals(t)) = self.held_answer(&sql) {
+            return Ok(t);
+        }
+        let totals: BTreeMap<u32, (u64, u64)> = self.sql().rows(&sql, [], |r| {
             Ok((
                 r.get::<_, i64>(0)? as u32,
                 (r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64),
             ))
-        })
+        })?;
+        self.hold_answer(sql, || Held::Totals(totals.clone()));
+        Ok(totals)
+    }
+
+    /// Answer repeated totals and grouping queries from the first answer
+    /// until the returned guard is dropped: a page built of several
+    /// reports of one session (`report --format html`: five groupings,
+    /// each with the totals) then scans its rows once per distinct
+    /// query, not once per report, and shows one state of a session that
+    /// is still being written.
+    pub fn hold_results(&self) -> HeldResults<'_> {
+        self.held.borrow_mut().get_or_insert_with(HashMap::new);
+        HeldResults(self)
+    }
+
+    fn held_answer(&self, key: &str) -> Option<Held> {
+        self.held.borrow().as_ref()?.get(key).cloned()
+    }
+
+    fn hold_answer(&self, key: String, answer: impl FnOnce() -> Held) {
+        if let Some(m) = self.held.borrow_mut().as_mut() {
+            m.insert(key, answer());
+        }
     }
 
     /// Sample counts grouped by `fields` for one event, largest first.
@@ -457,19 +506,26 @@ impl Session {
         );
         let mut args: Vec<rusqlite::types::Value> = vec![i64::from(event).into()];
         args.extend(filter.iter().map(|(_, v)| v.clone().into()));
+        let key = format!("{sql}\n{args:?}");
+        if let Some(Held::Groups(g)) = self.held_answer(&key) {
+            return Ok(g);
+        }
         let n = fields.len().max(1);
-        self.sql()
-            .rows(&sql, rusqlite::params_from_iter(args), |r| {
-                let mut values = Vec::with_capacity(fields.len());
-                for i in 0..fields.len() {
-                    values.push(r.get::<_, String>(i)?);
-                }
-                Ok(GroupRow {
-                    values,
-                    samples: r.get::<_, i64>(n)? as u64,
-                    period: r.get::<_, i64>(n + 1)? as u64,
-                })
-            })
+        let groups: Vec<GroupRow> =
+            self.sql()
+                .rows(&sql, rusqlite::params_from_iter(args), |r| {
+                    let mut values = Vec::with_capacity(fields.len());
+                    for i in 0..fields.len() {
+                        values.push(r.get::<_, String>(i)?);
+                    }
+                    Ok(GroupRow {
+                        values,
+                        samples: r.get::<_, i64>(n)? as u64,
+                        period: r.get::<_, i64>(n + 1)? as u64,
+                    })
+                })?;
+        self.hold_answer(key, || Held::Groups(groups.clone()));
+        Ok(groups)
     }
 
     /// Every stored row of one event (or all events), stacks as text.
@@ -487,34 +543,75 @@ impl Session {
         slice: &Slice,
         event: Option<u32>,
     ) -> Result<Vec<ProfileRow>> {
+        // Sorted here rather than by an ORDER BY: SQLite's sorter copied
+        // and compared every row's stack text (a 75 k-row session of deep
+        // stacks spent a third of its flame graph's time in this query),
+        // where most rows differ in their samples already. The names a
+        // row repeats (domain, process, image, symbol, srcline) are
+        // shared: one allocation per distinct value, not per row.
         let sql = format!(
             "SELECT s.event, s.domain, s.context, s.process, s.image, s.symbol, COALESCE(k.frames, ''),
                s.srcline, s.second, s.cpu, s.samples, s.period
              FROM {} s LEFT JOIN stacks k ON k.id = s.stack
-             WHERE ?1 IS NULL OR s.event = ?1
-             ORDER BY s.samples DESC, s.event, s.domain, s.context, s.process, s.image, s.symbol,
-               COALESCE(k.frames, ''), s.srcline, s.second, s.cpu",
+             WHERE ?1 IS NULL OR s.event = ?1",
             view.source_in(slice)
         );
-        self.sql().rows(&sql, params![event.map(i64::from)], |r| {
-            let ctx: String = r.get(2)?;
-            Ok(ProfileRow {
-                key: AggKey {
-                    event: r.get::<_, i64>(0)? as u32,
-                    domain: r.get::<_, String>(1)?.into(),
-                    context: Context::parse(&ctx).unwrap_or(Context::HostUser),
-                    process: r.get::<_, String>(3)?.into(),
-                    image: r.get::<_, String>(4)?.into(),
-                    symbol: r.get::<_, String>(5)?.into(),
-                    stack: r.get::<_, String>(6)?.into(),
-                    srcline: r.get::<_, String>(7)?.into(),
-                    second: u32::try_from(r.get::<_, i64>(8)?).unwrap_or(UNKNOWN_SLICE),
-                    cpu: u32::try_from(r.get::<_, i64>(9)?).unwrap_or(UNKNOWN_SLICE),
-                },
-                samples: r.get::<_, i64>(10)? as u64,
-                period: r.get::<_, i64>(11)? as u64,
-            })
-        })
+        let mut names: HashMap<String, Arc<str>> = HashMap::new();
+        let mut name = |r: &rusqlite::Row<'_>, i: usize| -> rusqlite::Result<Arc<str>> {
+            let v = r.get_ref(i)?;
+            let text = v.as_str().map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(i, v.data_type(), e.into())
+            })?;
+            if let Some(a) = names.get(text) {
+                return Ok(a.clone());
+            }
+            let a: Arc<str> = Arc::from(text);
+            names.insert(text.to_string(), a.clone());
+            Ok(a)
+        };
+        let mut rows: Vec<ProfileRow> =
+            self.sql().rows(&sql, params![event.map(i64::from)], |r| {
+                let ctx = r.get_ref(2)?;
+                let ctx = ctx.as_str().map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(2, ctx.data_type(), e.into())
+                })?;
+                Ok(ProfileRow {
+                    key: AggKey {
+                        event: r.get::<_, i64>(0)? as u32,
+                        domain: name(r, 1)?,
+                        context: Context::parse(ctx).unwrap_or(Context::HostUser),
+                        process: name(r, 3)?,
+                        image: name(r, 4)?,
+                        symbol: name(r, 5)?,
+                        stack: r.get::<_, String>(6)?.into(),
+                        srcline: name(r, 7)?,
+                        second: u32::try_from(r.get::<_, i64>(8)?).unwrap_or(UNKNOWN_SLICE),
+                        cpu: u32::try_from(r.get::<_, i64>(9)?).unwrap_or(UNKNOWN_SLICE),
+                    },
+                    samples: r.get::<_, i64>(10)? as u64,
+                    period: r.get::<_, i64>(11)? as u64,
+                })
+            })?;
+        // The order the query had: samples descending, then every column
+        // of the key as stored (texts byte by byte, as SQLite's BINARY;
+        // an unknown second or CPU as -1).
+        let stored = |v: u32| if v == UNKNOWN_SLICE { -1 } else { i64::from(v) };
+        rows.sort_unstable_by(|a, b| {
+            let (x, y) = (&a.key, &b.key);
+            b.samples
+                .cmp(&a.samples)
+                .then(x.event.cmp(&y.event))
+                .then_with(|| x.domain.cmp(&y.domain))
+                .then_with(|| x.context.as_str().cmp(y.context.as_str()))
+                .then_with(|| x.process.cmp(&y.process))
+                .then_with(|| x.image.cmp(&y.image))
+                .then_with(|| x.symbol.cmp(&y.symbol))
+                .then_with(|| x.stack.cmp(&y.stack))
+                .then_with(|| x.srcline.cmp(&y.srcline))
+                .then(stored(x.second).cmp(&stored(y.second)))
+                .then(stored(x.cpu).cmp(&stored(y.cpu)))
+        });
+        Ok(rows)
     }
 
     /// The distinct values of `field` among the view's rows (for a domain,

@@ -79,6 +79,47 @@ fn write_then_read_back() {
 }
 
 #[test]
+fn held_results_answer_from_one_state_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    write_session(&path, true);
+    let s = Session::open(&path).unwrap();
+    let other = Connection::open(&path).unwrap();
+    let more = || {
+        other
+            .execute(
+                "UPDATE samples SET samples = samples + 100, period = period + 1000 WHERE symbol = 'beta'",
+                [],
+            )
+            .unwrap()
+    };
+    let alpha_first = |s: &Session| {
+        s.grouped(View::Host, 0, &[Field::Symbol], &[]).unwrap()[0].values[0] == "alpha"
+    };
+    let held_n;
+    {
+        let _held = s.hold_results();
+        assert_eq!(s.totals(View::Host).unwrap()[&0], (16, 160));
+        assert!(alpha_first(&s));
+        let n = more() as u64;
+        assert!(n > 0);
+        // Another writer changed the rows: the held answers stay.
+        assert_eq!(s.totals(View::Host).unwrap()[&0], (16, 160));
+        assert!(alpha_first(&s));
+        // A query not asked before reads the file as it is now.
+        let by_process = s.grouped(View::Host, 0, &[Field::Process], &[]).unwrap();
+        assert_eq!(by_process[0].samples, 16 + 100 * n);
+        held_n = n;
+    }
+    // Released: every query reads the file again.
+    assert_eq!(
+        s.totals(View::Host).unwrap()[&0],
+        (16 + 100 * held_n, 160 + 1000 * held_n)
+    );
+    assert!(!alpha_first(&s));
+}
+
+#[test]
 fn a_batch_commits_its_writes_together_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
