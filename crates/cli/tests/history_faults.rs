@@ -323,3 +323,86 @@ fn a_full_file_system_pauses_and_resumes_the_history() {
     let (fr, _) = frames(&dir);
     assert!(fr.len() >= 3);
 }
+
+/// The processes whose command line holds `marker` (a test's own
+/// temporary path).
+fn pids_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains(marker) && c.contains("top")
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_closed_terminal_ends_the_replay_and_the_live_view() {
+    if !vmscope_testkit::require_root("the host's /proc as serve samples it")
+        || !vmscope_testkit::require_tools(&[("tmux", "tmux")])
+    {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("h");
+    let log = tmp.path().join("serve.log");
+    let s = serve(&dir, "127.0.0.1:0", &[], &log);
+    wait("serve never recorded", || {
+        vmscope_history::segments(&dir).is_ok_and(|s| !s.is_empty())
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    stop(s);
+    let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
+    // The replay, then the live view, each found by the test's directory
+    // in its command line (the live view run through a link there).
+    let marker = tmp.path().display().to_string();
+    let live = tmp.path().join("vmscope");
+    std::os::unix::fs::symlink(VMSCOPE, &live).unwrap();
+    for (what, cmd) in [
+        (
+            "the replay",
+            format!("{VMSCOPE} top --replay {}", dir.display()),
+        ),
+        ("the live view", format!("{} top", live.display())),
+    ] {
+        let session = format!("vmscope-hangup-{}", std::process::id());
+        let st = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "120",
+            "-y",
+            "30",
+            &cmd,
+        ]);
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        wait(&format!("{what} never drew its screen"), || {
+            let out = tmux(&["capture-pane", "-p", "-t", &session]);
+            String::from_utf8_lossy(&out.stdout).contains("CPU")
+        });
+        let pids = pids_with(&marker);
+        assert!(!pids.is_empty(), "{what}: no process found");
+        // The terminal goes away: the window closed.
+        tmux(&["kill-session", "-t", &session]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !pids_with(&marker).is_empty() {
+            if Instant::now() >= deadline {
+                for p in pids_with(&marker) {
+                    // SAFETY: a signal to a process this test started.
+                    unsafe { libc::kill(p, libc::SIGKILL) };
+                }
+                panic!("{what} did not end within 5 s of its terminal hanging up");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -472,7 +472,7 @@ pub fn run_interactive(
                 return Ok(());
             }
             terminal.draw(|f| draw(f, &frame, &view))?;
-            if event::poll(std::time::Duration::from_millis(100))? {
+            if terminal_input(std::time::Duration::from_millis(100))? {
                 if let Event::Key(k) = event::read()? {
                     if k.kind != KeyEventKind::Press {
                         continue;
@@ -560,7 +560,7 @@ pub fn run_replay(
                 if view.paused { " paused" } else { " playing" }
             ));
             terminal.draw(|f| draw(f, current, &view))?;
-            if event::poll(Duration::from_millis(100))? {
+            if terminal_input(Duration::from_millis(100))? {
                 if let Event::Key(k) = event::read()? {
                     if k.kind != KeyEventKind::Press {
                         continue;
@@ -607,6 +607,53 @@ pub fn run_replay(
 
 #[cfg(test)]
 mod tests;
+
+/// Whether the terminal has input within `timeout`: an event
+/// `crossterm::event::read` returns at once. A terminal that hung up
+/// (its window closed, its tmux session killed) is an error, so the view
+/// ends: crossterm's own poll reads the hung-up terminal's end of file
+/// again and again without returning (a replay left that way spun at a
+/// whole CPU for 14 minutes), so the terminal is polled here first and
+/// crossterm asked only when there is something to read.
+fn terminal_input(timeout: std::time::Duration) -> Result<bool, TopError> {
+    use std::os::fd::AsRawFd;
+    // crossterm reads standard input when it is a terminal, else /dev/tty.
+    static TTY: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    // SAFETY: isatty only inspects the descriptor.
+    let fd = if unsafe { libc::isatty(0) } == 1 {
+        0
+    } else {
+        match TTY.get_or_init(|| std::fs::File::open("/dev/tty").ok()) {
+            Some(f) => f.as_raw_fd(),
+            None => return Err(TopError::Source("no terminal to read keys from".into())),
+        }
+    };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&raw mut p, 1, ms) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e.into())
+        };
+    }
+    if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        return Err(TopError::Source("the terminal hung up".into()));
+    }
+    if p.revents & libc::POLLIN == 0 {
+        return Ok(false);
+    }
+    // Input is there: crossterm parses it (a lone Escape may wait for
+    // the rest of a sequence only as long as this timeout).
+    Ok(crossterm::event::poll(std::time::Duration::ZERO)?)
+}
 
 /// The view's key for a terminal key press (the live and the replay screen
 /// read the same keys): arrows as j/k, Enter, Esc and Ctrl-C as quit.
