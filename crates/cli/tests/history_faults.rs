@@ -353,7 +353,7 @@ fn a_closed_terminal_ends_the_replay_and_the_live_view() {
     wait("serve never recorded", || {
         vmscope_history::segments(&dir).is_ok_and(|s| !s.is_empty())
     });
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(5000));
     stop(s);
     let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
     // The replay, then the live view, each found by the test's directory
@@ -389,6 +389,31 @@ fn a_closed_terminal_ends_the_replay_and_the_live_view() {
             let out = tmux(&["capture-pane", "-p", "-t", &session]);
             String::from_utf8_lossy(&out.stdout).contains("CPU")
         });
+        if what == "the replay" {
+            // Keys typed together (read by crossterm in one read) each
+            // act at once: G to the last interval, then three steps back.
+            let position = || -> Option<(usize, usize)> {
+                let out = tmux(&["capture-pane", "-p", "-t", &session]);
+                let screen = String::from_utf8_lossy(&out.stdout).into_owned();
+                let title = screen.lines().next()?.to_string();
+                title.split(" - ").find_map(|p| {
+                    let (a, b) = p.split_once('/')?;
+                    Some((
+                        a.trim().parse().ok()?,
+                        b.split_whitespace().next()?.parse().ok()?,
+                    ))
+                })
+            };
+            tmux(&["send-keys", "-t", &session, "G"]);
+            wait("G never reached the last interval", || {
+                position().is_some_and(|(n, m)| n == m && m > 3)
+            });
+            let (_, m) = position().unwrap();
+            tmux(&["send-keys", "-t", &session, "bbb"]);
+            wait(&format!("bbb never stepped from {m} to {}", m - 3), || {
+                position().is_some_and(|(n, _)| n == m - 3)
+            });
+        }
         let pids = pids_with(&marker);
         assert!(!pids.is_empty(), "{what}: no process found");
         // The terminal goes away: the window closed.

@@ -611,13 +611,37 @@ mod tests;
 /// Whether the terminal has input within `timeout`: an event
 /// `crossterm::event::read` returns at once. A terminal that hung up
 /// (its window closed, its tmux session killed) is an error, so the view
-/// ends: crossterm's own poll reads the hung-up terminal's end of file
+/// ends: crossterm's own poll reads a hung-up terminal's end of file
 /// again and again without returning (a replay left that way spun at a
 /// whole CPU for 14 minutes), so the terminal is polled here first and
-/// crossterm asked only when there is something to read.
+/// crossterm asked only when it is still there. (A hang-up in the
+/// microseconds between that check and crossterm's read is not caught.)
 fn terminal_input(timeout: std::time::Duration) -> Result<bool, TopError> {
+    use crossterm::event::poll;
+    use std::time::Duration;
+    // Still there: keys crossterm already holds (several arrive in one
+    // read) first.
+    terminal_poll(Duration::ZERO)?;
+    if poll(Duration::ZERO)? {
+        return Ok(true);
+    }
+    match terminal_poll(timeout)? {
+        // Input is there: crossterm parses it.
+        Tty::Input => Ok(poll(Duration::ZERO)?),
+        Tty::Quiet => Ok(false),
+    }
+}
+
+/// What the terminal had within a timeout.
+enum Tty {
+    Input,
+    Quiet,
+}
+
+/// Whether the terminal (standard input when it is one, else /dev/tty,
+/// as crossterm reads) has input within `timeout`; an error once it hung up.
+fn terminal_poll(timeout: std::time::Duration) -> Result<Tty, TopError> {
     use std::os::fd::AsRawFd;
-    // crossterm reads standard input when it is a terminal, else /dev/tty.
     static TTY: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
     // SAFETY: isatty only inspects the descriptor.
     let fd = if unsafe { libc::isatty(0) } == 1 {
@@ -639,7 +663,7 @@ fn terminal_input(timeout: std::time::Duration) -> Result<bool, TopError> {
     if n < 0 {
         let e = std::io::Error::last_os_error();
         return if e.kind() == std::io::ErrorKind::Interrupted {
-            Ok(false)
+            Ok(Tty::Quiet)
         } else {
             Err(e.into())
         };
@@ -647,12 +671,11 @@ fn terminal_input(timeout: std::time::Duration) -> Result<bool, TopError> {
     if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
         return Err(TopError::Source("the terminal hung up".into()));
     }
-    if p.revents & libc::POLLIN == 0 {
-        return Ok(false);
-    }
-    // Input is there: crossterm parses it (a lone Escape may wait for
-    // the rest of a sequence only as long as this timeout).
-    Ok(crossterm::event::poll(std::time::Duration::ZERO)?)
+    Ok(if p.revents & libc::POLLIN != 0 {
+        Tty::Input
+    } else {
+        Tty::Quiet
+    })
 }
 
 /// The view's key for a terminal key press (the live and the replay screen
