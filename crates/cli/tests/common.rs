@@ -431,3 +431,80 @@ impl Drop for TestLab {
         let _ = self.cmd(&["down", &self.name]).output();
     }
 }
+
+/// A detached tmux session running one command (a real terminal for the
+/// interactive views), killed when dropped however the test ends.
+pub struct Tmux {
+    pub session: String,
+}
+
+impl Tmux {
+    /// Start `cmd` in a new session named `tag` and this process's id, of
+    /// `cols` x `rows`.
+    pub fn start(tag: &str, cols: u16, rows: u16, cmd: &str) -> Tmux {
+        let t = Tmux {
+            session: format!("{tag}-{}", std::process::id()),
+        };
+        let (x, y) = (cols.to_string(), rows.to_string());
+        let st = tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &t.session,
+            "-x",
+            &x,
+            "-y",
+            &y,
+            cmd,
+        ]);
+        assert!(
+            st.status.success(),
+            "{}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        t
+    }
+
+    /// What the pane shows now.
+    pub fn screen(&self) -> String {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &self.session]).stdout)
+            .into_owned()
+    }
+
+    /// Type `keys` (tmux key names or text) into the pane.
+    pub fn keys(&self, keys: &str) {
+        tmux(&["send-keys", "-t", &self.session, keys]);
+    }
+
+    /// Whether the session still exists (its command has not ended).
+    pub fn alive(&self) -> bool {
+        tmux(&["has-session", "-t", &self.session]).status.success()
+    }
+
+    /// Close the terminal: the command's terminal hangs up.
+    pub fn kill(&self) {
+        tmux(&["kill-session", "-t", &self.session]);
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tmux(args: &[&str]) -> Output {
+    Command::new("tmux").args(args).output().expect("tmux runs")
+}
+
+/// The replay's place in its range from the title of a `top --replay`
+/// screen ("... - 12/3601 paused - ..."): (interval, of intervals).
+pub fn replay_position(screen: &str) -> Option<(usize, usize)> {
+    screen.lines().next()?.split(" - ").find_map(|p| {
+        let (a, b) = p.split_once('/')?;
+        Some((
+            a.trim().parse().ok()?,
+            b.split_whitespace().next()?.parse().ok()?,
+        ))
+    })
+}

@@ -353,31 +353,16 @@ fn flight_recorder_on_a_lab_vm() {
     }
 
     // The replay under tmux: the workload's functions, and b steps back.
-    let session = format!("vmscope-replay-{}", std::process::id());
-    let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
-    let st = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "160",
-        "-y",
-        "40",
+    let term = common::Tmux::start(
+        "vmscope-replay",
+        160,
+        40,
         &format!("{VMSCOPE} top --replay {} --at {}", dir.display(), at(12)),
-    ]);
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
     );
-    let screen = || {
-        String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout).into_owned()
-    };
     let wait_for = |what: &dyn Fn(&str) -> bool, why: &str| -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let s = screen();
+            let s = term.screen();
             if what(&s) {
                 return s;
             }
@@ -387,9 +372,7 @@ fn flight_recorder_on_a_lab_vm() {
     };
     let position = |s: &str| -> (usize, String) {
         let title = s.lines().next().unwrap_or("").to_string();
-        let n = title
-            .split(" - ")
-            .find_map(|p| p.split_once('/').and_then(|(a, _)| a.trim().parse().ok()))
+        let (n, _) = common::replay_position(s)
             .unwrap_or_else(|| panic!("no position in the title: {title}"));
         (n, title)
     };
@@ -398,12 +381,12 @@ fn flight_recorder_on_a_lab_vm() {
         "the replay never showed the workload",
     );
     let (n, title) = position(&s);
-    tmux(&["send-keys", "-t", &session, "b"]);
+    term.keys("b");
     let s = wait_for(&|s| position(s).0 + 1 == n, "b did not step back");
     assert_ne!(position(&s).1, title, "the time did not change");
-    tmux(&["send-keys", "-t", &session, "q"]);
+    term.keys("q");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while tmux(&["has-session", "-t", &session]).status.success() {
+    while term.alive() {
         assert!(Instant::now() < deadline, "q did not quit the replay");
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -355,7 +355,6 @@ fn a_closed_terminal_ends_the_replay_and_the_live_view() {
     });
     std::thread::sleep(Duration::from_millis(5000));
     stop(s);
-    let tmux = |args: &[&str]| Command::new("tmux").args(args).output().expect("tmux runs");
     // The replay, then the live view, each found by the test's directory
     // in its command line (the live view run through a link there).
     let marker = tmp.path().display().to_string();
@@ -368,48 +367,20 @@ fn a_closed_terminal_ends_the_replay_and_the_live_view() {
         ),
         ("the live view", format!("{} top", live.display())),
     ] {
-        let session = format!("vmscope-hangup-{}", std::process::id());
-        let st = tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            &session,
-            "-x",
-            "120",
-            "-y",
-            "30",
-            &cmd,
-        ]);
-        assert!(
-            st.status.success(),
-            "{}",
-            String::from_utf8_lossy(&st.stderr)
-        );
+        let term = common::Tmux::start("vmscope-hangup", 120, 30, &cmd);
         wait(&format!("{what} never drew its screen"), || {
-            let out = tmux(&["capture-pane", "-p", "-t", &session]);
-            String::from_utf8_lossy(&out.stdout).contains("CPU")
+            term.screen().contains("CPU")
         });
         if what == "the replay" {
             // Keys typed together (read by crossterm in one read) each
             // act at once: G to the last interval, then three steps back.
-            let position = || -> Option<(usize, usize)> {
-                let out = tmux(&["capture-pane", "-p", "-t", &session]);
-                let screen = String::from_utf8_lossy(&out.stdout).into_owned();
-                let title = screen.lines().next()?.to_string();
-                title.split(" - ").find_map(|p| {
-                    let (a, b) = p.split_once('/')?;
-                    Some((
-                        a.trim().parse().ok()?,
-                        b.split_whitespace().next()?.parse().ok()?,
-                    ))
-                })
-            };
-            tmux(&["send-keys", "-t", &session, "G"]);
+            let position = || common::replay_position(&term.screen());
+            term.keys("G");
             wait("G never reached the last interval", || {
                 position().is_some_and(|(n, m)| n == m && m > 3)
             });
             let (_, m) = position().unwrap();
-            tmux(&["send-keys", "-t", &session, "bbb"]);
+            term.keys("bbb");
             wait(&format!("bbb never stepped from {m} to {}", m - 3), || {
                 position().is_some_and(|(n, _)| n == m - 3)
             });
@@ -417,7 +388,7 @@ fn a_closed_terminal_ends_the_replay_and_the_live_view() {
         let pids = pids_with(&marker);
         assert!(!pids.is_empty(), "{what}: no process found");
         // The terminal goes away: the window closed.
-        tmux(&["kill-session", "-t", &session]);
+        term.kill();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !pids_with(&marker).is_empty() {
             if Instant::now() >= deadline {
