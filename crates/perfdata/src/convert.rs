@@ -4,16 +4,17 @@
 //! LOST_SAMPLES); other record types are skipped.
 
 use crate::error::{Ctx, PerfDataError};
-use crate::layout::{Endian, Layout};
+use crate::layout::{Endian, FrameCheck, Layout};
 use crate::{features, sample, PerfDataInfo, RawRecord};
 use linux_perf_data::linux_perf_event_reader::{
     EventRecord, Mmap2FileId, RawEventRecord, RecordType, SamplingPolicy,
 };
 use linux_perf_data::{Feature, PerfFileReader, PerfFileRecord};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::rc::Rc;
 use std::sync::Arc;
 use vmscope_model::{CpuMode, EventKind, RawChain, Record, SampleRecord, SessionEvent};
 
@@ -88,6 +89,7 @@ fn event_name(raw: Option<&crate::layout::RawAttr>, desc: Option<&str>) -> Strin
 pub(crate) fn run<R: Read + Seek>(
     r: BufReader<R>,
     layout: &Layout,
+    check: &Rc<RefCell<FrameCheck>>,
     ctx: &Ctx,
     sink: &mut dyn FnMut(RawRecord<'_>),
 ) -> Result<PerfDataInfo, PerfDataError> {
@@ -100,10 +102,19 @@ pub(crate) fn run<R: Read + Seek>(
         sink(rec);
         in_sink.set(false);
     };
+    // A read the record framing refused fails the parser: the framing's
+    // error says why.
+    let framing = |e: PerfDataError| check.borrow_mut().take_error().unwrap_or(e);
     match catch_unwind(AssertUnwindSafe(|| run_inner(r, layout, ctx, &mut guarded))) {
-        Ok(res) => res,
+        Ok(Ok(info)) => {
+            check.borrow_mut().finish(ctx)?;
+            Ok(info)
+        }
+        Ok(Err(e)) => Err(framing(e)),
         Err(p) if in_sink.get() => resume_unwind(p),
-        Err(_) => Err(ctx.corrupt("the perf.data parser rejected malformed records")),
+        Err(_) => Err(framing(
+            ctx.corrupt("the perf.data parser rejected malformed records"),
+        )),
     }
 }
 
@@ -185,7 +196,8 @@ fn run_inner<R: Read + Seek>(
     let mut conv = Converter {
         ctx,
         e,
-        skip_lost: layout.has_lost_samples,
+        held_lost: Vec::new(),
+        lost_samples: false,
         decode,
         by_path,
     };
@@ -197,15 +209,25 @@ fn run_inner<R: Read + Seek>(
             conv.event(attr_index, &record, &mut info, sink)?;
         }
     }
+    if !conv.lost_samples {
+        for (cpu, count) in conv.held_lost.drain(..) {
+            info.lost = info.lost.saturating_add(count);
+            sink(RawRecord::Other(Record::Lost { cpu, count }));
+        }
+    }
     Ok(info)
 }
 
 struct Converter<'a> {
     ctx: &'a Ctx,
     e: Endian,
-    /// LOST_SAMPLES records are present and count the loss; LOST records
-    /// would count it twice (perf's "Total Lost Samples" sums LOST_SAMPLES).
-    skip_lost: bool,
+    /// LOST records (CPU, count), held to the end: when the file also has
+    /// LOST_SAMPLES records (perf ≥ 6.0 writes them at the end of a
+    /// recording), those count the loss and these would count it twice
+    /// (perf's "Total Lost Samples" sums LOST_SAMPLES). Losses are counted
+    /// per event, so handing them on last changes nothing else.
+    held_lost: Vec<(Option<u32>, u64)>,
+    lost_samples: bool,
     decode: Vec<AttrDecode>,
     by_path: BuildIds,
 }
@@ -385,21 +407,22 @@ impl Converter<'_> {
                 })();
                 other(parsed.ok_or_else(|| bad("KSYMBOL"))?);
             }
-            RecordType::LOST if self.skip_lost => {}
             RecordType::LOST | RecordType::LOST_SAMPLES => {
                 // LOST: { u64 id; u64 lost; }  LOST_SAMPLES: { u64 lost; }
-                let off = if rec.record_type == RecordType::LOST {
-                    8
-                } else {
-                    0
-                };
+                let lost = rec.record_type == RecordType::LOST;
                 let body = rec.data.as_slice();
-                let count = self.e.u64(&body, off).ok_or_else(|| bad("LOST"))?;
-                info.lost = info.lost.saturating_add(count);
-                other(Record::Lost {
-                    cpu: rec.common_data().ok().and_then(|c| c.cpu),
-                    count,
-                });
+                let count = self
+                    .e
+                    .u64(&body, if lost { 8 } else { 0 })
+                    .ok_or_else(|| bad("LOST"))?;
+                let cpu = rec.common_data().ok().and_then(|c| c.cpu);
+                if lost {
+                    self.held_lost.push((cpu, count));
+                } else {
+                    self.lost_samples = true;
+                    info.lost = info.lost.saturating_add(count);
+                    other(Record::Lost { cpu, count });
+                }
             }
             _ => {}
         }

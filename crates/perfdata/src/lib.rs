@@ -113,9 +113,13 @@ pub fn import_reader_raw<R: Read + Seek>(
     let ctx = error::Ctx {
         file: name.to_string(),
     };
-    let mut r = BufReader::with_capacity(READ_BUFFER, reader);
+    let (framed, check) = layout::Framed::new(reader, &ctx);
+    let mut r = BufReader::with_capacity(READ_BUFFER, framed);
     let layout = layout::check(&mut r, &ctx)?;
-    convert::run(r, &layout, &ctx, sink)
+    if let Some(data) = layout.data {
+        check.borrow_mut().arm(layout.endian, data, layout.file_len);
+    }
+    convert::run(r, &layout, &check, &ctx, sink)
 }
 
 /// A record with its call chain split into frames (`buf`: reused words).

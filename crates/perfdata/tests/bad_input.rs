@@ -208,3 +208,59 @@ fn a_killed_perf_record_is_named_as_such() {
         "{msg}"
     );
 }
+
+/// The record framing is checked as the parser reads the data section (the
+/// file is read once): a bad record size is still named with its byte,
+/// wherever in the data it is (here past the first 256 KiB read, and in
+/// the last read).
+#[test]
+fn bad_record_framing_is_named_with_its_byte() {
+    let full = fixture_bytes();
+    // The fixture's data section runs from byte 320 to byte 404520.
+    let size_at = |bytes: &[u8], pos: usize| u16::from_le_bytes([bytes[pos + 6], bytes[pos + 7]]);
+    // Walk to a record deep in the data (past the first 256 KiB read).
+    let mut pos = 320usize;
+    while pos < 300_000 {
+        pos += size_at(&full, pos) as usize;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (name, set, want) in [
+        (
+            "zero.data",
+            0u16,
+            format!(
+                "corrupt perf.data: record at byte {pos} has size 0, less than its 8-byte header"
+            ),
+        ),
+        (
+            "huge.data",
+            u16::MAX,
+            // The last records: one that large runs past the data's end.
+            String::new(),
+        ),
+    ] {
+        let mut bytes = full.clone();
+        let at = if set == 0 {
+            pos
+        } else {
+            // A record within 64 KiB of the data section's end.
+            let mut p = pos;
+            while 404_520 - p > 60_000 {
+                p += size_at(&full, p) as usize;
+            }
+            p
+        };
+        bytes[at + 6..at + 8].copy_from_slice(&set.to_le_bytes());
+        let p = write(dir.path(), name, &bytes);
+        let msg = err_of(&p);
+        let want = if want.is_empty() {
+            format!(
+                "corrupt perf.data: record at byte {at} needs {} bytes, past the data section's end at byte 404520",
+                u16::MAX
+            )
+        } else {
+            want
+        };
+        assert!(msg.ends_with(&want), "got  {msg}\nwant …{want}");
+    }
+}
