@@ -49,6 +49,7 @@ fn stored_options(p: &PendingSymbols) -> Result<SymbolizerOptions, EngineError> 
         kallsyms: some_path(p.meta("symbols_kallsyms")?),
         symfs: some_path(p.meta("symbols_symfs")?),
         line_cache: vmscope_symbols::linecache::default_dir(),
+        kernel_cache: vmscope_symbols::kernelcache::default_dir(),
         ..SymbolizerOptions::default()
     };
     if let Some(d) = p.meta("symbols_debug_dirs")? {

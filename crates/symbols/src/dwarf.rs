@@ -19,13 +19,30 @@
 
 use crate::demangle::demangle;
 use crate::SymbolError;
-use std::path::Path;
+use addr2line::gimli;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// DWARF of one file.
 pub struct DwarfFile {
     loader: addr2line::Loader,
+    path: PathBuf,
+    /// The file's units and their address ranges, for [`DwarfFile::segments`]
+    /// (loaded at its first call; `None` inside when it cannot be used).
+    index: Option<Option<DieIndex>>,
 }
+
+/// Answers that hold over a whole range of addresses: `(start, info)` in
+/// address order, each up to the next start, the last up to `end`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segments {
+    pub end: u64,
+    pub parts: Vec<(u64, LineInfo)>,
+}
+
+/// A function with more boundaries than this gets no segments (its
+/// addresses are answered one by one).
+const MAX_BOUNDARIES: usize = 50_000;
 
 /// What DWARF says about one address.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,7 +61,54 @@ impl DwarfFile {
             origin: path.display().to_string(),
             reason: format!("DWARF: {e}"),
         })?;
-        Ok(DwarfFile { loader })
+        Ok(DwarfFile {
+            loader,
+            path: path.to_path_buf(),
+            index: None,
+        })
+    }
+
+    /// What DWARF says over the whole function around `vaddr`, exactly:
+    /// the answer of [`DwarfFile::lookup`] changes only where a line-table
+    /// row or the range of a function or inlined subroutine begins or ends,
+    /// so the function's range is cut at every such boundary and each piece
+    /// is answered at its start. `None` when that cannot be known for sure:
+    /// no function covers `vaddr`, the units' address table is incomplete,
+    /// several units cover the function, split or supplementary DWARF.
+    ///
+    /// A later address in the same function is then answered without the
+    /// DWARF ([`crate::linecache`]): a new recording of the same binaries
+    /// meets new addresses mostly in functions it met before.
+    pub fn segments(&mut self, vaddr: u64) -> Option<Segments> {
+        if self.index.is_none() {
+            self.index = Some(DieIndex::load(&self.path));
+        }
+        let index = self.index.as_mut()?.as_mut()?;
+        let (lo, hi, mut bounds) = index.bounds(vaddr).ok()??;
+        if let Ok(rows) = self.loader.find_location_range(lo, hi) {
+            for (a, len, _) in rows {
+                bounds.push(a);
+                bounds.push(a.saturating_add(len));
+            }
+        } else {
+            return None;
+        }
+        bounds.push(lo);
+        bounds.retain(|&b| lo <= b && b < hi);
+        bounds.sort_unstable();
+        bounds.dedup();
+        if bounds.len() > MAX_BOUNDARIES {
+            return None;
+        }
+        let mut parts: Vec<(u64, LineInfo)> = Vec::with_capacity(bounds.len());
+        for b in bounds {
+            let info = self.lookup(b);
+            if parts.last().is_some_and(|(_, last)| *last == info) {
+                continue;
+            }
+            parts.push((b, info));
+        }
+        Some(Segments { end: hi, parts })
     }
 
     /// Inline frames and source line of a link-time virtual address.
@@ -83,6 +147,238 @@ impl DwarfFile {
     }
 }
 
+/// A file section: a range of the mapped file, or inflated bytes.
+enum Sect {
+    Map(std::ops::Range<usize>),
+    Owned(Vec<u8>),
+}
+
+/// The DWARF of one file as gimli reads it, for the ranges of its units'
+/// functions and inlined subroutines (addr2line answers lookups, but does
+/// not say over which addresses an answer holds).
+struct DieIndex {
+    map: memmap2::Mmap,
+    sections: gimli::DwarfSections<Sect>,
+    endian: gimli::RunTimeEndian,
+    /// `.debug_aranges`: (begin, end, unit offset in `.debug_info`).
+    aranges: Vec<(u64, u64, usize)>,
+    /// [`DieIndex::unit_ranges`] of the units met so far.
+    #[allow(clippy::type_complexity)]
+    units: std::collections::HashMap<usize, Option<Vec<(u64, u64, bool)>>>,
+}
+
+type Slice<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
+
+impl DieIndex {
+    fn load(path: &Path) -> Option<DieIndex> {
+        use object::{Object, ObjectSection};
+        let file = std::fs::File::open(path).ok()?;
+        // SAFETY: the file is mapped read-only and only read through this
+        // mapping; a file truncated meanwhile can fault, as for addr2line's
+        // own mapping of the same file.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let (sections, endian) = {
+            let obj = object::File::parse(&*map).ok()?;
+            if obj.section_by_name(".gnu_debugaltlink").is_some() {
+                return None;
+            }
+            let endian = if obj.is_little_endian() {
+                gimli::RunTimeEndian::Little
+            } else {
+                gimli::RunTimeEndian::Big
+            };
+            let base = map.as_ptr() as usize;
+            let sections = gimli::DwarfSections::load(|id| -> Result<Sect, ()> {
+                use gimli::SectionId as S;
+                // Locations, macros and frames say nothing about ranges.
+                if matches!(
+                    id,
+                    S::DebugLoc | S::DebugLocLists | S::DebugMacinfo | S::DebugMacro
+                ) {
+                    return Ok(Sect::Owned(Vec::new()));
+                }
+                let Some(sec) = obj.section_by_name(id.name()) else {
+                    return Ok(Sect::Owned(Vec::new()));
+                };
+                match sec.uncompressed_data() {
+                    Ok(std::borrow::Cow::Borrowed(b)) => {
+                        let start = b.as_ptr() as usize - base;
+                        Ok(Sect::Map(start..start + b.len()))
+                    }
+                    Ok(std::borrow::Cow::Owned(v)) => Ok(Sect::Owned(v)),
+                    Err(_) => Err(()),
+                }
+            })
+            .ok()?;
+            (sections, endian)
+        };
+        let mut index = DieIndex {
+            map,
+            sections,
+            endian,
+            aranges: Vec::new(),
+            units: Default::default(),
+        };
+        index.aranges = index.read_aranges().ok()??;
+        Some(index)
+    }
+
+    fn dwarf(&self) -> gimli::Dwarf<Slice<'_>> {
+        self.sections.borrow(|s| {
+            let b: &[u8] = match s {
+                Sect::Map(r) => &self.map[r.clone()],
+                Sect::Owned(v) => v,
+            };
+            gimli::EndianSlice::new(b, self.endian)
+        })
+    }
+
+    /// Every unit's address ranges: from `.debug_aranges`, and for a unit
+    /// that table leaves out, from the unit itself (as addr2line finds
+    /// units); `None` when a unit is split or of a kind not read here.
+    fn read_aranges(&self) -> gimli::Result<Option<Vec<(u64, u64, usize)>>> {
+        let dwarf = self.dwarf();
+        let mut out = Vec::new();
+        let mut listed = std::collections::HashSet::new();
+        let mut hs = dwarf.debug_aranges.headers();
+        while let Some(h) = hs.next()? {
+            let off = h.debug_info_offset().0;
+            listed.insert(off);
+            let mut es = h.entries();
+            while let Some(e) = es.next()? {
+                let r = e.range();
+                if r.begin < r.end {
+                    out.push((r.begin, r.end, off));
+                }
+            }
+        }
+        let mut it = dwarf.units();
+        while let Some(h) = it.next()? {
+            if !matches!(
+                h.type_(),
+                gimli::UnitType::Compilation | gimli::UnitType::Partial
+            ) {
+                return Ok(None);
+            }
+            let Some(off) = h.offset().as_debug_info_offset() else {
+                return Ok(None);
+            };
+            if listed.contains(&off.0) {
+                continue;
+            }
+            let unit = dwarf.unit(h)?;
+            let mut rs = dwarf.unit_ranges(&unit)?;
+            while let Some(r) = rs.next()? {
+                if r.begin < r.end {
+                    out.push((r.begin, r.end, off.0));
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The range `[lo, hi)` of the function around `vaddr` and the
+    /// boundaries of every function and inlined subroutine range inside it;
+    /// `None` when no single unit holds it.
+    #[allow(clippy::type_complexity)]
+    /// The ranges of every function (`true`) and inlined subroutine
+    /// (`false`) of the unit at `unit_off`; `None` for a split unit.
+    #[allow(clippy::type_complexity)]
+    fn unit_ranges(&self, unit_off: usize) -> gimli::Result<Option<Vec<(u64, u64, bool)>>> {
+        let dwarf = self.dwarf();
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(unit_off))?;
+        let unit = dwarf.unit(header)?;
+        if unit.dwo_id.is_some() {
+            return Ok(None);
+        }
+        let mut all = Vec::new();
+        let mut cur = unit.entries();
+        while let Some((_, e)) = cur.next_dfs()? {
+            let tag = e.tag();
+            if tag != gimli::DW_TAG_subprogram && tag != gimli::DW_TAG_inlined_subroutine {
+                continue;
+            }
+            let mut rs = dwarf.die_ranges(&unit, e)?;
+            while let Some(r) = rs.next()? {
+                if r.begin < r.end {
+                    all.push((r.begin, r.end, tag == gimli::DW_TAG_subprogram));
+                }
+            }
+        }
+        Ok(Some(all))
+    }
+
+    fn bounds(&mut self, vaddr: u64) -> gimli::Result<Option<(u64, u64, Vec<u64>)>> {
+        let at: Vec<usize> = self
+            .aranges
+            .iter()
+            .filter(|(b, e, _)| *b <= vaddr && vaddr < *e)
+            .map(|(_, _, u)| *u)
+            .collect();
+        let Some(&unit_off) = at.first() else {
+            // No unit covers it (code built without debug info, the
+            // dependencies' here): nothing is known from the end of the
+            // unit range below it to the start of the one above.
+            let lo = self
+                .aranges
+                .iter()
+                .filter(|(_, e, _)| *e <= vaddr)
+                .map(|(_, e, _)| *e)
+                .max()
+                .unwrap_or(0);
+            let hi = self
+                .aranges
+                .iter()
+                .filter(|(b, _, _)| *b > vaddr)
+                .map(|(b, _, _)| *b)
+                .min()
+                .unwrap_or(u64::MAX);
+            return Ok(Some((lo, hi, Vec::new())));
+        };
+        if at.iter().any(|&u| u != unit_off) {
+            return Ok(None);
+        }
+        if !self.units.contains_key(&unit_off) {
+            let ranges = self.unit_ranges(unit_off)?;
+            self.units.insert(unit_off, ranges);
+        }
+        let Some(all) = self.units.get(&unit_off).and_then(|r| r.as_ref()) else {
+            return Ok(None);
+        };
+        let mut around: Option<(u64, u64)> = None;
+        for &(b, e, subprogram) in all {
+            if subprogram
+                && b <= vaddr
+                && vaddr < e
+                && around.is_none_or(|(lo, hi)| e - b < hi - lo)
+            {
+                around = Some((b, e));
+            }
+        }
+        let Some((lo, hi)) = around else {
+            return Ok(None);
+        };
+        // Another unit's code inside the function: not this unit's alone.
+        if self
+            .aranges
+            .iter()
+            .any(|(b, e, u)| *u != unit_off && *b < hi && lo < *e)
+        {
+            return Ok(None);
+        }
+        let mut bounds = Vec::new();
+        for &(b, e, _) in all {
+            if b < hi && lo < e {
+                bounds.push(b.max(lo));
+                bounds.push(e.min(hi));
+            }
+        }
+        Ok(Some((lo, hi, bounds)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +389,115 @@ mod tests {
     #[inline(never)]
     fn marker() -> u64 {
         std::hint::black_box(42)
+    }
+
+    /// The answer a set of segments gives at `a`.
+    fn answer_at(segs: &Segments, a: u64) -> Option<&LineInfo> {
+        let i = segs.parts.partition_point(|(s, _)| *s <= a);
+        (i > 0 && a < segs.end).then(|| &segs.parts[i - 1].1)
+    }
+
+    /// Every address (every byte, not only instruction starts) of the
+    /// functions segmented gets the answer a lookup of it gives.
+    fn segments_are_exact(path: &Path, starts: &[u64]) -> (usize, usize, usize) {
+        let mut d = DwarfFile::open(path).unwrap();
+        let (mut functions, mut addresses, mut inlined) = (0, 0, 0);
+        for &start in starts {
+            let Some(segs) = d.segments(start) else {
+                continue;
+            };
+            let lo = segs.parts[0].0;
+            assert!(lo <= start && start < segs.end);
+            functions += 1;
+            inlined += segs
+                .parts
+                .iter()
+                .filter(|(_, i)| !i.inlined.is_empty())
+                .count();
+            for a in lo..segs.end.min(lo + 20_000) {
+                let want = d.lookup(a);
+                assert_eq!(answer_at(&segs, a), Some(&want), "{path:?} at {a:#x}");
+                addresses += 1;
+            }
+        }
+        (functions, addresses, inlined)
+    }
+
+    #[test]
+    fn segments_answer_every_address_of_a_function_as_lookups_do() {
+        let exe = std::env::current_exe().unwrap();
+        let elf = crate::ElfSymbols::open(&exe).unwrap();
+        if !elf.has_dwarf() {
+            eprintln!("SKIP: this test binary has no DWARF (built without debug info)");
+            return;
+        }
+        // This crate's functions (line tables, inlined std and crate code).
+        let mut starts: Vec<u64> = elf
+            .iter()
+            .filter(|(_, _, n)| n.contains("vmscope_symbols::"))
+            .map(|(s, _, _)| s)
+            .step_by(7)
+            .take(60)
+            .collect();
+        // Start-up code built without DWARF: the gap between units.
+        let crt: Vec<u64> = elf
+            .iter()
+            .filter(|(_, _, n)| ["_start", "_init", "_fini"].contains(n))
+            .map(|(s, _, _)| s)
+            .collect();
+        let mut d = DwarfFile::open(&exe).unwrap();
+        let gaps = crt
+            .iter()
+            .filter_map(|&a| d.segments(a))
+            .filter(|g| g.parts.len() == 1 && g.parts[0].1 == LineInfo::default())
+            .count();
+        assert!(gaps > 0, "no gap between units found at {crt:x?}");
+        starts.extend(crt);
+        let (functions, addresses, inlined) = segments_are_exact(&exe, &starts);
+        assert!(
+            functions >= 20,
+            "{functions} of {} functions segmented",
+            starts.len()
+        );
+        assert!(
+            inlined > 0,
+            "no piece with inlined functions: the test shows little"
+        );
+        eprintln!("own binary: {functions} functions, {addresses} addresses, {inlined} with inlined functions");
+        // libc's debug file, when installed (full DWARF, compressed).
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Some(debug) = crate::ElfSymbols::open(libc).ok().and_then(|e| {
+            let id: String = e.build_id()?.iter().map(|b| format!("{b:02x}")).collect();
+            let p = PathBuf::from(format!(
+                "/usr/lib/debug/.build-id/{}/{}.debug",
+                &id[..2],
+                &id[2..]
+            ));
+            p.exists().then_some((p, e))
+        }) else {
+            eprintln!("SKIP: no libc debug file");
+            return;
+        };
+        let (path, e) = debug;
+        let starts: Vec<u64> = e
+            .iter()
+            .filter(|(_, _, n)| {
+                ["malloc", "free", "memcpy", "printf", "qsort", "strtod"]
+                    .iter()
+                    .any(|w| n.contains(w))
+            })
+            .map(|(s, _, _)| s)
+            .take(40)
+            .collect();
+        let (functions, addresses, inlined) = segments_are_exact(&path, &starts);
+        assert!(
+            functions >= 5,
+            "{functions} of {} libc functions segmented",
+            starts.len()
+        );
+        eprintln!(
+            "libc: {functions} functions, {addresses} addresses, {inlined} with inlined functions"
+        );
     }
 
     #[test]

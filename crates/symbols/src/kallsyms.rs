@@ -29,7 +29,7 @@ pub struct KernelSymbol<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct Kallsyms {
     syms: Arc<[RangeSym]>,
-    names: Arc<[Box<str>]>,
+    names: Arc<NameBlob>,
     modules: Arc<[Box<str>]>,
     restricted: bool,
 }
@@ -62,7 +62,7 @@ impl Kallsyms {
     /// `[module]` after the name. Blank lines are ignored; anything else
     /// malformed is an error naming the line.
     pub fn parse(text: &str) -> Result<Kallsyms, SymbolError> {
-        let mut names: Vec<Box<str>> = Vec::new();
+        let mut names = NameBlob::default();
         let mut modules: Vec<Box<str>> = Vec::new();
         let mut syms: Vec<RangeSym> = Vec::new();
         let mut any = false;
@@ -134,7 +134,7 @@ impl Kallsyms {
                     }
                 }
             };
-            names.push(name.into());
+            names.push(name);
             syms.push(RangeSym {
                 start: addr,
                 end: addr,
@@ -144,7 +144,7 @@ impl Kallsyms {
             });
         }
         let restricted = any && all_zero;
-        let syms = table::finish(syms, true, |i| &names[i as usize]);
+        let syms = table::finish(syms, true, |i| names.get(i));
         Ok(Kallsyms {
             syms: syms.into(),
             names: names.into(),
@@ -176,7 +176,7 @@ impl Kallsyms {
 
     fn symbol(&self, s: &RangeSym) -> KernelSymbol<'_> {
         KernelSymbol {
-            name: self.names.get(s.name as usize).map_or("", |n| n),
+            name: self.names.get(s.name),
             module: self.modules.get(s.group as usize).map(|m| &**m),
             start: s.start,
         }
@@ -207,6 +207,49 @@ impl Kallsyms {
         self.syms.iter().map(|s| self.symbol(s))
     }
 
+    /// The table's parts, for [`crate::kernelcache`] to keep.
+    pub(crate) fn raw_parts(&self) -> (&[RangeSym], &NameBlob, &[Box<str>]) {
+        (&self.syms, &self.names, &self.modules)
+    }
+
+    /// A table from parts [`Kallsyms::raw_parts`] gave: symbols as (start,
+    /// end, binding, module index, name index), in address order.
+    /// `None` when they contradict themselves.
+    pub(crate) fn from_raw_parts(
+        syms: &[(u64, u64, u8, u32, u32)],
+        names: NameBlob,
+        modules: Vec<Box<str>>,
+    ) -> Option<Kallsyms> {
+        let mut out = Vec::with_capacity(syms.len());
+        let mut last = 0u64;
+        for &(start, end, binding, group, name) in syms {
+            let ok = start >= last
+                && end >= start
+                && (name as usize) < names.len()
+                && (group == NO_GROUP || (group as usize) < modules.len());
+            if !ok {
+                return None;
+            }
+            last = start;
+            out.push(RangeSym {
+                start,
+                end,
+                binding: Binding::from_u8(binding)?,
+                name,
+                group,
+            });
+        }
+        if !names.is_sound() {
+            return None;
+        }
+        Some(Kallsyms {
+            syms: out.into(),
+            names: names.into(),
+            modules: modules.into(),
+            restricted: false,
+        })
+    }
+
     /// The symbol covering `addr` with its position in this table and its
     /// module index, so that callers can share one name allocation among
     /// many addresses.
@@ -221,6 +264,46 @@ impl Kallsyms {
         let s = self.syms.get(idx)?;
         let module = (s.group != NO_GROUP).then_some(s.group as usize);
         Some((idx, module, self.symbol(s)))
+    }
+}
+
+/// Symbol names in one allocation: name `i` is `text[ends[i - 1]..ends[i]]`
+/// (121 000 kernel names as separate strings cost as many allocations on
+/// every parse and every load of a kept table).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NameBlob {
+    pub text: String,
+    pub ends: Vec<u32>,
+}
+
+impl NameBlob {
+    fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        self.ends.push(self.text.len() as u32);
+    }
+
+    /// Name `i`; empty for an index past the end.
+    pub fn get(&self, i: u32) -> &str {
+        let i = i as usize;
+        let Some(&end) = self.ends.get(i) else {
+            return "";
+        };
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start as usize..end as usize).unwrap_or("")
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// `ends` rise and stay within `text`, at character boundaries.
+    pub fn is_sound(&self) -> bool {
+        let mut last = 0u32;
+        self.ends.iter().all(|&e| {
+            let ok = e >= last && self.text.is_char_boundary(e as usize);
+            last = e;
+            ok
+        })
     }
 }
 

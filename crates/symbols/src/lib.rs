@@ -13,6 +13,8 @@
 //!   module says why that library).
 //! - [`linecache`]: DWARF's answers kept on disk by build-id, so a
 //!   re-import does not load the same DWARF again.
+//! - [`kernelcache`]: this boot's kernel text symbols kept on disk, so a
+//!   first report reads no `/proc/kallsyms`.
 //! - [`symbolizer`]: the caching front end: finds files (symfs, build-id and
 //!   debuglink debug files), memoizes resolutions, collects warnings.
 //! - [`error`]: the crate's one error type, [`SymbolError`].
@@ -24,6 +26,7 @@ pub mod dwarf;
 pub mod elf;
 pub mod error;
 pub mod kallsyms;
+pub mod kernelcache;
 pub mod linecache;
 pub mod symbolizer;
 mod table;

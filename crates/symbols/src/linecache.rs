@@ -30,7 +30,7 @@
 //! binaries it sampled and cost the same: `record` does not use it.
 
 use crate::dwarf::LineInfo;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,11 +62,46 @@ pub fn default_dir() -> Option<PathBuf> {
     Some(base.join("vmscope").join("lines"))
 }
 
+/// What is kept of one DWARF file: answers by address, and answers that
+/// hold over a range (start → (end, answer); [`crate::dwarf::Segments`]).
+#[derive(Default)]
+struct Kept {
+    addrs: HashMap<u64, LineInfo>,
+    ranges: BTreeMap<u64, (u64, LineInfo)>,
+}
+
+impl Kept {
+    fn len(&self) -> usize {
+        self.addrs.len() + self.ranges.len()
+    }
+
+    fn get(&self, vaddr: u64) -> Option<&LineInfo> {
+        self.addrs.get(&vaddr).or_else(|| {
+            let (_, (end, info)) = self.ranges.range(..=vaddr).next_back()?;
+            (vaddr < *end).then_some(info)
+        })
+    }
+
+    /// Keep `[start, end)` → `info` unless it overlaps a range kept already.
+    fn add_range(&mut self, start: u64, end: u64, info: &LineInfo) -> bool {
+        if start >= end || self.len() >= MAX_ENTRIES {
+            return false;
+        }
+        let before = self.ranges.range(..end).next_back();
+        if before.is_some_and(|(_, (e, _))| *e > start) {
+            return false;
+        }
+        self.ranges.insert(start, (end, info.clone()));
+        true
+    }
+}
+
 /// The kept answers of one DWARF file.
 pub struct FileLines {
     path: PathBuf,
-    known: HashMap<u64, LineInfo>,
+    known: Kept,
     added: Vec<u64>,
+    added_ranges: Vec<u64>,
 }
 
 impl FileLines {
@@ -82,7 +117,7 @@ impl FileLines {
         let known = std::fs::read_to_string(&path)
             .map(|t| parse(&t))
             .unwrap_or_default();
-        if !known.is_empty() {
+        if known.len() > 0 {
             // Used: the last to go when the directory is pruned.
             let _ = std::fs::File::options()
                 .append(true)
@@ -93,12 +128,13 @@ impl FileLines {
             path,
             known,
             added: Vec::new(),
+            added_ranges: Vec::new(),
         }
     }
 
-    /// The kept answer for `vaddr`.
+    /// The kept answer for `vaddr`: its own, or that of a range holding it.
     pub fn get(&self, vaddr: u64) -> Option<&LineInfo> {
-        self.known.get(&vaddr)
+        self.known.get(vaddr)
     }
 
     /// Keep `info` for `vaddr` (in memory until [`FileLines::save`]).
@@ -106,8 +142,19 @@ impl FileLines {
         if self.known.len() >= MAX_ENTRIES || !storable(info) {
             return;
         }
-        if self.known.insert(vaddr, info.clone()).is_none() {
+        if self.known.addrs.insert(vaddr, info.clone()).is_none() {
             self.added.push(vaddr);
+        }
+    }
+
+    /// Keep the answers of `segs`, each over its range (a piece whose
+    /// answer cannot be stored is left out: its addresses are asked again).
+    pub fn insert_segments(&mut self, segs: &crate::dwarf::Segments) {
+        for (i, (start, info)) in segs.parts.iter().enumerate() {
+            let end = segs.parts.get(i + 1).map_or(segs.end, |(s, _)| *s);
+            if storable(info) && self.known.add_range(*start, end, info) {
+                self.added_ranges.push(*start);
+            }
         }
     }
 
@@ -118,13 +165,13 @@ impl FileLines {
 
     /// True when no answer is held.
     pub fn is_empty(&self) -> bool {
-        self.known.is_empty()
+        self.known.len() == 0
     }
 
     /// Write the answers added since loading, merged with the file's
     /// current contents; nothing when none were added.
     pub fn save(&mut self) -> std::io::Result<()> {
-        if self.added.is_empty() {
+        if self.added.is_empty() && self.added_ranges.is_empty() {
             return Ok(());
         }
         let dir = self.path.parent().unwrap_or(Path::new("."));
@@ -136,21 +183,31 @@ impl FileLines {
             if all.len() >= MAX_ENTRIES {
                 break;
             }
-            if let Some(i) = self.known.get(a) {
-                all.entry(*a).or_insert_with(|| i.clone());
+            if let Some(i) = self.known.addrs.get(a) {
+                all.addrs.entry(*a).or_insert_with(|| i.clone());
             }
         }
-        let mut out = String::with_capacity(all.len() * 64);
-        let mut keys: Vec<&u64> = all.keys().collect();
-        keys.sort_unstable();
-        for k in keys {
-            let i = &all[k];
+        for s in &self.added_ranges {
+            if let Some((e, i)) = self.known.ranges.get(s) {
+                all.add_range(*s, *e, i);
+            }
+        }
+        let line = |out: &mut String, key: &str, i: &LineInfo| {
             let names: Vec<&str> = i.inlined.iter().map(|n| &**n).collect();
             out.push_str(&format!(
-                "{k:x}\t{}\t{}\n",
+                "{key}\t{}\t{}\n",
                 i.srcline.as_deref().unwrap_or(""),
                 names.join(&SEP.to_string())
             ));
+        };
+        let mut out = String::with_capacity(all.len() * 64);
+        let mut keys: Vec<&u64> = all.addrs.keys().collect();
+        keys.sort_unstable();
+        for k in keys {
+            line(&mut out, &format!("{k:x}"), &all.addrs[k]);
+        }
+        for (s, (e, i)) in &all.ranges {
+            line(&mut out, &format!("{s:x}-{e:x}"), i);
         }
         let tmp = self.path.with_extension(format!(
             "tmp.{}.{:x}",
@@ -167,6 +224,7 @@ impl FileLines {
             let _ = std::fs::remove_file(&tmp);
         }
         self.added.clear();
+        self.added_ranges.clear();
         prune(dir, MAX_FILES);
         r
     }
@@ -213,14 +271,19 @@ fn storable(i: &LineInfo) -> bool {
     !i.srcline.as_deref().is_some_and(bad) && !i.inlined.iter().any(|n| bad(n))
 }
 
-fn parse(text: &str) -> HashMap<u64, LineInfo> {
-    let mut m = HashMap::default();
+fn parse(text: &str) -> Kept {
+    let mut m = Kept::default();
     for line in text.lines() {
         let mut f = line.splitn(3, '\t');
         let (Some(a), Some(src), Some(inl)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
-        let Ok(addr) = u64::from_str_radix(a, 16) else {
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        let key = match a.split_once('-') {
+            None => hex(a).map(|a| (a, None)),
+            Some((s, e)) => hex(s).zip(hex(e)).map(|(s, e)| (s, Some(e))),
+        };
+        let Some((addr, end)) = key else {
             continue;
         };
         let inlined = if inl.is_empty() {
@@ -229,7 +292,15 @@ fn parse(text: &str) -> HashMap<u64, LineInfo> {
             inl.split(SEP).map(Arc::from).collect()
         };
         let srcline = (!src.is_empty()).then(|| Arc::from(src));
-        m.insert(addr, LineInfo { inlined, srcline });
+        let info = LineInfo { inlined, srcline };
+        match end {
+            None => {
+                m.addrs.insert(addr, info);
+            }
+            Some(end) => {
+                m.add_range(addr, end, &info);
+            }
+        }
         if m.len() >= MAX_ENTRIES {
             break;
         }
@@ -239,7 +310,7 @@ fn parse(text: &str) -> HashMap<u64, LineInfo> {
 
 /// FNV-1a: a stable hash of the DWARF file's path for the file name (the
 /// standard library's hashers are not stable across releases).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -289,6 +360,40 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn answers_over_ranges_come_back_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = [0xcd];
+        let dwarf = Path::new("/d");
+        let mut a = FileLines::load(dir.path(), &id, dwarf);
+        a.insert(0x5000, &info(Some("own.c:1"), &[]));
+        a.insert_segments(&crate::dwarf::Segments {
+            end: 0x1100,
+            parts: vec![
+                (0x1000, info(Some("f.c:1"), &[])),
+                (0x1040, info(Some("g.h:7"), &["g (inlined)"])),
+                (0x1080, info(Some("bad\ttab"), &[])),
+                (0x10c0, info(Some("f.c:9"), &[])),
+            ],
+        });
+        // A range overlapping one kept is not kept.
+        a.insert_segments(&crate::dwarf::Segments {
+            end: 0x1050,
+            parts: vec![(0x1030, info(Some("other.c:1"), &[]))],
+        });
+        a.save().unwrap();
+        let b = FileLines::load(dir.path(), &id, dwarf);
+        assert_eq!(b.get(0x1000), Some(&info(Some("f.c:1"), &[])));
+        assert_eq!(b.get(0x103f), Some(&info(Some("f.c:1"), &[])));
+        assert_eq!(b.get(0x1040), Some(&info(Some("g.h:7"), &["g (inlined)"])));
+        // The piece that could not be stored is asked again.
+        assert_eq!(b.get(0x1090), None);
+        assert_eq!(b.get(0x10ff), Some(&info(Some("f.c:9"), &[])));
+        assert_eq!(b.get(0x1100), None);
+        assert_eq!(b.get(0xfff), None);
+        assert_eq!(b.get(0x5000), Some(&info(Some("own.c:1"), &[])));
     }
 
     #[test]

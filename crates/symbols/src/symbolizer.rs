@@ -41,6 +41,10 @@ pub struct SymbolizerOptions {
     /// Directory of the on-disk line cache ([`crate::linecache`]); `None`
     /// loads DWARF in every run.
     pub line_cache: Option<PathBuf>,
+    /// Directory where this boot's kernel symbols are kept
+    /// ([`crate::kernelcache`]) when `kallsyms` is `None`; `None` reads
+    /// `/proc/kallsyms` in every run.
+    pub kernel_cache: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -50,6 +54,7 @@ impl Default for SymbolizerOptions {
             symfs: None,
             debug_dirs: vec![PathBuf::from("/usr/lib/debug")],
             line_cache: None,
+            kernel_cache: None,
         }
     }
 }
@@ -162,6 +167,14 @@ struct KernelTable {
     /// start → (end, image, name). Looked up before the table.
     dynamic: std::collections::BTreeMap<u64, (u64, Arc<str>, Arc<str>)>,
     cache: FxMap<u64, Resolved>,
+    /// The table is the kept one of this boot ([`crate::kernelcache`]): an
+    /// address it cannot name is looked up in this kallsyms file, read
+    /// then, once.
+    live: Option<PathBuf>,
+    /// The table was read from the file in this run, after the kept one.
+    read_live: bool,
+    /// Addresses the file did not name either ([`crate::kernelcache::Unnamed`]).
+    unnamed: crate::kernelcache::Unnamed,
 }
 
 impl KernelTable {
@@ -173,6 +186,9 @@ impl KernelTable {
             module_images,
             dynamic: Default::default(),
             cache: FxMap::default(),
+            live: None,
+            read_live: false,
+            unnamed: Default::default(),
         }
     }
 
@@ -217,6 +233,21 @@ impl KernelTable {
         }
         if let Some(r) = self.dynamic_at(addr, image, module_image) {
             return r;
+        }
+        if self.syms.lookup_indexed(addr).is_none() && !self.unnamed.contains(addr) {
+            // Code the kept table leaves out (BPF, trampolines), or a
+            // reading that the kept one no longer matches: read the file.
+            if let Some(Ok(k)) = self.live.take().map(|p| Kallsyms::from_path(&p)) {
+                let module_images = k.modules().map(|m| format!("[{m}]").into()).collect();
+                self.syms = k;
+                self.module_images = module_images;
+                self.names.clear();
+                self.cache.clear();
+                self.read_live = true;
+            }
+            if self.read_live && self.syms.lookup_indexed(addr).is_none() {
+                self.unnamed.insert(addr);
+            }
         }
         let r = match self.syms.lookup_indexed(addr) {
             Some((idx, module, sym)) => {
@@ -278,12 +309,17 @@ impl FileDwarf {
                 }
             }
         }
-        let Some(f) = &self.file else {
+        let Some(f) = &mut self.file else {
             return (LineInfo::default(), warning);
         };
         let info = f.lookup(vaddr);
         if let Some(l) = &mut self.lines {
             l.insert(vaddr, &info);
+            // The whole function's answers, so that a later address in it
+            // (a new recording of the same binary) needs no DWARF.
+            if let Some(segs) = f.segments(vaddr) {
+                l.insert_segments(&segs);
+            }
         }
         (info, warning)
     }
@@ -459,8 +495,26 @@ impl Symbolizer {
             .kallsyms
             .clone()
             .unwrap_or_else(|| PathBuf::from("/proc/kallsyms"));
+        if let (None, Some(dir)) = (&opts.kallsyms, opts.kernel_cache.clone()) {
+            return match crate::kernelcache::KeptKernel::load(&dir, &path) {
+                Ok(kept) => Symbolizer::from_kept(opts, kept, &path),
+                Err(e) => Symbolizer::with_kernel(opts, Err(e), &path),
+            };
+        }
         let kernel = Kallsyms::from_path(&path);
         Symbolizer::with_kernel(opts, kernel, &path)
+    }
+
+    /// With the kernel's symbols [`crate::kernelcache`] gave for `path`.
+    fn from_kept(
+        opts: SymbolizerOptions,
+        kept: crate::kernelcache::KeptKernel,
+        path: &std::path::Path,
+    ) -> Symbolizer {
+        let mut s = Symbolizer::with_kernel(opts, Ok(kept.table), path);
+        s.kernel.live = kept.live;
+        s.kernel.unnamed = kept.unnamed;
+        s
     }
 
     /// Like [`Symbolizer::new`] with the kernel's symbols already read from
@@ -833,6 +887,7 @@ impl Symbolizer {
                 "line cache: {e}: the next run loads the same DWARF again"
             ));
         }
+        let _ = self.kernel.unnamed.save();
         first
     }
 
@@ -1214,11 +1269,59 @@ mod tests {
             symfs: None,
             debug_dirs: vec![],
             line_cache: None,
+            kernel_cache: None,
         }
     }
 
     fn frame(image: ImageRef, addr: u64) -> NormalizedFrame {
         NormalizedFrame { image, addr }
+    }
+
+    /// A kept kernel table answers what the text would; code it leaves out
+    /// (a BPF program) is found by reading the text again, once.
+    #[test]
+    fn a_kept_kernel_table_falls_back_to_the_text_for_what_it_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "ffffffff81000000 T _text\nffffffff81000100 T schedule\n\
+                    ffffffffc0100000 t bpf_prog_1234_egress\t[bpf]\n";
+        let opts = opts_with_kallsyms(text, dir.path());
+        let ks = opts.kallsyms.clone().unwrap();
+        let cache = dir.path().join("kernel");
+        let first = crate::kernelcache::KeptKernel::load(&cache, &ks).unwrap();
+        if first.live.is_some() || !cache.exists() {
+            eprintln!("SKIP: no boot id here, nothing kept");
+            return;
+        }
+        let kept = crate::kernelcache::KeptKernel::load(&cache, &ks).unwrap();
+        assert!(kept.live.is_some(), "the second load reads the kept table");
+        let mut s = Symbolizer::from_kept(opts, kept, &ks);
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000123));
+        assert_eq!((&*r.image, &*r.symbol), ("[kernel.kallsyms]", "schedule"));
+        assert!(s.kernel.live.is_some(), "the kept table answered alone");
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffffc0100010));
+        assert_eq!((&*r.image, &*r.symbol), ("[bpf]", "bpf_prog_1234_egress"));
+        assert!(s.kernel.live.is_none(), "read once");
+        let r = s.resolve("host", &frame(ImageRef::Kernel, 0xffffffff81000123));
+        assert_eq!(&*r.symbol, "schedule");
+        // Code the file names nowhere is remembered as such (where the
+        // loaded BPF programs can be listed: the key needs them), so the
+        // next reader does not read the file again for it.
+        let nowhere = 0xffffffffd0000000u64;
+        let r = s.resolve("host", &frame(ImageRef::Kernel, nowhere));
+        assert_eq!(&*r.symbol, "0xffffffffd0000000");
+        if crate::kernelcache::bpf_stamp().is_none() {
+            eprintln!("SKIP: BPF programs cannot be listed here");
+            return;
+        }
+        assert!(s.kernel.unnamed.contains(nowhere));
+        s.save_line_cache().unwrap();
+        let kept = crate::kernelcache::KeptKernel::load(&cache, &ks).unwrap();
+        assert!(kept.unnamed.contains(nowhere));
+        let opts = opts_with_kallsyms(text, dir.path());
+        let mut s = Symbolizer::from_kept(opts, kept, &ks);
+        let r = s.resolve("host", &frame(ImageRef::Kernel, nowhere));
+        assert_eq!(&*r.symbol, "0xffffffffd0000000");
+        assert!(s.kernel.live.is_some(), "not read again for it");
     }
 
     #[test]

@@ -7,9 +7,20 @@
 /// ELF-style symbol binding, used to pick among aliases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Binding {
-    Local,
-    Global,
-    Weak,
+    Local = 0,
+    Global = 1,
+    Weak = 2,
+}
+
+impl Binding {
+    pub fn from_u8(b: u8) -> Option<Binding> {
+        match b {
+            0 => Some(Binding::Local),
+            1 => Some(Binding::Global),
+            2 => Some(Binding::Weak),
+            _ => None,
+        }
+    }
 }
 
 /// One symbol: `[start, end)` and an index into the owner's name table.

@@ -259,6 +259,7 @@ fn no_kernel(debug_dirs: Vec<PathBuf>) -> SymbolizerOptions {
         symfs: None,
         debug_dirs,
         line_cache: None,
+        kernel_cache: None,
     }
 }
 
