@@ -11,9 +11,10 @@
 //! — content-addressed, never stale — and an address answered before costs
 //! a hash lookup. A file without a build-id is not cached.
 //!
-//! One text file per key under the cache directory, a line per address:
-//! `vaddr (hex) TAB srcline TAB inlined names joined by U+001F`. Answers
-//! with a tab, newline or U+001F in them are not kept. Saving merges with
+//! One text file per key under the cache directory: its strings once each,
+//! then a line per address or range (`vaddr` or `start-end` in hex, the
+//! source line's and the inlined names' string numbers; [`format_kept`]).
+//! Answers with a tab, newline or U+001F in them are not kept. Saving merges with
 //! what is on disk (another recorder may have added entries) and replaces
 //! the file by rename, so readers never see half a file; a lost race loses
 //! only entries a later run computes again. A file stops growing at
@@ -192,23 +193,7 @@ impl FileLines {
                 all.add_range(*s, *e, i);
             }
         }
-        let line = |out: &mut String, key: &str, i: &LineInfo| {
-            let names: Vec<&str> = i.inlined.iter().map(|n| &**n).collect();
-            out.push_str(&format!(
-                "{key}\t{}\t{}\n",
-                i.srcline.as_deref().unwrap_or(""),
-                names.join(&SEP.to_string())
-            ));
-        };
-        let mut out = String::with_capacity(all.len() * 64);
-        let mut keys: Vec<&u64> = all.addrs.keys().collect();
-        keys.sort_unstable();
-        for k in keys {
-            line(&mut out, &format!("{k:x}"), &all.addrs[k]);
-        }
-        for (s, (e, i)) in &all.ranges {
-            line(&mut out, &format!("{s:x}-{e:x}"), i);
-        }
+        let out = format_kept(&all);
         let tmp = self.path.with_extension(format!(
             "tmp.{}.{:x}",
             std::process::id(),
@@ -271,9 +256,68 @@ fn storable(i: &LineInfo) -> bool {
     !i.srcline.as_deref().is_some_and(bad) && !i.inlined.iter().any(|n| bad(n))
 }
 
+/// The text of `kept`: its strings once each (`s TAB text`, numbered from
+/// 1 in order; 0 is none), then a line per answer: `vaddr` or
+/// `start-end` (hex) TAB the source line's number TAB the inlined names'
+/// numbers joined by commas. A function's pieces repeat the same few long
+/// names hundreds of times: written once each, the file of this project's
+/// own binary is about a tenth of its size with the names in every line.
+fn format_kept(kept: &Kept) -> String {
+    struct Strings<'a> {
+        ids: HashMap<&'a str, usize>,
+        text: String,
+    }
+    impl<'a> Strings<'a> {
+        fn id(&mut self, t: &'a str) -> usize {
+            let n = self.ids.len() + 1;
+            let text = &mut self.text;
+            *self.ids.entry(t).or_insert_with(|| {
+                text.push_str("s\t");
+                text.push_str(t);
+                text.push('\n');
+                n
+            })
+        }
+    }
+    let mut strings = Strings {
+        ids: HashMap::new(),
+        text: String::new(),
+    };
+    let mut lines = String::with_capacity(kept.len() * 24);
+    let mut keys: Vec<&u64> = kept.addrs.keys().collect();
+    keys.sort_unstable();
+    let all = keys
+        .into_iter()
+        .map(|k| (format!("{k:x}"), &kept.addrs[k]))
+        .chain(
+            kept.ranges
+                .iter()
+                .map(|(start, (end, i))| (format!("{start:x}-{end:x}"), i)),
+        );
+    for (key, i) in all {
+        let src = i.srcline.as_deref().map_or(0, |t| strings.id(t));
+        let inl: Vec<String> = i
+            .inlined
+            .iter()
+            .map(|n| strings.id(n).to_string())
+            .collect();
+        lines.push_str(&format!("{key}\t{src}\t{}\n", inl.join(",")));
+    }
+    let mut out = strings.text;
+    out.push_str(&lines);
+    out
+}
+
+/// What [`format_kept`] wrote; damaged lines (and those of older formats)
+/// are skipped.
 fn parse(text: &str) -> Kept {
     let mut m = Kept::default();
+    let mut strings: Vec<Arc<str>> = Vec::new();
     for line in text.lines() {
+        if let Some(t) = line.strip_prefix("s\t") {
+            strings.push(Arc::from(t));
+            continue;
+        }
         let mut f = line.splitn(3, '\t');
         let (Some(a), Some(src), Some(inl)) = (f.next(), f.next(), f.next()) else {
             continue;
@@ -286,12 +330,25 @@ fn parse(text: &str) -> Kept {
         let Some((addr, end)) = key else {
             continue;
         };
-        let inlined = if inl.is_empty() {
-            Vec::new()
-        } else {
-            inl.split(SEP).map(Arc::from).collect()
+        let string = |n: &str| -> Option<Arc<str>> {
+            let n: usize = n.parse().ok()?;
+            strings.get(n.checked_sub(1)?).cloned()
         };
-        let srcline = (!src.is_empty()).then(|| Arc::from(src));
+        let srcline = match src {
+            "0" => None,
+            n => match string(n) {
+                Some(t) => Some(t),
+                None => continue,
+            },
+        };
+        let inlined: Option<Vec<Arc<str>>> = if inl.is_empty() {
+            Some(Vec::new())
+        } else {
+            inl.split(',').map(string).collect()
+        };
+        let Some(inlined) = inlined else {
+            continue;
+        };
         let info = LineInfo { inlined, srcline };
         match end {
             None => {
@@ -455,7 +512,7 @@ mod tests {
             .unwrap()
             .path();
         let mut text = std::fs::read_to_string(&file).unwrap();
-        text.push_str("zz\tnot hex\t\nno tabs at all\n4\tgood.c:2\t\n");
+        text.push_str("zz\tnot hex\t\nno tabs at all\ns\tgood.c:2\n4\t2\t\n5\t99\t\n6\t0\t1,x\n");
         std::fs::write(&file, text).unwrap();
         let b = FileLines::load(dir.path(), &id, dwarf);
         assert_eq!(b.len(), 2);
