@@ -160,6 +160,21 @@ impl ElfSymbols {
         ElfSymbols::parse(&map).map_err(|e| e.with_origin(path))
     }
 
+    /// The GNU build-id of the ELF file at `path`, read from its headers
+    /// and notes alone (the symbol tables are not parsed); `None` when the
+    /// file cannot be read, is not ELF or has none.
+    pub fn read_build_id(path: &Path) -> Option<Vec<u8>> {
+        use object::Object;
+        let file = std::fs::File::open(path).ok()?;
+        if !file.metadata().ok()?.is_file() {
+            return None;
+        }
+        // SAFETY: as in `open`: a read-only mapping, only parsed.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        let obj = object::File::parse(&*map).ok()?;
+        obj.build_id().ok().flatten().map(<[u8]>::to_vec)
+    }
+
     /// Parse ELF bytes (32 or 64 bit, either byte order).
     pub fn parse(data: &[u8]) -> Result<ElfSymbols, SymbolError> {
         match FileKind::parse(data) {

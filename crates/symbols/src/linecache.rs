@@ -11,24 +11,30 @@
 //! — content-addressed, never stale — and an address answered before costs
 //! a hash lookup. A file without a build-id is not cached.
 //!
-//! One text file per key under the cache directory: its strings once each,
-//! then a line per address or range (`vaddr` or `start-end` in hex, the
-//! source line's and the inlined names' string numbers; [`format_kept`]).
-//! Answers with a tab, newline or U+001F in them are not kept. Saving merges with
-//! what is on disk (another recorder may have added entries) and replaces
-//! the file by rename, so readers never see half a file; a lost race loses
-//! only entries a later run computes again. A file stops growing at
-//! [`MAX_ENTRIES`]; past [`MAX_FILES`] files (a binary rebuilt many times
-//! leaves one per build) the least recently used go, loading a file marks
-//! it used.
+//! One text file per key under the cache directory, a sequence of blocks:
+//! each its strings once each, then a line per address or range (`vaddr`
+//! or `start-end` in hex, the source line's and the inlined names' string
+//! numbers), then a line with a checksum of the block ([`format_block`]).
+//! Answers with a tab, newline or U+001F in them are not kept. Saving
+//! appends one block with the answers found since loading, in one write:
+//! another recorder may append its own meanwhile, and a reader keeps only
+//! blocks whose checksum holds, so a torn or interleaved append is skipped,
+//! never misread. Rewriting the whole file merged with what it holds had
+//! cost a first report of the demo a seventh of its CPU for a few new
+//! answers. Past [`COMPACT_BLOCKS`] blocks a save rewrites the file as one
+//! block, merged with what is on disk, replaced by rename; an append that
+//! races a rewrite loses only answers a later run computes again. A file
+//! stops growing at [`MAX_ENTRIES`]; past [`MAX_FILES`] files (a binary
+//! rebuilt many times leaves one per build) the least recently used go,
+//! loading a file marks it used.
 //!
-//! What it saves depends on whether addresses recur, so only `import`
-//! uses it. Importing the same perf.data again opens no DWARF at all (a
-//! 48 k-sample file of the demo workload: 0.15 s and 117 MB the first
-//! time, 0.07 s and 35 MB after). A sampled recording meets addresses it
-//! has not seen in every run (the demo's cache grew from 1280 to 1454
-//! entries in the second run), so each run still opened the DWARF of the
-//! binaries it sampled and cost the same: `record` does not use it.
+//! `import` and a session's first report use it. Importing the same
+//! perf.data again opens no DWARF at all (a 48 k-sample file of the demo
+//! workload: 0.15 s and 117 MB the first time, 0.07 s and 35 MB after). A
+//! sampled recording meets new addresses in every run; answers kept over
+//! whole functions ([`crate::dwarf::Segments`]) answer most of them, so a
+//! first report opens the DWARF of a binary only for functions no earlier
+//! report met. `record --symbolize now` does not use it.
 
 use crate::dwarf::LineInfo;
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +47,9 @@ pub const MAX_ENTRIES: usize = 200_000;
 
 /// Files kept in the cache directory at most.
 pub const MAX_FILES: usize = 256;
+
+/// Blocks a file holds before a save rewrites it as one.
+pub const COMPACT_BLOCKS: usize = 16;
 
 const SEP: char = '\u{1f}';
 
@@ -103,6 +112,9 @@ pub struct FileLines {
     known: Kept,
     added: Vec<u64>,
     added_ranges: Vec<u64>,
+    /// Blocks the file held when loaded, and appended since
+    /// ([`COMPACT_BLOCKS`] when it held anything else).
+    blocks: usize,
 }
 
 impl FileLines {
@@ -115,9 +127,17 @@ impl FileLines {
             "{id}-{:016x}",
             fnv1a(dwarf.as_os_str().as_encoded_bytes())
         ));
-        let known = std::fs::read_to_string(&path)
+        let parsed = std::fs::read_to_string(&path)
             .map(|t| parse(&t))
             .unwrap_or_default();
+        let known = parsed.kept;
+        // A file with bytes outside sound blocks is rewritten at the next
+        // save, as one past the block limit is.
+        let blocks = if parsed.unsound > 0 {
+            COMPACT_BLOCKS
+        } else {
+            parsed.blocks
+        };
         if known.len() > 0 {
             // Used: the last to go when the directory is pruned.
             let _ = std::fs::File::options()
@@ -130,6 +150,7 @@ impl FileLines {
             known,
             added: Vec::new(),
             added_ranges: Vec::new(),
+            blocks,
         }
     }
 
@@ -169,31 +190,59 @@ impl FileLines {
         self.known.len() == 0
     }
 
-    /// Write the answers added since loading, merged with the file's
-    /// current contents; nothing when none were added.
+    /// Append the answers added since loading to the file as one block
+    /// (past [`COMPACT_BLOCKS`], rewrite it as one block, merged with its
+    /// current contents); nothing when none were added.
     pub fn save(&mut self) -> std::io::Result<()> {
         if self.added.is_empty() && self.added_ranges.is_empty() {
             return Ok(());
         }
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let mut all = std::fs::read_to_string(&self.path)
-            .map(|t| parse(&t))
-            .unwrap_or_default();
+        let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        std::fs::create_dir_all(&dir)?;
+        let mut new = Kept::default();
         for a in &self.added {
-            if all.len() >= MAX_ENTRIES {
-                break;
-            }
             if let Some(i) = self.known.addrs.get(a) {
-                all.addrs.entry(*a).or_insert_with(|| i.clone());
+                new.addrs.insert(*a, i.clone());
             }
         }
         for s in &self.added_ranges {
-            if let Some((e, i)) = self.known.ranges.get(s) {
-                all.add_range(*s, *e, i);
+            if let Some(r) = self.known.ranges.get(s) {
+                new.ranges.insert(*s, r.clone());
             }
         }
-        let out = format_kept(&all);
+        let r = if self.blocks + 1 > COMPACT_BLOCKS {
+            self.rewrite(new)
+        } else {
+            let out = format_block(&new);
+            std::fs::File::options()
+                .append(true)
+                .create(true)
+                .open(&self.path)
+                // One write: a concurrent append lands before or after it.
+                .and_then(|mut f| f.write_all(out.as_bytes()))
+                .map(|()| self.blocks += 1)
+        };
+        self.added.clear();
+        self.added_ranges.clear();
+        prune(&dir, MAX_FILES);
+        r
+    }
+
+    /// Replace the file by one block: what it holds now, and `new`.
+    fn rewrite(&mut self, new: Kept) -> std::io::Result<()> {
+        let mut all = std::fs::read_to_string(&self.path)
+            .map(|t| parse(&t).kept)
+            .unwrap_or_default();
+        for (a, i) in new.addrs {
+            if all.len() >= MAX_ENTRIES {
+                break;
+            }
+            all.addrs.entry(a).or_insert(i);
+        }
+        for (s, (e, i)) in new.ranges {
+            all.add_range(s, e, &i);
+        }
+        let out = format_block(&all);
         let tmp = self.path.with_extension(format!(
             "tmp.{}.{:x}",
             std::process::id(),
@@ -207,10 +256,9 @@ impl FileLines {
         let r = std::fs::rename(&tmp, &self.path);
         if r.is_err() {
             let _ = std::fs::remove_file(&tmp);
+        } else {
+            self.blocks = 1;
         }
-        self.added.clear();
-        self.added_ranges.clear();
-        prune(dir, MAX_FILES);
         r
     }
 }
@@ -256,13 +304,16 @@ fn storable(i: &LineInfo) -> bool {
     !i.srcline.as_deref().is_some_and(bad) && !i.inlined.iter().any(|n| bad(n))
 }
 
-/// The text of `kept`: its strings once each (`s TAB text`, numbered from
-/// 1 in order; 0 is none), then a line per answer: `vaddr` or
-/// `start-end` (hex) TAB the source line's number TAB the inlined names'
-/// numbers joined by commas. A function's pieces repeat the same few long
-/// names hundreds of times: written once each, the file of this project's
-/// own binary is about a tenth of its size with the names in every line.
-fn format_kept(kept: &Kept) -> String {
+/// The block of `kept`: a line `#b`, its strings once each (`s TAB text`,
+/// numbered from 1 in order; 0 is none), then a line per answer: `vaddr`
+/// or `start-end` (hex) TAB the source line's number TAB the inlined
+/// names' numbers joined by commas, then `#e TAB` the FNV-1a hash (hex) of
+/// the block's bytes between the `#b` line and that line (`#` begins no
+/// address). A function's pieces repeat the same few
+/// long names hundreds of times: written once each, the file of this
+/// project's own binary is about a tenth of its size with the names in
+/// every line.
+fn format_block(kept: &Kept) -> String {
     struct Strings<'a> {
         ids: HashMap<&'a str, usize>,
         text: String,
@@ -303,17 +354,64 @@ fn format_kept(kept: &Kept) -> String {
             .collect();
         lines.push_str(&format!("{key}\t{src}\t{}\n", inl.join(",")));
     }
-    let mut out = strings.text;
-    out.push_str(&lines);
-    out
+    let mut body = strings.text;
+    body.push_str(&lines);
+    let sum = fnv1a(body.as_bytes());
+    format!("#b\n{body}#e\t{sum:016x}\n")
 }
 
-/// What [`format_kept`] wrote; damaged lines (and those of older formats)
-/// are skipped.
-fn parse(text: &str) -> Kept {
+/// What [`format_block`] wrote, block after block: a block whose checksum
+/// does not hold (torn by a crash, two appends interleaved) is skipped
+/// whole, as are lines outside blocks (an older format), and damaged lines
+/// inside a sound block are skipped.
+fn parse(text: &str) -> Parsed {
     let mut m = Kept::default();
+    let mut blocks = 0;
+    let mut sound_bytes = 0;
+    let mut block_open = None;
     let mut strings: Vec<Arc<str>> = Vec::new();
-    for line in text.lines() {
+    let mut pending: Vec<(u64, Option<u64>, LineInfo)> = Vec::new();
+    let mut block_start = 0;
+    let mut at = 0;
+    for raw in text.split_inclusive('\n') {
+        let line_start = at;
+        at += raw.len();
+        let Some(line) = raw.strip_suffix('\n') else {
+            break; // torn: no newline yet
+        };
+        if line == "#b" {
+            pending.clear();
+            strings.clear();
+            block_start = at;
+            block_open = Some(line_start);
+            continue;
+        }
+        if let Some(sum) = line.strip_prefix("#e\t") {
+            let sound = block_open.is_some()
+                && u64::from_str_radix(sum, 16)
+                    .is_ok_and(|s| s == fnv1a(&text.as_bytes()[block_start..line_start]));
+            if let (true, Some(open)) = (sound, block_open) {
+                blocks += 1;
+                sound_bytes += at - open;
+                for (addr, end, info) in pending.drain(..) {
+                    if m.len() >= MAX_ENTRIES {
+                        break;
+                    }
+                    match end {
+                        None => {
+                            m.addrs.entry(addr).or_insert(info);
+                        }
+                        Some(end) => {
+                            m.add_range(addr, end, &info);
+                        }
+                    }
+                }
+            }
+            pending.clear();
+            strings.clear();
+            block_open = None;
+            continue;
+        }
         if let Some(t) = line.strip_prefix("s\t") {
             strings.push(Arc::from(t));
             continue;
@@ -349,20 +447,24 @@ fn parse(text: &str) -> Kept {
         let Some(inlined) = inlined else {
             continue;
         };
-        let info = LineInfo { inlined, srcline };
-        match end {
-            None => {
-                m.addrs.insert(addr, info);
-            }
-            Some(end) => {
-                m.add_range(addr, end, &info);
-            }
-        }
-        if m.len() >= MAX_ENTRIES {
-            break;
-        }
+        pending.push((addr, end, LineInfo { inlined, srcline }));
     }
-    m
+    Parsed {
+        kept: m,
+        blocks,
+        unsound: text.len() - sound_bytes,
+    }
+}
+
+/// What [`parse`] read from a file.
+#[derive(Default)]
+struct Parsed {
+    kept: Kept,
+    /// Sound blocks.
+    blocks: usize,
+    /// Bytes outside them (torn, damaged or of an older format): a file
+    /// with any is rewritten at its next save.
+    unsound: usize,
 }
 
 /// FNV-1a: a stable hash of the DWARF file's path for the file name (the
@@ -512,10 +614,121 @@ mod tests {
             .unwrap()
             .path();
         let mut text = std::fs::read_to_string(&file).unwrap();
-        text.push_str("zz\tnot hex\t\nno tabs at all\ns\tgood.c:2\n4\t2\t\n5\t99\t\n6\t0\t1,x\n");
+        // A sound block with damaged lines in it: those lines are skipped.
+        let block = "zz\tnot hex\t\nno tabs at all\ns\tgood.c:2\n4\t1\t\n5\t99\t\n6\t0\t1,x\n";
+        // A block torn before its end does not spoil the next one.
+        text.push_str("#b\ns\ttorn.c:1\n8\t1\t\n9\t1");
+        text.push_str(&format!(
+            "\n#b\n{block}#e\t{:016x}\n",
+            fnv1a(block.as_bytes())
+        ));
+        // A block whose checksum does not hold is skipped whole, as are
+        // lines outside blocks.
+        text.push_str("#b\ns\tbad.c:1\n7\t1\t\n#e\t0123456789abcdef\n");
+        text.push_str("s\told.c:1\n10\t1\t\n");
         std::fs::write(&file, text).unwrap();
         let b = FileLines::load(dir.path(), &id, dwarf);
         assert_eq!(b.len(), 2);
+        assert_eq!(b.get(3), Some(&info(Some("ok.c:1"), &[])));
         assert_eq!(b.get(4), Some(&info(Some("good.c:2"), &[])));
+        assert_eq!(b.get(7), None);
+        assert_eq!(b.get(8), None);
+        assert_eq!(b.get(10), None);
+        // The next save rewrites such a file: sound blocks only.
+        let mut c = FileLines::load(dir.path(), &id, dwarf);
+        c.insert(11, &info(Some("new.c:1"), &[]));
+        c.save().unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(parse(&text).unsound, 0, "{text}");
+        assert_eq!(parse(&text).blocks, 1);
+        let d = FileLines::load(dir.path(), &id, dwarf);
+        assert_eq!((d.len(), d.get(11)), (3, Some(&info(Some("new.c:1"), &[]))));
+    }
+
+    #[test]
+    fn writers_saving_at_once_lose_nothing_of_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = [9u8];
+        let dwarf = Path::new("/d");
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let (dir, barrier) = (dir.path(), &barrier);
+                s.spawn(move || {
+                    let mut f = FileLines::load(dir, &id, dwarf);
+                    for a in 0..500 {
+                        f.insert(t << 32 | a, &info(Some(&format!("t{t}.c:{a}")), &[]));
+                    }
+                    barrier.wait();
+                    f.save().unwrap();
+                });
+            }
+        });
+        let all = FileLines::load(dir.path(), &id, dwarf);
+        let f = std::fs::read_dir(dir.path())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let p = parse(&std::fs::read_to_string(&f).unwrap());
+        assert_eq!((p.blocks, p.unsound), (8, 0));
+        assert_eq!(all.len(), 8 * 500);
+        assert_eq!(all.get(7 << 32 | 499), Some(&info(Some("t7.c:499"), &[])));
+    }
+
+    #[test]
+    fn saves_append_a_block_each_and_rewrite_the_file_past_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = [7u8];
+        let dwarf = Path::new("/d");
+        let file = || {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path()
+        };
+        let blocks = || {
+            std::fs::read_to_string(file())
+                .unwrap()
+                .lines()
+                .filter(|l| l.starts_with("#e\t"))
+                .count()
+        };
+        for i in 0..COMPACT_BLOCKS as u64 + 3 {
+            let mut a = FileLines::load(dir.path(), &id, dwarf);
+            assert_eq!(a.len(), i as usize);
+            a.insert(
+                0x100 + i,
+                &info(Some(&format!("f.c:{i}")), &["g (inlined)"]),
+            );
+            let before = std::fs::metadata(dir.path()).is_ok().then(|| {
+                std::fs::read_dir(dir.path())
+                    .unwrap()
+                    .next()
+                    .map(|_| std::fs::read_to_string(file()).unwrap())
+            });
+            a.save().unwrap();
+            let n = blocks();
+            if (i as usize) < COMPACT_BLOCKS {
+                // Appended: what was there is there unchanged.
+                assert_eq!(n, i as usize + 1);
+                if let Some(Some(old)) = before {
+                    assert!(std::fs::read_to_string(file()).unwrap().starts_with(&old));
+                }
+            } else {
+                // Rewritten as one block at the limit, appended to after.
+                assert_eq!(n, i as usize - COMPACT_BLOCKS + 1);
+            }
+        }
+        let all = FileLines::load(dir.path(), &id, dwarf);
+        for i in 0..COMPACT_BLOCKS as u64 + 3 {
+            assert_eq!(
+                all.get(0x100 + i),
+                Some(&info(Some(&format!("f.c:{i}")), &["g (inlined)"]))
+            );
+        }
     }
 }
