@@ -369,6 +369,10 @@ fn parse(text: &str) -> Parsed {
     let mut blocks = 0;
     let mut sound_bytes = 0;
     let mut block_open = None;
+    // Ranges are gathered, then put in order once: inserting each into the
+    // tree with its overlap check was a third of loading this binary's
+    // file.
+    let mut ranges: Vec<(u64, u64, LineInfo)> = Vec::new();
     let mut strings: Vec<Arc<str>> = Vec::new();
     let mut pending: Vec<(u64, Option<u64>, LineInfo)> = Vec::new();
     let mut block_start = 0;
@@ -394,16 +398,12 @@ fn parse(text: &str) -> Parsed {
                 blocks += 1;
                 sound_bytes += at - open;
                 for (addr, end, info) in pending.drain(..) {
-                    if m.len() >= MAX_ENTRIES {
-                        break;
-                    }
                     match end {
                         None => {
                             m.addrs.entry(addr).or_insert(info);
                         }
-                        Some(end) => {
-                            m.add_range(addr, end, &info);
-                        }
+                        Some(end) if addr < end => ranges.push((addr, end, info)),
+                        Some(_) => {}
                     }
                 }
             }
@@ -448,6 +448,30 @@ fn parse(text: &str) -> Parsed {
             continue;
         };
         pending.push((addr, end, LineInfo { inlined, srcline }));
+    }
+    // The first of overlapping ranges is kept (by start; a range from an
+    // earlier block first among equal starts), as `add_range` keeps them.
+    ranges.sort_by_key(|r| r.0);
+    let room = MAX_ENTRIES.saturating_sub(m.addrs.len());
+    let mut last_end = 0;
+    m.ranges = ranges
+        .into_iter()
+        .filter(|(start, end, _)| {
+            let keep = *start >= last_end;
+            if keep {
+                last_end = *end;
+            }
+            keep
+        })
+        .take(room)
+        .map(|(start, end, info)| (start, (end, info)))
+        .collect();
+    if m.addrs.len() > MAX_ENTRIES {
+        let mut keys: Vec<u64> = m.addrs.keys().copied().collect();
+        keys.sort_unstable();
+        for k in &keys[MAX_ENTRIES..] {
+            m.addrs.remove(k);
+        }
     }
     Parsed {
         kept: m,
