@@ -13,11 +13,10 @@
 //! stays hex, said in a warning (as `perf report` does).
 
 use crate::EngineError;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use vmscope_model::{AggKey, DeferredFrame, ImageRef, NO_STACK};
+use vmscope_model::{AggKey, DeferredFrame, FastMap, ImageRef, NO_STACK};
 use vmscope_store::{PendingSymbols, SessionWriter};
 use vmscope_symbols::{Resolved, Symbolizer, SymbolizerOptions};
 
@@ -81,7 +80,7 @@ pub struct Resolution {
 /// The collapsed text of a stack (root first) from its frames (the sampled
 /// end first), each frame followed by the functions inlined at it: the
 /// text `Converter::resolve_stack` makes of the same frames.
-fn stack_text(ids: &[u32], resolved: &HashMap<u32, Resolved>) -> Result<String, u32> {
+fn stack_text(ids: &[u32], resolved: &FastMap<u32, Resolved>) -> Result<String, u32> {
     let mut parts: Vec<&str> = Vec::with_capacity(ids.len() * 2);
     for id in ids {
         let r = resolved.get(id).ok_or(*id)?;
@@ -139,18 +138,20 @@ pub fn resolve_pending(
         // No kernel frame: no kallsyms to read.
         Symbolizer::without_kernel(opts)
     };
-    let mut resolved: HashMap<u32, Resolved> = HashMap::with_capacity(frames.len());
+    let mut resolved: FastMap<u32, Resolved> =
+        FastMap::with_capacity_and_hasher(frames.len(), Default::default());
     for (id, f) in &frames {
         resolved.insert(*id, sym.resolve_deferred(f));
     }
-    let strings: HashMap<u32, Arc<str>> = p.strings()?.into_iter().collect();
+    let strings: FastMap<u32, Arc<str>> = p.strings()?.into_iter().collect();
     let damaged = |table: &'static str, what: String| vmscope_store::StoreError::Damaged {
         path: path.to_path_buf(),
         table,
         what,
     };
     let stacks = p.stacks()?;
-    let mut texts: HashMap<u32, Arc<str>> = HashMap::with_capacity(stacks.len() + 1);
+    let mut texts: FastMap<u32, Arc<str>> =
+        FastMap::with_capacity_and_hasher(stacks.len() + 1, Default::default());
     texts.insert(NO_STACK, Arc::from(""));
     for (id, ids) in &stacks {
         let text = stack_text(ids, &resolved).map_err(|f| {
@@ -171,8 +172,8 @@ pub fn resolve_pending(
     // SQLite an upsert). At most MERGED_ROWS keys are held between writes.
     const MERGED_ROWS: usize = 200_000;
     let mut written = 0usize;
-    let mut named: HashMap<AggKey, (u64, u64)> = HashMap::new();
-    let write = |p: &mut PendingSymbols, named: &mut HashMap<AggKey, (u64, u64)>| {
+    let mut named: FastMap<AggKey, (u64, u64)> = FastMap::default();
+    let write = |p: &mut PendingSymbols, named: &mut FastMap<AggKey, (u64, u64)>| {
         let rows: Vec<(AggKey, u64, u64)> = named.drain().map(|(k, (n, w))| (k, n, w)).collect();
         p.add_rows(&rows).map(|()| rows.len())
     };
@@ -330,7 +331,7 @@ mod tests {
 
     #[test]
     fn a_stack_reads_root_first_with_what_is_inlined_after_its_frame() {
-        let mut m = HashMap::new();
+        let mut m = FastMap::default();
         m.insert(
             3,
             Resolved {

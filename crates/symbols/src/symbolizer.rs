@@ -92,7 +92,7 @@ fn empty() -> Arc<str> {
 /// keys come from our own normalization, not from an adversary choosing
 /// collisions.
 #[derive(Default, Clone, Copy)]
-struct FxHasher {
+pub(crate) struct FxHasher {
     hash: u64,
 }
 
@@ -141,7 +141,7 @@ impl Hasher for FxHasher {
     }
 }
 
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// Pointers of mapped files' paths kept by a deferring symbolizer, at most
 /// (its images by text keep every image's number).
