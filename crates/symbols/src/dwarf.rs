@@ -72,18 +72,15 @@ struct Owned {
 }
 
 impl Owned {
-    /// A `'static` view of `bytes`.
+    /// A `'static` view of `bytes`, which must lie in `self.map` or in a
+    /// buffer of `self.inflated`.
     ///
-    /// # Safety
-    ///
-    /// `bytes` must lie in the mapping or in an inflated buffer of the
-    /// [`Owned`] of a [`DwarfFile`], and the view must live only in that
-    /// file's `source` and `index`, which are dropped before its owners.
-    /// The mapping is read-only (a file truncated meanwhile can fault, as it
-    /// can for addr2line's own mapping).
-    unsafe fn slice(bytes: &[u8]) -> &'static [u8] {
-        // SAFETY: the pointer and length come from a live slice; the
-        // caller keeps its bytes alive for as long as the view.
+    /// SAFETY (of the callers' use): the views live only in the fields of
+    /// the [`DwarfFile`] that owns `self`, which are dropped before it; the
+    /// mapping is read-only (a file truncated meanwhile can fault, as it can
+    /// for addr2line's own mapping).
+    fn slice(bytes: &[u8]) -> &'static [u8] {
+        // SAFETY: see above; the pointer and length come from a live slice.
         unsafe { std::slice::from_raw_parts(bytes.as_ptr(), bytes.len()) }
     }
 }
@@ -158,16 +155,10 @@ impl DwarfFile {
                     return Ok(gimli::EndianSlice::new(&[], endian));
                 };
                 let bytes = match sec.uncompressed_data().map_err(|e| e.to_string())? {
-                    // SAFETY: `b` is in `map`, which goes into `owners`;
-                    // the view stays in this file's context and index.
-                    std::borrow::Cow::Borrowed(b) => unsafe { Owned::slice(b) },
+                    std::borrow::Cow::Borrowed(b) => Owned::slice(b),
                     std::borrow::Cow::Owned(v) => {
                         inflated.push(v);
-                        let v = inflated.last().map(Vec::as_slice).unwrap_or(&[]);
-                        // SAFETY: `v` is a buffer of `owners`, never changed
-                        // again; the view stays in this file's context and
-                        // index.
-                        unsafe { Owned::slice(v) }
+                        Owned::slice(inflated.last().map(Vec::as_slice).unwrap_or(&[]))
                     }
                 };
                 Ok(gimli::EndianSlice::new(bytes, endian))
@@ -613,46 +604,5 @@ mod tests {
         let info = d.lookup(start);
         let line = info.srcline.expect("a source line for marker");
         assert!(line.contains("dwarf.rs:"), "{line}");
-    }
-
-    /// A binary built with split DWARF keeps its units' lines and functions
-    /// in a `.dwo` file beside it: the lookup that meets such a unit is
-    /// answered through addr2line's loader, which finds that file, and
-    /// `segments` (which reads only the file itself) declines.
-    #[test]
-    fn split_dwarf_units_are_answered_from_their_dwo_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("split.c");
-        std::fs::write(
-            &src,
-            "int leaf(int x) { return x * 3 + 1; }\nint main(void) { return leaf(2); }\n",
-        )
-        .unwrap();
-        let exe = dir.path().join("split");
-        let built = std::process::Command::new("cc")
-            .current_dir(dir.path())
-            .args(["-g", "-gsplit-dwarf", "-O0", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .status();
-        if !built.is_ok_and(|s| s.success()) {
-            eprintln!("SKIP: no C compiler with -gsplit-dwarf");
-            return;
-        }
-        let dwo = std::fs::read_dir(dir.path())
-            .unwrap()
-            .filter_map(Result::ok)
-            .any(|e| e.path().extension().is_some_and(|x| x == "dwo"));
-        assert!(dwo, "the compiler wrote no .dwo file");
-        let elf = crate::ElfSymbols::open(&exe).unwrap();
-        let (start, _, _) = elf
-            .iter()
-            .find(|(_, _, n)| *n == "leaf")
-            .expect("leaf in the symbol table");
-        let mut d = DwarfFile::open(&exe).unwrap();
-        let info = d.lookup(start);
-        let line = info.srcline.expect("a source line from the .dwo file");
-        assert!(line.ends_with("split.c:1"), "{line}");
-        assert!(d.segments(start).is_none());
     }
 }
